@@ -1,0 +1,271 @@
+/*
+ * loom: collective communication built around allreduce.
+ *
+ * The API has NCCL's shape and semantics with the `loom` prefix, so that porting a program is a
+ * rename. Buffers may be host memory or CUDA device memory (detected per call). For host memory
+ * a call returns when the result is in place; for device memory it returns once the operation is
+ * ordered on the given stream.
+ *
+ * Every function returns a loomResult_t. A failing call sets a text that loomGetLastError returns,
+ * naming the cause (rank, peer, operation sequence number, system call).
+ */
+#ifndef LOOM_H
+#define LOOM_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_MAJOR 0
+#define LOOM_MINOR 1
+#define LOOM_PATCH 0
+/* Same encoding as NCCL_VERSION_CODE: major*10000 + minor*100 + patch. */
+#define LOOM_VERSION_CODE (LOOM_MAJOR * 10000 + LOOM_MINOR * 100 + LOOM_PATCH)
+
+/* A CUDA stream. Declared here the way the CUDA runtime declares it (an identical typedef is
+ * legal in C11 and C++), so that host-only programs need no CUDA headers. Pass NULL for host
+ * buffers. */
+struct CUstream_st;
+typedef struct CUstream_st *cudaStream_t;
+
+/* Opaque communicator handle. */
+typedef struct loomComm *loomComm_t;
+
+/* 128 bytes, as ncclUniqueId: the root's address and a random per-job secret. Treat as opaque;
+ * send it to every rank of the job over a trusted channel (whoever holds it can join). */
+#define LOOM_UNIQUE_ID_BYTES 128
+typedef struct {
+    char internal[LOOM_UNIQUE_ID_BYTES];
+} loomUniqueId;
+
+/* Result codes, one to one with ncclResult_t. */
+typedef enum {
+    loomSuccess = 0,
+    loomUnhandledCudaError = 1,
+    loomSystemError = 2,    /* a system call failed (socket, memory) */
+    loomInternalError = 3,  /* a bug in loom */
+    loomInvalidArgument = 4,/* a bad argument; nothing was changed */
+    loomInvalidUsage = 5,   /* a call not allowed in this state (or not supported) */
+    loomRemoteError = 6,    /* a peer died, stalled, misbehaved or reported an error */
+    loomInProgress = 7,     /* non-blocking communicator still initialising */
+    loomNumResults = 8
+} loomResult_t;
+
+/* Data types, numbered as ncclDataType_t. */
+typedef enum {
+    loomInt8 = 0,
+    loomChar = 0,
+    loomUint8 = 1,
+    loomInt32 = 2,
+    loomInt = 2,
+    loomUint32 = 3,
+    loomInt64 = 4,
+    loomUint64 = 5,
+    loomFloat16 = 6,
+    loomHalf = 6,
+    loomFloat32 = 7,
+    loomFloat = 7,
+    loomFloat64 = 8,
+    loomDouble = 8,
+    loomBfloat16 = 9,
+    loomNumTypes = 10
+} loomDataType_t;
+
+/* Reduction operations, numbered as ncclRedOp_t. Values from loomNumOps up to loomMaxRedOp are
+ * handles returned by loomRedOpCreatePreMulSum. */
+typedef enum {
+    loomSum = 0,
+    loomProd = 1,
+    loomMax = 2,
+    loomMin = 3,
+    loomAvg = 4, /* sum divided by the number of ranks (integer division for integer types) */
+    loomNumOps = 5,
+    loomMaxRedOp = 0x7fffffff
+} loomRedOp_t;
+
+/* Where loomRedOpCreatePreMulSum's scalar lives. */
+typedef enum {
+    loomScalarDevice = 0,        /* device memory, read when the collective runs */
+    loomScalarHostImmediate = 1  /* host memory, read during loomRedOpCreatePreMulSum */
+} loomScalarResidence_t;
+
+/* loomCommSplit's colour for ranks that take no part in any new communicator. */
+#define LOOM_SPLIT_NOCOLOR (-1)
+
+#define LOOM_CONFIG_UNDEF_INT INT_MIN
+#define LOOM_CONFIG_UNDEF_PTR NULL
+#define LOOM_CONFIG_MAGIC 0x6c6f6f6du /* "loom" */
+#define LOOM_CONFIG_VERSION 1
+
+/*
+ * Communicator configuration. Versioned by its first three fields (size, magic, version): loom
+ * reads only the fields that the caller's size covers, so configs written by older headers (fewer
+ * fields) and newer ones (more fields, ignored) are both accepted. Initialise with
+ * LOOM_CONFIG_INITIALIZER and set what you need; unset fields take the parameter defaults.
+ */
+typedef struct loomConfig_v1 {
+    size_t size;          /* sizeof(loomConfig_t) of the caller's header */
+    unsigned int magic;   /* LOOM_CONFIG_MAGIC */
+    unsigned int version; /* LOOM_CONFIG_VERSION */
+    int blocking;         /* 0: init returns loomInProgress, poll loomCommGetAsyncError */
+    int cudaDev;          /* bind to this CUDA device at init (else on first device buffer) */
+    int nChannels;        /* parallel rings (LOOM_NCHANNELS) */
+    const char *commName; /* shown in logs */
+} loomConfig_t;
+
+#define LOOM_CONFIG_INITIALIZER                                                                   \
+    {                                                                                             \
+        sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_CONFIG_VERSION, LOOM_CONFIG_UNDEF_INT,      \
+            LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_PTR                   \
+    }
+
+/* ---- Versions and errors ---------------------------------------------------------------- */
+
+/* Writes LOOM_VERSION_CODE of the library (not of the header) to *version. */
+loomResult_t loomGetVersion(int *version);
+
+/* A static text describing a result code ("invalid argument", ...). */
+const char *loomGetErrorString(loomResult_t result);
+
+/*
+ * The text of the last error. With comm == NULL: the calling thread's last error, or, when this
+ * thread has none, the last error of the process. With a communicator: the error that broke that
+ * communicator (its async error's text) if any, else as with NULL. Never NULL ("" when none).
+ */
+const char *loomGetLastError(loomComm_t comm);
+
+/* ---- Communicators ---------------------------------------------------------------------- */
+
+/*
+ * Creates a unique id for a new job: picks the bootstrap interface (LOOM_SOCKET_IFNAME), starts
+ * the rendezvous server in this process (a thread that exits once all ranks have met, or after
+ * LOOM_TIMEOUT seconds without a new rank) and draws a random secret. Call on one process; send
+ * the id to all ranks.
+ */
+loomResult_t loomGetUniqueId(loomUniqueId *uniqueId);
+
+/* Creates rank `rank` of an `nranks` communicator. Blocks until every rank has joined. Collective
+ * over all ranks. */
+loomResult_t loomCommInitRank(loomComm_t *comm, int nranks, loomUniqueId commId, int rank);
+
+/* loomCommInitRank with a configuration (may be NULL). With config->blocking == 0 the call may
+ * return loomInProgress: poll loomCommGetAsyncError until it is no longer loomInProgress. */
+loomResult_t loomCommInitRankConfig(loomComm_t *comm, int nranks, loomUniqueId commId, int rank,
+                                    loomConfig_t *config);
+
+/* Creates ndev communicators of one job in this process, comm[i] being rank i. devlist names the
+ * CUDA device of each rank (NULL: 0..ndev-1); for host buffers devices are not touched. */
+loomResult_t loomCommInitAll(loomComm_t *comm, int ndev, const int *devlist);
+
+/*
+ * Splits comm: ranks that pass the same colour form a new communicator, ordered by key (then by
+ * old rank). LOOM_SPLIT_NOCOLOR yields *newcomm == NULL. Collective over all ranks of comm.
+ */
+loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
+                           loomConfig_t *config);
+
+/* Completes outstanding operations; after it only loomCommDestroy is valid. */
+loomResult_t loomCommFinalize(loomComm_t comm);
+
+/* Frees the communicator and its connections. Not collective. */
+loomResult_t loomCommDestroy(loomComm_t comm);
+
+/*
+ * Aborts: any call blocked on comm (in any thread) returns loomRemoteError promptly, later calls
+ * fail at once, peers see the connections close; then frees comm. Safe from another thread.
+ */
+loomResult_t loomCommAbort(loomComm_t comm);
+
+/* The communicator's asynchronous error: loomSuccess, loomInProgress (non-blocking init still
+ * running) or the error that broke it (text via loomGetLastError(comm)). */
+loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *asyncError);
+
+loomResult_t loomCommCount(const loomComm_t comm, int *count);
+loomResult_t loomCommUserRank(const loomComm_t comm, int *rank);
+/* The CUDA device the communicator is bound to, or -1 if it has used host memory only. */
+loomResult_t loomCommCuDevice(const loomComm_t comm, int *device);
+
+/* ---- Reduction operators -------------------------------------------------------------- */
+
+/*
+ * Creates a pre-multiplied sum: each rank's input is multiplied by *scalar (a value of `datatype`)
+ * before the sum. With loomScalarHostImmediate the scalar is read now.
+ */
+loomResult_t loomRedOpCreatePreMulSum(loomRedOp_t *op, void *scalar, loomDataType_t datatype,
+                                      loomScalarResidence_t residence, loomComm_t comm);
+loomResult_t loomRedOpDestroy(loomRedOp_t op, loomComm_t comm);
+
+/* ---- Collectives ------------------------------------------------------------------------ */
+/* Every rank calls collectives in the same order with the same count, type, op and root: a
+ * mismatch is detected and reported naming the ranks. count == 0 is legal and does nothing.
+ * sendbuff == recvbuff (or, for allgather/reduce-scatter, the rank's slice of the larger buffer)
+ * means in place. */
+
+/* recvbuff[i] = op over ranks of sendbuff[i], on every rank. */
+loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           loomDataType_t datatype, loomRedOp_t op, loomComm_t comm,
+                           cudaStream_t stream);
+
+/* recvbuff = root's sendbuff, on every rank (sendbuff is read on root only). */
+loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                           loomDataType_t datatype, int root, loomComm_t comm, cudaStream_t stream);
+
+/* On root, recvbuff = op over ranks of sendbuff (recvbuff is ignored elsewhere). */
+loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
+                        loomDataType_t datatype, loomRedOp_t op, int root, loomComm_t comm,
+                        cudaStream_t stream);
+
+/* recvbuff[r*sendcount ...] = rank r's sendbuff (sendcount elements each). */
+loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           loomDataType_t datatype, loomComm_t comm, cudaStream_t stream);
+
+/* recvbuff (recvcount elements) = op over ranks of sendbuff[rank*recvcount ...]. */
+loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               loomDataType_t datatype, loomRedOp_t op, loomComm_t comm,
+                               cudaStream_t stream);
+
+/* recvbuff[r*count ...] = rank r's sendbuff[rank*count ...]: count elements per pair. */
+loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                          loomDataType_t datatype, loomComm_t comm, cudaStream_t stream);
+
+/* Point to point. Sends and receives between a pair match in the order they are posted; the
+ * counts and types must agree. Outside a group each call is a group of its own (and so blocks
+ * until the peer posts the matching call). */
+loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t datatype, int peer,
+                      loomComm_t comm, cudaStream_t stream);
+loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t datatype, int peer,
+                      loomComm_t comm, cudaStream_t stream);
+
+/* Groups: calls between loomGroupStart and loomGroupEnd are queued and run together at
+ * loomGroupEnd (nesting allowed; the outermost end runs them). Point-to-point calls in a group
+ * progress concurrently; operations on different communicators progress concurrently. */
+loomResult_t loomGroupStart(void);
+loomResult_t loomGroupEnd(void);
+
+/* ---- Device memory (GPU builds) --------------------------------------------------------- */
+
+/* Allocates device memory that peers can map cheaply (loomInvalidUsage without a GPU). */
+loomResult_t loomMemAlloc(void **ptr, size_t size);
+loomResult_t loomMemFree(void *ptr);
+/* Registers a buffer for use in collectives (large device buffers are then mapped once). */
+loomResult_t loomCommRegister(const loomComm_t comm, void *buff, size_t size, void **handle);
+loomResult_t loomCommDeregister(const loomComm_t comm, void *handle);
+
+/* ---- Extensions ------------------------------------------------------------------------- */
+
+/* Per-communicator statistics. */
+typedef struct {
+    uint64_t collectives;   /* operations completed */
+    uint64_t bytes_sent;    /* payload bytes sent to peers */
+    uint64_t bytes_received;
+} loomStats_t;
+loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_H */

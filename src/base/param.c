@@ -1,0 +1,136 @@
+#include "param.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base.h"
+
+static const param_desc_t params[PARAM_COUNT] = {
+    [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "", "", "log level: WARN, INFO or TRACE (none if unset)"},
+    [PARAM_DEBUG_SUBSYS] = {"DEBUG_SUBSYS", PARAM_T_STR, "ALL", "",
+                            "subsystems to log: INIT,BOOT,NET,COLL,P2P,ENV,TUNING,SHM,CUDA,SHIM "
+                            "or ALL; a leading ^ excludes the listed ones"},
+    [PARAM_DEBUG_FILE] = {"DEBUG_FILE", PARAM_T_STR, "", "",
+                          "write the log to this file instead of stderr (%h: host, %p: pid)"},
+    [PARAM_TIMEOUT] = {"TIMEOUT", PARAM_T_DOUBLE, "30", "s",
+                       "seconds without progress from a peer after which a wait fails naming it"},
+    [PARAM_HANDSHAKE_TIMEOUT] = {"HANDSHAKE_TIMEOUT", PARAM_T_DOUBLE, "5", "s",
+                                 "seconds an incoming connection may take to authenticate"},
+    [PARAM_SOCKET_IFNAME] = {"SOCKET_IFNAME", PARAM_T_STR, "", "",
+                             "interfaces to use: prefixes, '^' to exclude, '=' for exact names, "
+                             "comma-separated (default: first non-loopback interface, else lo)"},
+    [PARAM_SOCKET_FAMILY] = {"SOCKET_FAMILY", PARAM_T_STR, "", "",
+                             "address family: 4 or 6 (default: the first address found)"},
+    [PARAM_NSOCKS_PERPEER] = {"NSOCKS_PERPEER", PARAM_T_INT, "2", "",
+                              "TCP sockets per peer connection (1-16)"},
+    [PARAM_NCHANNELS] = {"NCHANNELS", PARAM_T_INT, "2", "", "parallel rings per collective (1-16)"},
+    [PARAM_SLICE_SIZE] = {"SLICE_SIZE", PARAM_T_SIZE, "256K", "bytes",
+                          "pipeline slice: the unit sent, received and reduced at once"},
+    [PARAM_SLICES_IN_FLIGHT] = {"SLICES_IN_FLIGHT", PARAM_T_INT, "8", "",
+                                "receive slices posted ahead per channel (staging buffers)"},
+    [PARAM_MAX_MESSAGE] = {"MAX_MESSAGE", PARAM_T_SIZE, "64M", "bytes",
+                           "largest frame accepted from a peer; longer headers are refused"},
+    [PARAM_ALGO] = {"ALGO", PARAM_T_STR, "", "", "force an allreduce algorithm: ring"},
+    [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
+                         "force one transport for every peer: tcp (shm, mpi, ucx, ibv later)"},
+    [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
+                             "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)"},
+    [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "50", "us",
+                       "how long a waiting call polls without sleeping before it blocks"},
+    [PARAM_NODE_ID] = {"NODE_ID", PARAM_T_STR, "", "",
+                       "override this rank's node identity (default host name + boot id + netns)"},
+    [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
+                          "job secret for launches without a unique id (any text)"},
+};
+
+typedef struct {
+    bool loaded;
+    const char *text;
+    int64_t i;
+    uint64_t size;
+    double d;
+} param_value_t;
+
+static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
+static param_value_t values[PARAM_COUNT];
+
+const param_desc_t *param_desc(param_id_t id) { return &params[id]; }
+
+static const param_value_t *param_load(param_id_t id)
+{
+    param_value_t *v = &values[id];
+    if (__atomic_load_n(&v->loaded, __ATOMIC_ACQUIRE)) return v;
+    pthread_mutex_lock(&param_lock);
+    if (!v->loaded) {
+        char env[64];
+        snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
+        const char *text = getenv(env);
+        bool from_env = text != NULL && text[0] != '\0';
+        if (!from_env) text = params[id].def;
+        v->text = text;
+        v->i = 0;
+        v->size = 0;
+        v->d = 0;
+        switch (params[id].type) {
+        case PARAM_T_INT: {
+            char *end = NULL;
+            long long x = strtoll(text, &end, 0);
+            if (from_env && (end == text || *end != '\0')) {
+                WARN(LOG_ENV, "%s='%s' is not an integer; using the default %s", env, text,
+                     params[id].def);
+                x = strtoll(params[id].def, NULL, 0);
+            }
+            v->i = x;
+            break;
+        }
+        case PARAM_T_SIZE:
+            if (!base_parse_size(text, &v->size)) {
+                WARN(LOG_ENV, "%s='%s' is not a size (e.g. 64K, 1M); using the default %s", env,
+                     text, params[id].def);
+                base_parse_size(params[id].def, &v->size);
+            }
+            break;
+        case PARAM_T_DOUBLE: {
+            char *end = NULL;
+            double x = strtod(text, &end);
+            if (from_env && (end == text || *end != '\0')) {
+                WARN(LOG_ENV, "%s='%s' is not a number; using the default %s", env, text,
+                     params[id].def);
+                x = strtod(params[id].def, NULL);
+            }
+            v->d = x;
+            break;
+        }
+        case PARAM_T_STR:
+            break;
+        }
+        __atomic_store_n(&v->loaded, true, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&param_lock);
+    return v;
+}
+
+const char *param_text(param_id_t id) { return param_load(id)->text; }
+
+bool param_is_set(param_id_t id)
+{
+    char env[64];
+    snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
+    const char *text = getenv(env);
+    return text != NULL && text[0] != '\0';
+}
+
+int64_t param_int(param_id_t id) { return param_load(id)->i; }
+uint64_t param_size(param_id_t id) { return param_load(id)->size; }
+double param_double(param_id_t id) { return param_load(id)->d; }
+const char *param_str(param_id_t id) { return param_load(id)->text; }
+
+void param_reset_cache(void)
+{
+    pthread_mutex_lock(&param_lock);
+    for (int i = 0; i < PARAM_COUNT; i++) __atomic_store_n(&values[i].loaded, false, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&param_lock);
+    log_level_cached = -1;
+}

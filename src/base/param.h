@@ -1,0 +1,54 @@
+/*
+ * Parameters: one declared table (name, type, default, unit, doc). Each is read from the
+ * environment as LOOM_<NAME> on first use and cached; loom-info lists them all.
+ */
+#ifndef LOOM_BASE_PARAM_H
+#define LOOM_BASE_PARAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum { PARAM_T_INT, PARAM_T_SIZE, PARAM_T_STR, PARAM_T_DOUBLE } param_type_t;
+
+typedef enum {
+    PARAM_DEBUG,
+    PARAM_DEBUG_SUBSYS,
+    PARAM_DEBUG_FILE,
+    PARAM_TIMEOUT,
+    PARAM_HANDSHAKE_TIMEOUT,
+    PARAM_SOCKET_IFNAME,
+    PARAM_SOCKET_FAMILY,
+    PARAM_NSOCKS_PERPEER,
+    PARAM_NCHANNELS,
+    PARAM_SLICE_SIZE,
+    PARAM_SLICES_IN_FLIGHT,
+    PARAM_MAX_MESSAGE,
+    PARAM_ALGO,
+    PARAM_TRANSPORT,
+    PARAM_SOCKET_BUFFER,
+    PARAM_SPIN_US,
+    PARAM_NODE_ID,
+    PARAM_JOB_SECRET,
+    PARAM_COUNT
+} param_id_t;
+
+typedef struct {
+    const char *name; /* without the LOOM_ prefix */
+    param_type_t type;
+    const char *def;  /* default as text, "" for none */
+    const char *unit; /* "s", "bytes", "" */
+    const char *doc;
+} param_desc_t;
+
+const param_desc_t *param_desc(param_id_t id);
+/* The value as text: the environment's if set, else the default. */
+const char *param_text(param_id_t id);
+bool param_is_set(param_id_t id);
+int64_t param_int(param_id_t id);
+uint64_t param_size(param_id_t id);
+double param_double(param_id_t id);
+const char *param_str(param_id_t id);
+/* Forget cached values (tests that change the environment). */
+void param_reset_cache(void);
+
+#endif

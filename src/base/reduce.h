@@ -1,0 +1,48 @@
+/*
+ * Host reductions: vectorised loops for every loom data type and op.
+ *
+ * Float16 and bfloat16 are converted to float32, combined, and rounded once to nearest even, so a
+ * step that combines k inputs rounds once, not k-1 times. Integer ops wrap as unsigned arithmetic
+ * does (no undefined behaviour on overflow).
+ */
+#ifndef LOOM_BASE_REDUCE_H
+#define LOOM_BASE_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+/* The element operations the executors apply. Avg and pre-multiplied sum are built from these:
+ * avg is a sum followed by red_host_div on the final value; premul-sum scales each rank's own
+ * input with red_host_scale before summing. */
+typedef enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3, RED_NUM_OPS = 4 } red_op_t;
+
+/* Size in bytes of one element of `type` (0 for an invalid type). */
+size_t red_type_size(loomDataType_t type);
+/* "float32", "bfloat16", ...; "invalid" for an out-of-range type. */
+const char *red_type_name(loomDataType_t type);
+
+/* dst[i] = a[i] op b[i], i < n. dst may be the same pointer as a or b (not partially overlapping). */
+void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, const void *b,
+                    size_t n);
+
+/* dst[i] = op over j < k of srcs[j][i]; k >= 1. dst may equal srcs[0]. Half and bfloat16
+ * accumulate all k inputs in float32 and round once. */
+void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
+                      int k, size_t n);
+
+/* dst[i] = src[i] * scalar, scalar pointing to one value of `type` (pre-multiplied sum). */
+void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n);
+
+/* dst[i] = src[i] / divisor (avg): integer division for integer types, and for float16/bfloat16
+ * float32 division rounded once. divisor >= 1. */
+void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n);
+
+/* IEEE binary16 and bfloat16 conversions, rounding to nearest even; NaN stays NaN. */
+float red_half_to_float(uint16_t h);
+uint16_t red_float_to_half(float f);
+float red_bf16_to_float(uint16_t b);
+uint16_t red_float_to_bf16(float f);
+
+#endif

@@ -1,0 +1,559 @@
+/* Interface choice, non-blocking sockets and the authenticated handshake (see sock.h). */
+#include "sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "param.h"
+
+#define HS_MAGIC_CHALLENGE 0x4c4d4348u
+#define HS_MAGIC_HELLO 0x4c4d4845u
+#define HS_MAGIC_WELCOME 0x4c4d5745u
+#define HS_VERSION 1u
+#define HS_CHALLENGE_BYTES 24
+#define HS_HELLO_BYTES 48
+#define HS_WELCOME_BYTES 24
+
+const char *sock_addr_str(const sock_addr_t *a, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2] = "?";
+    if (a->sa.ss_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)&a->sa;
+        inet_ntop(AF_INET, &s->sin_addr, host, sizeof(host));
+        snprintf(buf, len, "%s:%d", host, ntohs(s->sin_port));
+    } else if (a->sa.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)&a->sa;
+        inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof(host));
+        if (s->sin6_scope_id) {
+            char ifn[IF_NAMESIZE] = "";
+            if (if_indextoname(s->sin6_scope_id, ifn))
+                snprintf(host + strlen(host), sizeof(host) - strlen(host), "%%%s", ifn);
+        }
+        snprintf(buf, len, "[%s]:%d", host, ntohs(s->sin6_port));
+    } else {
+        snprintf(buf, len, "(no address)");
+    }
+    return buf;
+}
+
+int sock_addr_port(const sock_addr_t *a)
+{
+    if (a->sa.ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)&a->sa)->sin_port);
+    if (a->sa.ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)&a->sa)->sin6_port);
+    return -1;
+}
+
+void sock_addr_pack(const sock_addr_t *a, uint8_t out[32])
+{
+    memset(out, 0, 32);
+    uint16_t fam = a->sa.ss_family == AF_INET6 ? 6 : 4;
+    memcpy(out, &fam, 2);
+    if (a->sa.ss_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)&a->sa;
+        memcpy(out + 2, &s->sin_port, 2);
+        memcpy(out + 4, &s->sin_addr, 4);
+    } else {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)&a->sa;
+        memcpy(out + 2, &s->sin6_port, 2);
+        memcpy(out + 4, &s->sin6_addr, 16);
+        memcpy(out + 20, &s->sin6_scope_id, 4);
+    }
+}
+
+bool sock_addr_unpack(const uint8_t in[32], sock_addr_t *a)
+{
+    uint16_t fam;
+    memcpy(&fam, in, 2);
+    memset(a, 0, sizeof(*a));
+    if (fam == 4) {
+        struct sockaddr_in *s = (struct sockaddr_in *)&a->sa;
+        s->sin_family = AF_INET;
+        memcpy(&s->sin_port, in + 2, 2);
+        memcpy(&s->sin_addr, in + 4, 4);
+        a->len = sizeof(*s);
+        return true;
+    }
+    if (fam == 6) {
+        struct sockaddr_in6 *s = (struct sockaddr_in6 *)&a->sa;
+        s->sin6_family = AF_INET6;
+        memcpy(&s->sin6_port, in + 2, 2);
+        memcpy(&s->sin6_addr, in + 4, 16);
+        memcpy(&s->sin6_scope_id, in + 20, 4);
+        a->len = sizeof(*s);
+        return true;
+    }
+    return false;
+}
+
+/* One entry of LOOM_SOCKET_IFNAME: "=eth0" exact, "eth" prefix. */
+static bool ifname_matches(const char *name, const char *list, bool *excluded)
+{
+    bool exclude = list[0] == '^';
+    if (exclude) list++;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", list);
+    bool hit = false;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        bool exact = tok[0] == '=';
+        if (exact) tok++;
+        if (exact ? strcmp(name, tok) == 0 : strncmp(name, tok, strlen(tok)) == 0) hit = true;
+    }
+    *excluded = exclude;
+    return exclude ? !hit : hit;
+}
+
+static int family_rank(int family, int want)
+{
+    if (want == 4) return family == AF_INET ? 0 : -1;
+    if (want == 6) return family == AF_INET6 ? 0 : -1;
+    return family == AF_INET ? 0 : family == AF_INET6 ? 1 : -1;
+}
+
+loomResult_t sock_pick_address_spec(const char *spec, int want_family, sock_addr_t *out,
+                                    char *ifname, size_t ifname_len)
+{
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return base_error(loomSystemError, LOG_NET, "getifaddrs failed: %s", strerror(errno));
+    /* Two passes for the default: first anything but loopback and docker bridges, then lo. */
+    const struct ifaddrs *best = NULL;
+    int best_rank = 1 << 30;
+    char found[512] = "";
+    for (int pass = 0; pass < 2 && best == NULL; pass++) {
+        for (const struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+            if (i->ifa_addr == NULL || !(i->ifa_flags & IFF_UP)) continue;
+            int fr = family_rank(i->ifa_addr->sa_family, want_family);
+            if (fr < 0) continue;
+            if (pass == 0 && !strstr(found, i->ifa_name) && strlen(found) + 20 < sizeof(found))
+                snprintf(found + strlen(found), sizeof(found) - strlen(found), "%s%s",
+                         found[0] ? ", " : "", i->ifa_name);
+            bool excluded = false;
+            if (spec && spec[0]) {
+                if (pass == 1) continue;
+                if (!ifname_matches(i->ifa_name, spec, &excluded)) continue;
+            } else {
+                bool lo = (i->ifa_flags & IFF_LOOPBACK) != 0;
+                bool docker = strncmp(i->ifa_name, "docker", 6) == 0;
+                if (pass == 0 && (lo || docker)) continue;
+                if (pass == 1 && !lo) continue;
+            }
+            int rank = fr;
+            if (i->ifa_addr->sa_family == AF_INET6) {
+                const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)i->ifa_addr;
+                if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) rank += 2;
+            }
+            if (rank < best_rank) {
+                best = i;
+                best_rank = rank;
+            }
+        }
+    }
+    if (best == NULL) {
+        loomResult_t r = base_error(
+            loomInvalidUsage, LOG_NET,
+            "no network interface matches LOOM_SOCKET_IFNAME='%s'%s%s; interfaces found: %s",
+            spec ? spec : "", want_family ? " with LOOM_SOCKET_FAMILY=" : "",
+            want_family == 4 ? "4" : want_family == 6 ? "6" : "", found[0] ? found : "none");
+        freeifaddrs(ifs);
+        return r;
+    }
+    memset(out, 0, sizeof(*out));
+    if (best->ifa_addr->sa_family == AF_INET) {
+        memcpy(&out->sa, best->ifa_addr, sizeof(struct sockaddr_in));
+        out->len = sizeof(struct sockaddr_in);
+    } else {
+        memcpy(&out->sa, best->ifa_addr, sizeof(struct sockaddr_in6));
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&out->sa;
+        if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) s6->sin6_scope_id = if_nametoindex(best->ifa_name);
+        out->len = sizeof(struct sockaddr_in6);
+    }
+    if (ifname) snprintf(ifname, ifname_len, "%s", best->ifa_name);
+    freeifaddrs(ifs);
+    return loomSuccess;
+}
+
+loomResult_t sock_pick_address(sock_addr_t *out, char *ifname, size_t ifname_len)
+{
+    const char *fam = param_str(PARAM_SOCKET_FAMILY);
+    int want = 0;
+    if (fam[0]) {
+        if (!strcmp(fam, "4") || !strcasecmp(fam, "AF_INET") || !strcasecmp(fam, "ipv4")) want = 4;
+        else if (!strcmp(fam, "6") || !strcasecmp(fam, "AF_INET6") || !strcasecmp(fam, "ipv6"))
+            want = 6;
+        else
+            return base_error(loomInvalidUsage, LOG_NET,
+                              "LOOM_SOCKET_FAMILY='%s' is neither 4 nor 6", fam);
+    }
+    return sock_pick_address_spec(param_str(PARAM_SOCKET_IFNAME), want, out, ifname, ifname_len);
+}
+
+loomResult_t sock_listen(const sock_addr_t *addr, int backlog, int *fdp, sock_addr_t *bound)
+{
+    char as[SOCK_ADDR_STRLEN];
+    int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return base_error(loomSystemError, LOG_NET, "socket() for a listener failed: %s",
+                          strerror(errno));
+    sock_addr_t a = *addr;
+    if (a.sa.ss_family == AF_INET) ((struct sockaddr_in *)&a.sa)->sin_port = 0;
+    else ((struct sockaddr_in6 *)&a.sa)->sin6_port = 0;
+    if (bind(fd, (struct sockaddr *)&a.sa, a.len) != 0) {
+        int e = errno;
+        close(fd);
+        return base_error(loomSystemError, LOG_NET, "bind(%s) failed: %s",
+                          sock_addr_str(&a, as, sizeof(as)), strerror(e));
+    }
+    if (listen(fd, backlog) != 0) {
+        int e = errno;
+        close(fd);
+        return base_error(loomSystemError, LOG_NET, "listen(%s) failed: %s",
+                          sock_addr_str(&a, as, sizeof(as)), strerror(e));
+    }
+    bound->len = sizeof(bound->sa);
+    if (getsockname(fd, (struct sockaddr *)&bound->sa, &bound->len) != 0) {
+        int e = errno;
+        close(fd);
+        return base_error(loomSystemError, LOG_NET, "getsockname failed: %s", strerror(e));
+    }
+    *fdp = fd;
+    return loomSuccess;
+}
+
+loomResult_t sock_connect_start(const sock_addr_t *addr, int *fdp)
+{
+    char as[SOCK_ADDR_STRLEN];
+    int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return base_error(loomSystemError, LOG_NET, "socket() to connect to %s failed: %s",
+                          sock_addr_str(addr, as, sizeof(as)), strerror(errno));
+    if (connect(fd, (const struct sockaddr *)&addr->sa, addr->len) != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        close(fd);
+        return base_error(loomRemoteError, LOG_NET, "connect(%s) failed: %s",
+                          sock_addr_str(addr, as, sizeof(as)), strerror(e));
+    }
+    *fdp = fd;
+    return loomSuccess;
+}
+
+int sock_connect_done(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int n = poll(&p, 1, 0);
+    if (n == 0) return 0;
+    int err = 0;
+    socklen_t l = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0) return -1;
+    if (err != 0) {
+        errno = err;
+        return -1;
+    }
+    return (p.revents & POLLOUT) ? 1 : 0;
+}
+
+void sock_tune(int fd, uint64_t bufsize)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (bufsize > 0) {
+        int b = (int)LOOM_MIN(bufsize, (uint64_t)INT32_MAX);
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
+    }
+}
+
+/* ---- handshake ---- */
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static void hello_encode(const hs_hello_t *h, uint8_t out[HS_HELLO_BYTES])
+{
+    memset(out, 0, HS_HELLO_BYTES);
+    put32(out, HS_MAGIC_HELLO);
+    put32(out + 4, HS_VERSION);
+    memcpy(out + 8, &h->comm_id, 8);
+    memcpy(out + 16, &h->from_rank, 4);
+    memcpy(out + 20, &h->to_rank, 4);
+    put32(out + 24, h->chan);
+    put32(out + 28, h->nchan);
+}
+
+static void hello_mac(const uint8_t secret[16], const uint8_t nonce[16], const uint8_t *msg,
+                      size_t len, const char *tag, uint8_t mac[16])
+{
+    uint8_t buf[16 + 1 + HS_HELLO_BYTES];
+    size_t o = 0;
+    memcpy(buf, nonce, 16);
+    o = 16;
+    if (tag) buf[o++] = (uint8_t)tag[0];
+    memcpy(buf + o, msg, len);
+    base_siphash128(secret, buf, o + len, mac);
+}
+
+static void hs_fail(hs_t *h, const char *fmt, ...) LOOM_PRINTF(2, 3);
+static void hs_fail(hs_t *h, const char *fmt, ...)
+{
+    char as[SOCK_ADDR_STRLEN];
+    int o = snprintf(h->err, sizeof(h->err), "%s: ", sock_addr_str(&h->peer, as, sizeof(as)));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->err + o, sizeof(h->err) - (size_t)o, fmt, ap);
+    va_end(ap);
+    h->state = HS_FAILED;
+}
+
+static uint64_t hs_deadline(void)
+{
+    return base_now_ns() + (uint64_t)(param_double(PARAM_HANDSHAKE_TIMEOUT) * 1e9);
+}
+
+void hs_connect_init(hs_t *h, int fd, const sock_addr_t *peer, const uint8_t secret[16],
+                     const hs_hello_t *hello)
+{
+    memset(h, 0, sizeof(*h));
+    h->fd = fd;
+    h->peer = *peer;
+    memcpy(h->secret, secret, 16);
+    h->hello = *hello;
+    h->state = HS_CONNECTING;
+    h->deadline_ns = hs_deadline();
+}
+
+loomResult_t hs_accept_init(hs_t *h, int fd, const sock_addr_t *peer, const uint8_t secret[16])
+{
+    memset(h, 0, sizeof(*h));
+    h->fd = fd;
+    h->peer = *peer;
+    h->acceptor = true;
+    memcpy(h->secret, secret, 16);
+    LOOM_CHECK(base_random(h->nonce, 16));
+    put32(h->buf, HS_MAGIC_CHALLENGE);
+    put32(h->buf + 4, HS_VERSION);
+    memcpy(h->buf + 8, h->nonce, 16);
+    h->len = HS_CHALLENGE_BYTES;
+    h->done = 0;
+    h->state = HS_SEND_CHALLENGE;
+    h->deadline_ns = hs_deadline();
+    return loomSuccess;
+}
+
+short hs_events(const hs_t *h)
+{
+    switch (h->state) {
+    case HS_CONNECTING:
+    case HS_SEND_CHALLENGE:
+    case HS_SEND_HELLO:
+    case HS_SEND_WELCOME: return POLLOUT;
+    case HS_RECV_CHALLENGE:
+    case HS_RECV_HELLO:
+    case HS_RECV_WELCOME: return POLLIN;
+    default: return 0;
+    }
+}
+
+/* Moves bytes of the current message; returns 1 when it is complete, 0 if not yet, -1 on error. */
+static int hs_io(hs_t *h, bool sending, bool *progressed)
+{
+    while (h->done < h->len) {
+        ssize_t n = sending ? send(h->fd, h->buf + h->done, h->len - h->done, MSG_NOSIGNAL)
+                            : recv(h->fd, h->buf + h->done, h->len - h->done, 0);
+        if (n > 0) {
+            h->done += (size_t)n;
+            *progressed = true;
+            continue;
+        }
+        if (n == 0) {
+            hs_fail(h, "connection closed during the handshake");
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        hs_fail(h, "%s failed during the handshake: %s", sending ? "send" : "recv",
+                strerror(errno));
+        return -1;
+    }
+    return 1;
+}
+
+loomResult_t hs_progress(hs_t *h, bool *progressed)
+{
+    for (;;) {
+        int r;
+        switch (h->state) {
+        case HS_CONNECTING: {
+            int c = sock_connect_done(h->fd);
+            if (c < 0) {
+                hs_fail(h, "connect failed: %s", strerror(errno));
+                return loomRemoteError;
+            }
+            if (c == 0) goto pending;
+            *progressed = true;
+            h->state = HS_RECV_CHALLENGE;
+            h->len = HS_CHALLENGE_BYTES;
+            h->done = 0;
+            continue;
+        }
+        case HS_SEND_CHALLENGE:
+            if ((r = hs_io(h, true, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            h->state = HS_RECV_HELLO;
+            h->len = HS_HELLO_BYTES;
+            h->done = 0;
+            continue;
+        case HS_RECV_CHALLENGE:
+            if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            if (get32(h->buf) != HS_MAGIC_CHALLENGE || get32(h->buf + 4) != HS_VERSION) {
+                hs_fail(h, "not a loom peer (bad challenge magic 0x%08x, version %u)",
+                        get32(h->buf), get32(h->buf + 4));
+                return loomRemoteError;
+            }
+            memcpy(h->nonce, h->buf + 8, 16);
+            hello_encode(&h->hello, h->buf);
+            hello_mac(h->secret, h->nonce, h->buf, 32, NULL, h->buf + 32);
+            h->len = HS_HELLO_BYTES;
+            h->done = 0;
+            h->state = HS_SEND_HELLO;
+            continue;
+        case HS_SEND_HELLO:
+            if ((r = hs_io(h, true, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            /* Keep the HELLO: the WELCOME's MAC covers it. */
+            memmove(h->buf + HS_WELCOME_BYTES, h->buf, HS_HELLO_BYTES);
+            h->len = HS_WELCOME_BYTES;
+            h->done = 0;
+            h->state = HS_RECV_WELCOME;
+            continue;
+        case HS_RECV_HELLO: {
+            if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            if (get32(h->buf) != HS_MAGIC_HELLO || get32(h->buf + 4) != HS_VERSION) {
+                hs_fail(h, "not a loom peer (bad hello magic 0x%08x, version %u)", get32(h->buf),
+                        get32(h->buf + 4));
+                return loomRemoteError;
+            }
+            uint8_t mac[16];
+            hello_mac(h->secret, h->nonce, h->buf, 32, NULL, mac);
+            if (!base_equal_ct(mac, h->buf + 32, 16)) {
+                hs_fail(h, "authentication failed (the peer does not know this job's secret)");
+                return loomRemoteError;
+            }
+            memcpy(&h->hello.comm_id, h->buf + 8, 8);
+            memcpy(&h->hello.from_rank, h->buf + 16, 4);
+            memcpy(&h->hello.to_rank, h->buf + 20, 4);
+            h->hello.chan = get32(h->buf + 24);
+            h->hello.nchan = get32(h->buf + 28);
+            uint8_t hello[HS_HELLO_BYTES];
+            memcpy(hello, h->buf, HS_HELLO_BYTES);
+            put32(h->buf, HS_MAGIC_WELCOME);
+            put32(h->buf + 4, 0);
+            hello_mac(h->secret, h->nonce, hello, HS_HELLO_BYTES, "W", h->buf + 8);
+            h->len = HS_WELCOME_BYTES;
+            h->done = 0;
+            h->state = HS_SEND_WELCOME;
+            continue;
+        }
+        case HS_SEND_WELCOME:
+            if ((r = hs_io(h, true, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            h->state = HS_DONE;
+            return loomSuccess;
+        case HS_RECV_WELCOME: {
+            if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
+            if (r == 0) goto pending;
+            uint8_t mac[16];
+            hello_mac(h->secret, h->nonce, h->buf + HS_WELCOME_BYTES, HS_HELLO_BYTES, "W", mac);
+            if (get32(h->buf) != HS_MAGIC_WELCOME || !base_equal_ct(mac, h->buf + 8, 16)) {
+                hs_fail(h, "the listener failed to prove this job's secret (wrong job, or a port "
+                           "reused by another program)");
+                return loomRemoteError;
+            }
+            h->state = HS_DONE;
+            return loomSuccess;
+        }
+        case HS_DONE: return loomSuccess;
+        case HS_FAILED: return loomRemoteError;
+        }
+    }
+pending:
+    if (base_now_ns() > h->deadline_ns) {
+        hs_fail(h, "handshake not finished within LOOM_HANDSHAKE_TIMEOUT=%g s (state %d)",
+                param_double(PARAM_HANDSHAKE_TIMEOUT), (int)h->state);
+        return loomRemoteError;
+    }
+    return loomSuccess;
+}
+
+loomResult_t hs_run_blocking(hs_t *h)
+{
+    while (h->state != HS_DONE) {
+        bool prog = false;
+        loomResult_t r = hs_progress(h, &prog);
+        if (r != loomSuccess) return r;
+        if (h->state == HS_DONE) break;
+        if (!prog) {
+            struct pollfd p = {.fd = h->fd, .events = hs_events(h)};
+            poll(&p, 1, 50);
+        }
+    }
+    return loomSuccess;
+}
+
+static loomResult_t sock_io_all(int fd, void *buf, size_t len, uint64_t deadline_ns,
+                                const char *what, bool sending)
+{
+    uint8_t *p = buf;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = sending ? send(fd, p + done, len - done, MSG_NOSIGNAL)
+                            : recv(fd, p + done, len - done, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return base_error(loomRemoteError, LOG_BOOT, "%s: connection closed by the peer",
+                              what);
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return base_error(loomRemoteError, LOG_BOOT, "%s: %s failed: %s", what,
+                              sending ? "send" : "recv", strerror(errno));
+        uint64_t now = base_now_ns();
+        if (now >= deadline_ns)
+            return base_error(loomRemoteError, LOG_BOOT, "%s: timed out (LOOM_TIMEOUT=%g s)",
+                              what, param_double(PARAM_TIMEOUT));
+        struct pollfd pf = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+        int ms = (int)LOOM_MIN((deadline_ns - now) / 1000000 + 1, 100);
+        poll(&pf, 1, ms);
+    }
+    return loomSuccess;
+}
+
+loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,
+                           const char *what)
+{
+    return sock_io_all(fd, (void *)buf, len, deadline_ns, what, true);
+}
+
+loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns, const char *what)
+{
+    return sock_io_all(fd, buf, len, deadline_ns, what, false);
+}

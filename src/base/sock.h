@@ -1,0 +1,106 @@
+/*
+ * Sockets shared by the bootstrap and the TCP transport: choosing the interface, listening and
+ * connecting without blocking, and the authenticated handshake every loom connection starts with.
+ *
+ * Handshake (acceptor A, connector C, job secret K):
+ *   A -> C  CHALLENGE  magic, version, 16-byte random nonce N
+ *   C -> A  HELLO      magic, version, comm id, from rank, to rank, socket index, sockets,
+ *                      MAC = SipHash128(K, N || HELLO fields)
+ *   A -> C  WELCOME    magic, status, MAC = SipHash128(K, N || "W" || HELLO)
+ * A peer that cannot prove K, or sends anything malformed, is logged with its address and closed;
+ * the secret itself never crosses the wire. A connection that does not finish within
+ * LOOM_HANDSHAKE_TIMEOUT is dropped.
+ */
+#ifndef LOOM_BASE_SOCK_H
+#define LOOM_BASE_SOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "loom.h"
+
+#define SOCK_ADDR_STRLEN 64
+
+typedef struct {
+    struct sockaddr_storage sa;
+    socklen_t len;
+} sock_addr_t;
+
+/* "10.0.0.1:5000" or "[fe80::1%eth0]:5000". */
+const char *sock_addr_str(const sock_addr_t *a, char *buf, size_t len);
+int sock_addr_port(const sock_addr_t *a);
+/* Packs an address into 32 bytes (family, port, address, scope) and back. */
+void sock_addr_pack(const sock_addr_t *a, uint8_t out[32]);
+bool sock_addr_unpack(const uint8_t in[32], sock_addr_t *a);
+
+/* Chooses the address to bind, from LOOM_SOCKET_IFNAME and LOOM_SOCKET_FAMILY (see loom-info).
+ * A specification matching nothing is loomInvalidUsage with a text listing the interfaces. */
+loomResult_t sock_pick_address(sock_addr_t *out, char *ifname, size_t ifname_len);
+/* Same, from an explicit specification (NULL: the default rule). */
+loomResult_t sock_pick_address_spec(const char *spec, int family, sock_addr_t *out, char *ifname,
+                                    size_t ifname_len);
+
+/* A non-blocking listening socket on addr (port 0: any); writes the bound address. */
+loomResult_t sock_listen(const sock_addr_t *addr, int backlog, int *fd, sock_addr_t *bound);
+/* Starts a non-blocking connect; completion shows as POLLOUT (check with sock_connect_done). */
+loomResult_t sock_connect_start(const sock_addr_t *addr, int *fd);
+/* 1 when connected, 0 when still connecting, -1 on failure (errno set). */
+int sock_connect_done(int fd);
+/* TCP_NODELAY and buffer sizes for data sockets. */
+void sock_tune(int fd, uint64_t bufsize);
+
+/* ---- handshake ---- */
+
+typedef enum {
+    HS_CONNECTING = 0,
+    HS_SEND_CHALLENGE,
+    HS_RECV_CHALLENGE,
+    HS_SEND_HELLO,
+    HS_RECV_HELLO,
+    HS_SEND_WELCOME,
+    HS_RECV_WELCOME,
+    HS_DONE,
+    HS_FAILED
+} hs_state_t;
+
+typedef struct {
+    uint64_t comm_id;
+    int32_t from_rank, to_rank;
+    uint32_t chan, nchan;
+} hs_hello_t;
+
+typedef struct {
+    int fd;
+    hs_state_t state;
+    bool acceptor;
+    uint8_t secret[16];
+    uint8_t nonce[16];
+    hs_hello_t hello; /* connector: what it sends; acceptor: what it received */
+    uint8_t buf[128];
+    size_t len, done;
+    uint64_t deadline_ns;
+    sock_addr_t peer;
+    char err[256];
+} hs_t;
+
+/* Connector side: fd from sock_connect_start. */
+void hs_connect_init(hs_t *h, int fd, const sock_addr_t *peer, const uint8_t secret[16],
+                     const hs_hello_t *hello);
+/* Acceptor side: fd from accept(). */
+loomResult_t hs_accept_init(hs_t *h, int fd, const sock_addr_t *peer, const uint8_t secret[16]);
+/* Advances without blocking. Returns loomSuccess while in progress or done (h->state), or
+ * loomRemoteError/loomSystemError with h->err set. */
+loomResult_t hs_progress(hs_t *h, bool *progressed);
+/* POLLIN/POLLOUT wanted now. */
+short hs_events(const hs_t *h);
+/* Blocks (with poll) until done or failed; for the bootstrap's client side. */
+loomResult_t hs_run_blocking(hs_t *h);
+
+/* Blocking send/receive with a deadline (absolute, base_now_ns clock) on a non-blocking socket. */
+loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,
+                           const char *what);
+loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns,
+                           const char *what);
+
+#endif

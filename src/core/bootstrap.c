@@ -1,0 +1,332 @@
+/*
+ * Bootstrap: the unique id and the rendezvous of all ranks.
+ *
+ * loomGetUniqueId listens on the chosen interface and starts a root thread in the calling
+ * process. Every rank connects to it, proves the job's secret (sock.h's handshake), and sends its
+ * peer_info_t; once all ranks have arrived the root sends everyone the full table and exits. The
+ * root holds one socket per rank only during init; data connections are made later, lazily,
+ * between the pairs that a schedule uses.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "param.h"
+
+#define UID_MAGIC 0x6c6d6964u /* "lmid" */
+#define UID_VERSION 1
+#define BOOT_RANK_ROOT (-1)
+
+typedef struct {
+    int32_t status; /* 0 ok, else an error text follows */
+    int32_t nranks;
+} boot_reply_t;
+
+typedef struct {
+    hs_t hs;
+    int state; /* 0 handshake, 1 reading info, 2 waiting for the table, 3 closed */
+    peer_info_t info;
+    size_t got;
+    int nranks;
+} boot_client_t;
+
+typedef struct {
+    int listen_fd;
+    uint8_t secret[16];
+    uint64_t job_id;
+    sock_addr_t addr;
+} boot_root_args_t;
+
+uint64_t boot_node_hash(char *host, size_t hostlen)
+{
+    char h[HOST_NAME_LEN] = "";
+    gethostname(h, sizeof(h) - 1);
+    if (host) snprintf(host, hostlen, "%s", h);
+    const char *over = param_str(PARAM_NODE_ID);
+    if (over[0]) return base_hash64(over, strlen(over), 0x6e6f6465);
+    char id[256] = "";
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, id, sizeof(id) - 1);
+        if (n > 0) id[n] = '\0';
+        close(fd);
+    }
+    struct stat st;
+    uint64_t ns = stat("/proc/self/ns/net", &st) == 0 ? (uint64_t)st.st_ino : 0;
+    uint64_t x = base_hash64(h, strlen(h), 0x6e6f6465);
+    x = base_hash64(id, strlen(id), x);
+    return base_hash64(&ns, sizeof(ns), x);
+}
+
+loomResult_t boot_uid_parse(const loomUniqueId *id, uid_layout_t *out)
+{
+    memcpy(out, id, sizeof(*out));
+    if (out->magic != UID_MAGIC || out->version != UID_VERSION)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "the unique id is not one made by loomGetUniqueId of this loom version "
+                          "(magic 0x%08x, version %u)",
+                          out->magic, out->version);
+    return loomSuccess;
+}
+
+static void root_send_error(int fd, const char *text)
+{
+    boot_reply_t rep = {.status = 1, .nranks = 0};
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", text);
+    uint64_t dl = base_now_ns() + 1000000000ull;
+    if (sock_send_all(fd, &rep, sizeof(rep), dl, "bootstrap root: error reply") == loomSuccess)
+        sock_send_all(fd, buf, sizeof(buf), dl, "bootstrap root: error reply");
+}
+
+static void *root_main(void *arg)
+{
+    boot_root_args_t a = *(boot_root_args_t *)arg;
+    free(arg);
+    char as[SOCK_ADDR_STRLEN];
+    sock_addr_str(&a.addr, as, sizeof(as));
+    boot_client_t *cl = NULL;
+    int ncl = 0, cap = 0, nranks = -1, joined = 0;
+    peer_info_t *table = NULL;
+    int *fd_of = NULL;
+    uint64_t timeout = (uint64_t)(param_double(PARAM_TIMEOUT) * 1e9);
+    uint64_t last_join = base_now_ns();
+    bool done = false;
+    INFO(LOG_BOOT, "bootstrap root listening on %s", as);
+    while (!done) {
+        struct pollfd *fds = calloc((size_t)ncl + 1, sizeof(*fds));
+        if (fds == NULL) break;
+        fds[0] = (struct pollfd){.fd = a.listen_fd, .events = POLLIN};
+        int nf = 1;
+        for (int i = 0; i < ncl; i++) {
+            short ev = cl[i].state == 0 ? hs_events(&cl[i].hs) : cl[i].state == 1 ? POLLIN : 0;
+            if (ev) fds[nf++] = (struct pollfd){.fd = cl[i].hs.fd, .events = ev};
+        }
+        poll(fds, (nfds_t)nf, 100);
+        free(fds);
+        for (;;) {
+            sock_addr_t peer = {.len = sizeof(peer.sa)};
+            int fd = accept4(a.listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) break;
+            if (ncl == cap) {
+                cap = cap ? cap * 2 : 16;
+                boot_client_t *n = realloc(cl, (size_t)cap * sizeof(*cl));
+                if (n == NULL) {
+                    close(fd);
+                    break;
+                }
+                cl = n;
+            }
+            memset(&cl[ncl], 0, sizeof(cl[ncl]));
+            if (hs_accept_init(&cl[ncl].hs, fd, &peer, a.secret) != loomSuccess) {
+                close(fd);
+                continue;
+            }
+            ncl++;
+        }
+        for (int i = 0; i < ncl; i++) {
+            boot_client_t *c = &cl[i];
+            bool prog = false;
+            if (c->state == 0) {
+                if (hs_progress(&c->hs, &prog) != loomSuccess) {
+                    WARN(LOG_BOOT, "bootstrap root %s refused a connection from %s", as,
+                         c->hs.err);
+                    close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
+                if (c->hs.state != HS_DONE) continue;
+                const hs_hello_t *h = &c->hs.hello;
+                const char *why = NULL;
+                if (h->comm_id != a.job_id || h->to_rank != BOOT_RANK_ROOT) why = "wrong job";
+                else if (h->nchan == 0 || h->nchan > (1u << 24)) why = "bad rank count";
+                else if (h->from_rank < 0 || (uint32_t)h->from_rank >= h->nchan) why = "bad rank";
+                else if (nranks >= 0 && (int)h->nchan != nranks) why = "rank counts differ";
+                if (why) {
+                    char text[256];
+                    snprintf(text, sizeof(text),
+                             "bootstrap root %s refused rank %d (nranks %u): %s%s", as,
+                             h->from_rank, h->nchan, why,
+                             nranks >= 0 ? " (other ranks said nranks differently)" : "");
+                    WARN(LOG_BOOT, "%s", text);
+                    root_send_error(c->hs.fd, text);
+                    close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
+                if (nranks < 0) {
+                    nranks = (int)h->nchan;
+                    table = calloc((size_t)nranks, sizeof(*table));
+                    fd_of = malloc((size_t)nranks * sizeof(int));
+                    if (table == NULL || fd_of == NULL) goto out;
+                    for (int k = 0; k < nranks; k++) fd_of[k] = -1;
+                }
+                c->state = 1;
+            }
+            if (c->state == 1) {
+                ssize_t n = recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got,
+                                 0);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                    WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
+                         as, c->hs.hello.from_rank);
+                    close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
+                if (n > 0) c->got += (size_t)n;
+                if (c->got < sizeof(c->info)) continue;
+                int r = c->hs.hello.from_rank;
+                if (c->info.rank != r || fd_of[r] >= 0) {
+                    char text[256];
+                    snprintf(text, sizeof(text), "bootstrap root %s: rank %d joined twice", as,
+                             r);
+                    WARN(LOG_BOOT, "%s", text);
+                    root_send_error(c->hs.fd, text);
+                    close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
+                table[r] = c->info;
+                fd_of[r] = c->hs.fd;
+                c->state = 2;
+                joined++;
+                last_join = base_now_ns();
+                TRACE(LOG_BOOT, "bootstrap root: rank %d joined (%d of %d)", r, joined, nranks);
+            }
+        }
+        if (nranks > 0 && joined == nranks) {
+            boot_reply_t rep = {.status = 0, .nranks = nranks};
+            uint64_t dl = base_now_ns() + timeout;
+            for (int r = 0; r < nranks; r++) {
+                /* A rank that died after joining only fails itself: the others carry on. */
+                if (sock_send_all(fd_of[r], &rep, sizeof(rep), dl, "bootstrap root: reply") ==
+                    loomSuccess)
+                    sock_send_all(fd_of[r], table, sizeof(*table) * (size_t)nranks, dl,
+                                  "bootstrap root: sending the rank table");
+            }
+            done = true;
+        } else if (timeout && base_now_ns() - last_join > timeout) {
+            WARN(LOG_BOOT,
+                 "bootstrap root %s gives up: %d of %d ranks joined, none for LOOM_TIMEOUT=%g s",
+                 as, joined, nranks, param_double(PARAM_TIMEOUT));
+            break;
+        }
+    }
+out:
+    for (int i = 0; i < ncl; i++)
+        if (cl[i].state != 3) close(cl[i].hs.fd);
+    free(cl);
+    free(table);
+    free(fd_of);
+    close(a.listen_fd);
+    return NULL;
+}
+
+loomResult_t boot_uid_create(loomUniqueId *id)
+{
+    uid_layout_t u;
+    memset(&u, 0, sizeof(u));
+    u.magic = UID_MAGIC;
+    u.version = UID_VERSION;
+    LOOM_CHECK(base_random(u.secret, sizeof(u.secret)));
+    LOOM_CHECK(base_random(&u.job_id, sizeof(u.job_id)));
+    sock_addr_t addr, bound;
+    char ifname[64];
+    LOOM_CHECK(sock_pick_address(&addr, ifname, sizeof(ifname)));
+    int fd;
+    LOOM_CHECK(sock_listen(&addr, 4096, &fd, &bound));
+    boot_root_args_t *a = malloc(sizeof(*a));
+    if (a == NULL) {
+        close(fd);
+        return base_error(loomSystemError, LOG_BOOT, "out of memory");
+    }
+    a->listen_fd = fd;
+    memcpy(a->secret, u.secret, 16);
+    a->job_id = u.job_id;
+    a->addr = bound;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&t, &attr, root_main, a);
+    pthread_attr_destroy(&attr);
+    if (e != 0) {
+        close(fd);
+        free(a);
+        return base_error(loomSystemError, LOG_BOOT, "pthread_create (bootstrap root): %s",
+                          strerror(e));
+    }
+    sock_addr_pack(&bound, u.root_addr);
+    char as[SOCK_ADDR_STRLEN];
+    INFO(LOG_BOOT, "unique id: root %s on %s", sock_addr_str(&bound, as, sizeof(as)), ifname);
+    memcpy(id, &u, sizeof(u));
+    return loomSuccess;
+}
+
+loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine)
+{
+    sock_addr_t root;
+    char as[SOCK_ADDR_STRLEN], what[320];
+    if (!sock_addr_unpack(uid->root_addr, &root))
+        return base_error(loomInvalidArgument, LOG_BOOT, "the unique id holds no root address");
+    sock_addr_str(&root, as, sizeof(as));
+    uint64_t timeout = (uint64_t)(comm->timeout_s * 1e9);
+    uint64_t dl = base_now_ns() + (timeout ? timeout : UINT64_MAX / 2);
+    int fd = -1;
+    loomResult_t r = loomSuccess;
+    /* The root may not be listening yet if its process starts late: retry refused connects. */
+    for (;;) {
+        LOOM_CHECK(sock_connect_start(&root, &fd));
+        hs_t hs;
+        hs_hello_t hello = {.comm_id = uid->job_id,
+                            .from_rank = comm->rank,
+                            .to_rank = BOOT_RANK_ROOT,
+                            .chan = 0,
+                            .nchan = (uint32_t)comm->nranks};
+        hs_connect_init(&hs, fd, &root, uid->secret, &hello);
+        r = hs_run_blocking(&hs);
+        if (r == loomSuccess) break;
+        close(fd);
+        fd = -1;
+        if (base_now_ns() > dl)
+            return base_error(r, LOG_BOOT, "bootstrap: cannot reach the root: %s", hs.err);
+        usleep(100000);
+    }
+    snprintf(what, sizeof(what), "bootstrap: sending rank %d's address to the root %s",
+             comm->rank, as);
+    LOOM_CHECK_GOTO(sock_send_all(fd, mine, sizeof(*mine), dl, what), r, out);
+    boot_reply_t rep;
+    snprintf(what, sizeof(what),
+             "bootstrap: waiting at the root %s for all %d ranks to join (is every rank started "
+             "with the same unique id and rank count?)",
+             as, comm->nranks);
+    LOOM_CHECK_GOTO(sock_recv_all(fd, &rep, sizeof(rep), dl, what), r, out);
+    if (rep.status != 0) {
+        char text[512];
+        if (sock_recv_all(fd, text, sizeof(text), dl, what) != loomSuccess)
+            snprintf(text, sizeof(text), "(no reason given)");
+        text[sizeof(text) - 1] = '\0';
+        r = base_error(loomInvalidUsage, LOG_BOOT, "bootstrap refused: %s", text);
+        goto out;
+    }
+    if (rep.nranks != comm->nranks) {
+        r = base_error(loomInternalError, LOG_BOOT, "bootstrap: root answered for %d ranks",
+                       rep.nranks);
+        goto out;
+    }
+    snprintf(what, sizeof(what), "bootstrap: receiving the rank table from the root %s", as);
+    LOOM_CHECK_GOTO(sock_recv_all(fd, comm->peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl,
+                                  what),
+                    r, out);
+out:
+    close(fd);
+    return r;
+}

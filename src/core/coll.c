@@ -1,0 +1,678 @@
+/*
+ * Collective and point-to-point entry points, and groups.
+ *
+ * Every call is checked completely before anything happens (a bad argument changes nothing),
+ * then queued; outside a group the queue is run at once. loomGroupEnd turns each communicator's
+ * queue into schedules (consecutive point-to-point calls on one communicator become a single
+ * schedule, so they progress together) and drives all communicators' schedules at the same time
+ * on the calling thread.
+ */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "param.h"
+#include "ring.h"
+
+#define OP_PREMUL_CODE 5
+
+typedef struct {
+    loomComm_t comm;
+    int kind; /* sched_opkind_t */
+    const void *send;
+    void *recv;
+    size_t count;
+    loomDataType_t type;
+    loomRedOp_t op;
+    int root; /* root, or peer for point to point */
+} coll_op_t;
+
+static _Thread_local int group_depth;
+static _Thread_local coll_op_t *gq;
+static _Thread_local int gq_len, gq_cap;
+
+/* ---- argument checks ---- */
+
+static bool mul_overflows(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out);
+}
+
+static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op,
+                             loomDataType_t type)
+{
+    if ((int)op >= 0 && op < loomNumOps) return loomSuccess;
+    int i = (int)op - loomNumOps;
+    if (i >= 0 && i < COMM_MAX_PREMUL && comm->premul[i].used) {
+        if (comm->premul[i].type != type)
+            return base_error(loomInvalidArgument, LOG_COLL,
+                              "%s: pre-multiplied sum %d was created for %s, called with %s", fn,
+                              (int)op, red_type_name(comm->premul[i].type), red_type_name(type));
+        return loomSuccess;
+    }
+    return base_error(loomInvalidArgument, LOG_COLL,
+                      "%s: invalid reduction op %d (sum, prod, max, min, avg, or one made by "
+                      "loomRedOpCreatePreMulSum on this communicator)",
+                      fn, (int)op);
+}
+
+static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t type,
+                                 size_t count, size_t mult, size_t *bytes)
+{
+    LOOM_CHECK(comm_check(comm, fn));
+    log_set_rank(comm->rank);
+    if ((int)type < 0 || type >= loomNumTypes)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: invalid datatype %d (expected 0..%d)", fn, (int)type,
+                          loomNumTypes - 1);
+    size_t elems;
+    if (mul_overflows(count, mult, &elems) || mul_overflows(elems, red_type_size(type), bytes) ||
+        *bytes > (size_t)INT64_MAX)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: count %zu of %s overflows the address space", fn, count,
+                          red_type_name(type));
+    return loomSuccess;
+}
+
+static loomResult_t check_buf(const char *fn, const char *name, const void *p, size_t bytes)
+{
+    if (bytes > 0 && p == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
+                          fn, name, bytes);
+    return loomSuccess;
+}
+
+static loomResult_t check_root(loomComm_t comm, const char *fn, const char *what, int root)
+{
+    if (root < 0 || root >= comm->nranks)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: %s %d is outside [0, %d)", fn, what,
+                          root, comm->nranks);
+    return loomSuccess;
+}
+
+static loomResult_t check_no_partial_overlap(const char *fn, const void *s, size_t sb,
+                                             const void *r, size_t rb, const void *inplace_at)
+{
+    if (s == inplace_at) return loomSuccess;
+    if (ranges_overlap(s, sb, r, rb))
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: send and receive buffers overlap without being in place", fn);
+    return loomSuccess;
+}
+
+/* ---- the queue ---- */
+
+static loomResult_t run_group(void);
+
+static loomResult_t enqueue(const coll_op_t *op)
+{
+    if (gq_len == gq_cap) {
+        int ncap = gq_cap ? gq_cap * 2 : 16;
+        coll_op_t *n = realloc(gq, (size_t)ncap * sizeof(*n));
+        if (n == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+        gq = n;
+        gq_cap = ncap;
+    }
+    gq[gq_len++] = *op;
+    if (group_depth == 0) return run_group();
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomGroupStart(void)
+{
+    group_depth++;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomGroupEnd(void)
+{
+    if (group_depth == 0)
+        return base_error(loomInvalidUsage, LOG_COLL, "loomGroupEnd without loomGroupStart");
+    if (--group_depth > 0) return loomSuccess;
+    return run_group();
+}
+
+/* ---- turning queued operations into schedules ---- */
+
+typedef struct {
+    loomComm_t comm;
+    int *ops; /* indices into the queue, in call order */
+    int nops, next;
+    exec_t *exec;
+    void **bufs;
+    uint32_t nbufs;
+    void *tmp, *scaled;
+    loomDataType_t type;
+    loomResult_t res;
+    char err[ERR_TEXT_MAX];
+    bool done;
+} comm_job_t;
+
+static ring_params_t ring_params(loomComm_t comm, loomDataType_t type)
+{
+    ring_params_t p = {.nchannels = comm->nchannels,
+                       .slice_elems = LOOM_MAX(comm->slice_bytes / red_type_size(type), 1)};
+    return p;
+}
+
+static red_op_t base_op(loomRedOp_t op)
+{
+    switch (op) {
+    case loomProd: return RED_PROD;
+    case loomMax: return RED_MAX;
+    case loomMin: return RED_MIN;
+    default: return RED_SUM; /* sum, avg, pre-multiplied sum */
+    }
+}
+
+static void job_release(comm_job_t *j)
+{
+    exec_free(j->exec);
+    j->exec = NULL;
+    free(j->tmp);
+    free(j->scaled);
+    j->tmp = j->scaled = NULL;
+}
+
+static loomResult_t job_bufs(comm_job_t *j, uint32_t n)
+{
+    if (n > j->nbufs) {
+        void **b = realloc(j->bufs, n * sizeof(void *));
+        if (b == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+        j->bufs = b;
+        j->nbufs = n;
+    }
+    return loomSuccess;
+}
+
+/* Builds the schedule for a collective; fills j->bufs. */
+static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *s)
+{
+    loomComm_t comm = j->comm;
+    int p = comm->nranks, r = comm->rank;
+    size_t es = red_type_size(o->type);
+    bool avg = o->op == loomAvg;
+    int pm = (int)o->op - loomNumOps;
+    sched_desc_t d = {.kind = (uint8_t)o->kind, .dtype = (uint8_t)o->type,
+                      .op = (uint8_t)(pm >= 0 ? OP_PREMUL_CODE : (int)o->op),
+                      .root = o->root, .count = o->count, .seq = comm->coll_seq++};
+    bool reduces = o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCE ||
+                   o->kind == OPK_REDUCESCATTER;
+    if (!reduces) d.op = 0;
+    if (o->kind == OPK_ALLGATHER || o->kind == OPK_BROADCAST || o->kind == OPK_ALLTOALL ||
+        o->kind == OPK_SPLIT)
+        d.root = o->kind == OPK_BROADCAST ? o->root : -1;
+    if (o->kind == OPK_ALLREDUCE || o->kind == OPK_ALLGATHER || o->kind == OPK_REDUCESCATTER ||
+        o->kind == OPK_ALLTOALL)
+        d.root = -1;
+    uint16_t di = sched_add_desc(s, &d);
+    LOOM_CHECK(job_bufs(j, SCHED_BUF_FIRST_FREE));
+    const void *send = o->send;
+    void *recv = o->recv;
+    size_t in_elems = o->kind == OPK_REDUCESCATTER || o->kind == OPK_ALLTOALL
+                          ? o->count * (size_t)p
+                          : o->count;
+    /* A pre-multiplied sum scales this rank's input once, then sums. */
+    if (pm >= 0 && o->count > 0) {
+        j->scaled = malloc(LOOM_MAX(in_elems * es, 1));
+        if (j->scaled == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+        red_host_scale(o->type, j->scaled, send, comm->premul[pm].scalar, in_elems);
+        send = j->scaled;
+    }
+    /* All-to-all in place: work from a copy of the input. */
+    if (o->kind == OPK_ALLTOALL && send == recv && o->count > 0) {
+        j->scaled = malloc(in_elems * es);
+        if (j->scaled == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+        memcpy(j->scaled, send, in_elems * es);
+        send = j->scaled;
+    }
+    ring_params_t prm = ring_params(comm, o->type);
+    bool inplace = false;
+    switch (o->kind) {
+    case OPK_ALLREDUCE:
+        inplace = send == recv;
+        if (inplace) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+        ring_allreduce(s, di, o->count, &prm, inplace, avg);
+        break;
+    case OPK_BROADCAST:
+        inplace = r != o->root || send == recv;
+        if (r == o->root && send == recv) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+        ring_broadcast(s, di, o->count, o->root, &prm, inplace);
+        break;
+    case OPK_REDUCE:
+        inplace = send == recv;
+        if (inplace) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+        ring_reduce(s, di, o->count, o->root, &prm, inplace, avg);
+        break;
+    case OPK_ALLGATHER:
+    case OPK_SPLIT:
+        inplace = (const uint8_t *)send == (uint8_t *)recv + (size_t)r * o->count * es;
+        if (inplace)
+            sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, (int64_t)r * (int64_t)o->count);
+        ring_allgather(s, di, o->count, &prm, inplace);
+        break;
+    case OPK_REDUCESCATTER:
+        inplace = (uint8_t *)recv == (const uint8_t *)send + (size_t)r * o->count * es;
+        if (inplace)
+            sched_set_alias(s, SCHED_BUF_RECV, SCHED_BUF_SEND, (int64_t)r * (int64_t)o->count);
+        ring_reduce_scatter(s, di, o->count, &prm, inplace, avg);
+        break;
+    case OPK_ALLTOALL:
+        direct_alltoall(s, di, o->count, &prm);
+        break;
+    default:
+        return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", o->kind);
+    }
+    LOOM_CHECK(sched_status(s));
+    if (s->tmp_elems) {
+        j->tmp = malloc(s->tmp_elems * es);
+        if (j->tmp == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+    }
+    j->bufs[SCHED_BUF_SEND] = (void *)send;
+    j->bufs[SCHED_BUF_RECV] = recv;
+    j->bufs[SCHED_BUF_TMP] = j->tmp;
+    return loomSuccess;
+}
+
+/* Builds one schedule for a run of point-to-point calls; *used tells how many it took. */
+static loomResult_t plan_p2p(comm_job_t *j, sched_t *s, int *used)
+{
+    loomComm_t comm = j->comm;
+    int n = 0;
+    while (j->next + n < j->nops) {
+        const coll_op_t *o = &gq[j->ops[j->next + n]];
+        if (o->kind != OPK_SEND && o->kind != OPK_RECV) break;
+        n++;
+    }
+    LOOM_CHECK(job_bufs(j, SCHED_BUF_FIRST_FREE + (uint32_t)n));
+    j->bufs[SCHED_BUF_SEND] = j->bufs[SCHED_BUF_RECV] = j->bufs[SCHED_BUF_TMP] = NULL;
+    /* Sends to self meet receives from self in order, as local copies. */
+    int self_recv = 0;
+    for (int k = 0; k < n; k++) {
+        const coll_op_t *o = &gq[j->ops[j->next + k]];
+        uint32_t b = sched_add_buf(s);
+        size_t es = red_type_size(o->type);
+        uint64_t slice = LOOM_MAX(comm->slice_bytes / es, 1);
+        if (o->root == comm->rank) {
+            if (o->kind == OPK_RECV) continue;
+            /* find the matching receive from self */
+            int seen = 0, match = -1;
+            for (int q = 0; q < n; q++) {
+                const coll_op_t *x = &gq[j->ops[j->next + q]];
+                if (x->kind == OPK_RECV && x->root == comm->rank && seen++ == self_recv) {
+                    match = q;
+                    break;
+                }
+            }
+            self_recv++;
+            if (match < 0)
+                return base_error(loomInvalidUsage, LOG_P2P,
+                                  "send to self (rank %d) without a matching receive from self "
+                                  "in the same group",
+                                  comm->rank);
+            const coll_op_t *x = &gq[j->ops[j->next + match]];
+            if (x->count != o->count || x->type != o->type)
+                return base_error(loomInvalidUsage, LOG_P2P,
+                                  "send to self of %zu %s meets a receive of %zu %s", o->count,
+                                  red_type_name(o->type), x->count, red_type_name(x->type));
+            if (o->count) memcpy(x->recv, o->send, o->count * es);
+            continue;
+        }
+        j->bufs[b] = o->kind == OPK_SEND ? (void *)o->send : o->recv;
+        sched_desc_t d = {.kind = (uint8_t)o->kind, .dtype = (uint8_t)o->type,
+                          .root = o->kind == OPK_SEND ? comm->rank : o->root,
+                          .count = o->count};
+        d.seq = o->kind == OPK_SEND ? comm->p2p_send_seq[o->root]++
+                                    : comm->p2p_recv_seq[o->root]++;
+        uint16_t di = sched_add_desc(s, &d);
+        uint64_t S = sched_nslices(o->count, slice);
+        for (uint64_t q = 0; q < S; q++) {
+            uint64_t len = sched_slice_len(o->count, slice, q);
+            if (o->kind == OPK_SEND) sched_send(s, di, o->root, b, q * slice, len);
+            else sched_recv(s, di, o->root, b, q * slice, len);
+        }
+    }
+    LOOM_CHECK(sched_status(s));
+    *used = n;
+    return loomSuccess;
+}
+
+/* Prepares the next schedule of a job; sets j->done when none is left. */
+static loomResult_t job_next(comm_job_t *j)
+{
+    job_release(j);
+    if (j->next >= j->nops) {
+        j->done = true;
+        return loomSuccess;
+    }
+    loomComm_t comm = j->comm;
+    log_set_rank(comm->rank);
+    sched_t *s = &comm->sched;
+    sched_reset(s, comm->rank, comm->nranks);
+    const coll_op_t *o = &gq[j->ops[j->next]];
+    loomDataType_t type = o->type;
+    red_op_t rop = base_op(o->op);
+    if (o->kind == OPK_SEND || o->kind == OPK_RECV) {
+        int used = 0;
+        LOOM_CHECK(plan_p2p(j, s, &used));
+        j->next += used;
+        type = loomUint8;
+        /* Point-to-point schedules may mix types: count in bytes. */
+        for (size_t i = 0; i < s->nsteps; i++) {
+            sched_step_t *st = &s->steps[i];
+            size_t es = red_type_size((loomDataType_t)s->descs[st->desc].dtype);
+            st->src_off *= es;
+            st->dst_off *= es;
+            st->count *= es;
+        }
+    } else {
+        LOOM_CHECK(plan_collective(j, o, s));
+        j->next++;
+    }
+    j->type = type;
+    if (s->nsteps == 0) return job_next(j);
+    return exec_create(comm, s, j->bufs, type, rop, &j->exec);
+}
+
+static loomResult_t job_fail(comm_job_t *j, loomResult_t r)
+{
+    j->res = r;
+    snprintf(j->err, sizeof(j->err), "%s", base_last_error());
+    j->done = true;
+    job_release(j);
+    return r;
+}
+
+static loomResult_t run_group(void)
+{
+    int n = gq_len;
+    if (n == 0) return loomSuccess;
+    comm_job_t *jobs = calloc((size_t)n, sizeof(*jobs));
+    int *idx = malloc((size_t)n * sizeof(int));
+    int njobs = 0;
+    loomResult_t res = loomSuccess;
+    if (jobs == NULL || idx == NULL) {
+        free(jobs);
+        free(idx);
+        gq_len = 0;
+        return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    }
+    /* One job per communicator, its operations in call order. */
+    int used = 0;
+    for (int i = 0; i < n; i++) {
+        int k;
+        for (k = 0; k < njobs; k++)
+            if (jobs[k].comm == gq[i].comm) break;
+        if (k == njobs) {
+            jobs[k].comm = gq[i].comm;
+            jobs[k].ops = idx + used;
+            for (int q = i; q < n; q++)
+                if (gq[q].comm == gq[i].comm) jobs[k].ops[jobs[k].nops++] = q;
+            used += jobs[k].nops;
+            njobs++;
+            atomic_fetch_add(&gq[i].comm->active_calls, 1);
+        }
+    }
+    for (int k = 0; k < njobs; k++)
+        if (job_next(&jobs[k]) != loomSuccess) job_fail(&jobs[k], loomSystemError);
+    uint64_t idle_since = base_now_ns();
+    uint64_t spin = jobs[0].comm->spin_ns;
+    for (;;) {
+        bool all_done = true, progressed = false;
+        for (int k = 0; k < njobs; k++) {
+            comm_job_t *j = &jobs[k];
+            if (j->done) continue;
+            all_done = false;
+            log_set_rank(j->comm->rank);
+            bool done = false;
+            loomResult_t r = exec_progress(j->exec, &done, &progressed);
+            if (r != loomSuccess) {
+                job_fail(j, r);
+                continue;
+            }
+            if (done) {
+                j->comm->stats.collectives++;
+                r = job_next(j);
+                if (r != loomSuccess) job_fail(j, r);
+                progressed = true;
+            }
+        }
+        if (all_done) break;
+        uint64_t now = base_now_ns();
+        if (progressed) {
+            idle_since = now;
+            continue;
+        }
+        if (now - idle_since < spin) continue;
+        struct pollfd fds[256];
+        int nf = 0;
+        for (int k = 0; k < njobs; k++) {
+            comm_job_t *j = &jobs[k];
+            if (j->done) continue;
+            log_set_rank(j->comm->rank);
+            loomResult_t r = exec_check_timeout(j->exec);
+            if (r != loomSuccess) {
+                job_fail(j, r);
+                continue;
+            }
+            nf += exec_pollfds(j->exec, fds + nf, 256 - nf);
+        }
+        poll(fds, (nfds_t)nf, 100);
+    }
+    for (int k = 0; k < njobs; k++) {
+        if (jobs[k].res != loomSuccess && res == loomSuccess) {
+            res = jobs[k].res;
+            base_set_error_text(jobs[k].err);
+        }
+        atomic_fetch_sub(&jobs[k].comm->active_calls, 1);
+        free(jobs[k].bufs);
+    }
+    free(jobs);
+    free(idx);
+    gq_len = 0;
+    return res;
+}
+
+/* Internal allgather of raw bytes (communicator split). */
+loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes)
+{
+    coll_op_t o = {.comm = comm, .kind = OPK_SPLIT, .send = send, .recv = recv, .count = bytes,
+                   .type = loomUint8, .op = loomSum, .root = -1};
+    if (group_depth > 0)
+        return base_error(loomInvalidUsage, LOG_INIT, "loomCommSplit inside a group");
+    return enqueue(&o);
+}
+
+/* ---- entry points ---- */
+
+static void stream_note(cudaStream_t stream)
+{
+    (void)stream; /* host buffers complete before the call returns; the stream is not used */
+}
+
+LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                       loomDataType_t type, loomRedOp_t op, loomComm_t comm,
+                                       cudaStream_t stream)
+{
+    const char *fn = "loomAllReduce";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                       loomDataType_t type, int root, loomComm_t comm,
+                                       cudaStream_t stream)
+{
+    const char *fn = "loomBroadcast";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "root", root));
+    if (comm->rank == root) {
+        LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    }
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count, type, loomSum, root};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                    loomDataType_t type, loomRedOp_t op, int root,
+                                    loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomReduce";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_root(comm, fn, "root", root));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    if (comm->rank == root) {
+        LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    } else {
+        recvbuff = (void *)sendbuff == recvbuff ? recvbuff : NULL;
+    }
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                       loomDataType_t type, loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomAllGather";
+    size_t bytes = 0, total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, sendcount, 1, &bytes));
+    LOOM_CHECK(check_common(comm, fn, type, sendcount, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
+                                        (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum, -1};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                           loomDataType_t type, loomRedOp_t op, loomComm_t comm,
+                                           cudaStream_t stream)
+{
+    const char *fn = "loomReduceScatter";
+    size_t bytes = 0, total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, recvcount, 1, &bytes));
+    LOOM_CHECK(check_common(comm, fn, type, recvcount, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                      loomDataType_t type, loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomAlltoAll";
+    size_t total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_ALLTOALL, sendbuff, recvbuff, count, type, loomSum, -1};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t type,
+                                  int peer, loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomSend";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "peer", peer));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer};
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t type, int peer,
+                                  loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomRecv";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "peer", peer));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    stream_note(stream);
+    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer};
+    return enqueue(&o);
+}
+
+/* ---- device memory: not in this build ---- */
+
+LOOM_EXPORT loomResult_t loomMemAlloc(void **ptr, size_t size)
+{
+    (void)ptr;
+    (void)size;
+    return base_error(loomInvalidUsage, LOG_CUDA,
+                      "loomMemAlloc: this loom has no GPU support loaded (no CUDA device)");
+}
+
+LOOM_EXPORT loomResult_t loomMemFree(void *ptr)
+{
+    if (ptr == NULL) return loomSuccess;
+    return base_error(loomInvalidUsage, LOG_CUDA,
+                      "loomMemFree: %p was not allocated by loomMemAlloc", ptr);
+}
+
+LOOM_EXPORT loomResult_t loomCommRegister(const loomComm_t comm, void *buff, size_t size,
+                                          void **handle)
+{
+    LOOM_CHECK(comm_check(comm, "loomCommRegister"));
+    if (handle == NULL || (buff == NULL && size > 0))
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loomCommRegister: NULL handle or buffer");
+    /* Host memory needs no registration for the TCP transport: the handle records the range. */
+    void **h = malloc(2 * sizeof(void *));
+    if (h == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+    h[0] = buff;
+    h[1] = (void *)(uintptr_t)size;
+    *handle = h;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommDeregister(const loomComm_t comm, void *handle)
+{
+    LOOM_CHECK(comm_check(comm, "loomCommDeregister"));
+    if (handle == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "loomCommDeregister: NULL handle");
+    free(handle);
+    return loomSuccess;
+}

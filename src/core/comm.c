@@ -1,0 +1,595 @@
+/* Communicator lifecycle: init, split, finalize, destroy, abort, errors and queries. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "param.h"
+
+LOOM_EXPORT loomResult_t loomGetVersion(int *version)
+{
+    if (version == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomGetVersion: version is NULL");
+    *version = LOOM_VERSION_CODE;
+    return loomSuccess;
+}
+
+LOOM_EXPORT const char *loomGetErrorString(loomResult_t r)
+{
+    switch (r) {
+    case loomSuccess: return "no error";
+    case loomUnhandledCudaError: return "unhandled cuda error (run with LOOM_DEBUG=WARN for details)";
+    case loomSystemError: return "unhandled system error (run with LOOM_DEBUG=WARN for details)";
+    case loomInternalError: return "internal error - please report this issue to the loom developers";
+    case loomInvalidArgument: return "invalid argument (run with LOOM_DEBUG=WARN for details)";
+    case loomInvalidUsage: return "invalid usage (run with LOOM_DEBUG=WARN for details)";
+    case loomRemoteError: return "remote process exited or there was a network error";
+    case loomInProgress: return "operation in progress";
+    default: return "unknown result code";
+    }
+}
+
+LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
+{
+    if (comm && comm->magic == COMM_MAGIC && atomic_load(&comm->async_error) != loomSuccess &&
+        atomic_load(&comm->async_error) != loomInProgress)
+        return comm->async_text;
+    return base_last_error();
+}
+
+loomResult_t comm_check(loomComm_t comm, const char *fn)
+{
+    if (comm == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: comm is NULL", fn);
+    if (comm->magic != COMM_MAGIC)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: %p is not a live loom communicator (destroyed, or not one)", fn,
+                          (void *)comm);
+    if (comm->finalized)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: the communicator was finalized; only loomCommDestroy is allowed",
+                          fn);
+    if (comm->init_thread_live) {
+        pthread_join(comm->init_thread, NULL);
+        comm->init_thread_live = false;
+    }
+    loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
+    if (a != loomSuccess) {
+        base_set_error_text(comm->async_text);
+        return a;
+    }
+    if (atomic_load(&comm->aborting))
+        return base_error(loomInvalidUsage, LOG_COLL, "%s: the communicator is being aborted", fn);
+    return loomSuccess;
+}
+
+void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
+{
+    pthread_mutex_lock(&comm->lock);
+    bool first = atomic_load(&comm->async_error) == loomSuccess;
+    if (first) {
+        snprintf(comm->async_text, sizeof(comm->async_text), "%s", text);
+        atomic_store(&comm->async_error, res);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    /* Tell the peers at once, so that they fail now with this reason instead of waiting for
+     * LOOM_TIMEOUT; the communicator cannot be used any more. */
+    if (first && comm->tctx) comm->tops->abort(comm->tctx, text);
+}
+
+loomResult_t comm_conn(loomComm_t comm, int peer, transport_conn_t **conn)
+{
+    if (comm->conns[peer]) {
+        *conn = comm->conns[peer];
+        return loomSuccess;
+    }
+    LOOM_CHECK(comm->tops->connect(comm->tctx, peer, comm->peers[peer].handle,
+                                   &comm->conns[peer]));
+    *conn = comm->conns[peer];
+    return loomSuccess;
+}
+
+static void comm_free(loomComm_t comm)
+{
+    if (comm == NULL) return;
+    if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+    if (comm->tctx) comm->tops->fini(comm->tctx);
+    if (comm->wake_fd >= 0) close(comm->wake_fd);
+    sched_free(&comm->sched);
+    free(comm->peers);
+    free(comm->conns);
+    free(comm->p2p_send_seq);
+    free(comm->p2p_recv_seq);
+    pthread_mutex_destroy(&comm->lock);
+    comm->magic = COMM_DEAD_MAGIC;
+    free(comm);
+}
+
+/* Allocates a communicator with the parameters applied; no communication yet. */
+static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_t *out)
+{
+    loomComm_t c = calloc(1, sizeof(*c));
+    if (c == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (communicator)");
+    c->magic = COMM_MAGIC;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->wake_fd = -1;
+    c->cuda_dev = -1;
+    pthread_mutex_init(&c->lock, NULL);
+    atomic_init(&c->async_error, loomSuccess);
+    atomic_init(&c->aborting, 0);
+    c->peers = calloc((size_t)nranks, sizeof(*c->peers));
+    c->conns = calloc((size_t)nranks, sizeof(*c->conns));
+    c->p2p_send_seq = calloc((size_t)nranks, sizeof(uint64_t));
+    c->p2p_recv_seq = calloc((size_t)nranks, sizeof(uint64_t));
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!c->peers || !c->conns || !c->p2p_send_seq || !c->p2p_recv_seq || c->wake_fd < 0) {
+        comm_free(c);
+        return base_error(loomSystemError, LOG_INIT, "out of memory or eventfd failed (%s)",
+                          strerror(errno));
+    }
+    c->nchannels = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NCHANNELS), 16));
+    if (cfg && cfg->nChannels != LOOM_CONFIG_UNDEF_INT && cfg->nChannels > 0)
+        c->nchannels = LOOM_MIN(cfg->nChannels, 16);
+    c->slice_bytes = LOOM_MAX(param_size(PARAM_SLICE_SIZE), 64);
+    c->slice_bytes = LOOM_MIN(c->slice_bytes, param_size(PARAM_MAX_MESSAGE));
+    c->slices_in_flight = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_SLICES_IN_FLIGHT), 64));
+    c->spin_ns = (uint64_t)LOOM_MAX(0, param_int(PARAM_SPIN_US)) * 1000;
+    c->timeout_s = param_double(PARAM_TIMEOUT);
+    snprintf(c->name, sizeof(c->name), "%s",
+             cfg && cfg->commName ? cfg->commName : "");
+    sched_init(&c->sched, rank, nranks);
+    *out = c;
+    return loomSuccess;
+}
+
+static loomResult_t pick_transport(const transport_ops_t **out)
+{
+    const char *name = param_str(PARAM_TRANSPORT);
+    if (name[0] == '\0') name = "tcp";
+    const transport_ops_t *t = transport_by_name(name);
+    if (t == NULL) {
+        static const char *const later[] = {"shm", "mpi", "ucx", "ibv", "cuda"};
+        for (size_t i = 0; i < LOOM_ARRAY_SIZE(later); i++)
+            if (strcmp(name, later[i]) == 0)
+                return base_error(loomInvalidUsage, LOG_INIT,
+                                  "LOOM_TRANSPORT=%s: this build of loom has no %s transport "
+                                  "(available: tcp)",
+                                  name, name);
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "LOOM_TRANSPORT=%s: unknown transport (available: tcp)", name);
+    }
+    *out = t;
+    return loomSuccess;
+}
+
+/* Starts the transport for `comm`, writing this rank's connection handle. */
+static loomResult_t comm_start_transport(loomComm_t comm, uint8_t handle[TRANSPORT_HANDLE_BYTES])
+{
+    LOOM_CHECK(pick_transport(&comm->tops));
+    transport_setup_t setup = {.rank = comm->rank, .nranks = comm->nranks,
+                               .comm_id = comm->comm_id};
+    memcpy(setup.secret, comm->secret, 16);
+    sock_addr_t a;
+    char ifname[64];
+    LOOM_CHECK(sock_pick_address(&a, ifname, sizeof(ifname)));
+    setup.bind = a.sa;
+    setup.bind_len = a.len;
+    return comm->tops->init(&setup, &comm->tctx, handle);
+}
+
+/* Node layout from the peers' node identities. */
+static void comm_layout(loomComm_t comm)
+{
+    int nnodes = 0;
+    comm->local_rank = 0;
+    comm->local_size = 0;
+    uint64_t mine = comm->peers[comm->rank].node_hash;
+    for (int r = 0; r < comm->nranks; r++) {
+        bool first = true;
+        for (int q = 0; q < r; q++)
+            if (comm->peers[q].node_hash == comm->peers[r].node_hash) first = false;
+        if (first) {
+            if (comm->peers[r].node_hash == mine) comm->node = nnodes;
+            nnodes++;
+        }
+        if (comm->peers[r].node_hash == mine) {
+            if (r < comm->rank) comm->local_rank++;
+            comm->local_size++;
+        }
+    }
+    comm->nnodes = nnodes;
+}
+
+typedef struct {
+    loomComm_t comm;
+    uid_layout_t uid;
+} init_args_t;
+
+static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
+{
+    log_set_rank(comm->rank);
+    memcpy(comm->secret, uid->secret, 16);
+    comm->comm_id = base_hash64(&uid->job_id, sizeof(uid->job_id), 0x776f726c64);
+    peer_info_t mine;
+    memset(&mine, 0, sizeof(mine));
+    mine.rank = comm->rank;
+    mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
+    LOOM_CHECK(comm_start_transport(comm, mine.handle));
+    LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
+    comm_layout(comm);
+    INFO(LOG_INIT,
+         "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "
+         "%d channels, slice %llu bytes",
+         LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->node, comm->nnodes,
+         comm->local_rank, comm->local_size, comm->tops->name, comm->nchannels,
+         (unsigned long long)comm->slice_bytes);
+    return loomSuccess;
+}
+
+static void *init_thread_main(void *arg)
+{
+    init_args_t *a = arg;
+    loomResult_t r = comm_init_body(a->comm, &a->uid);
+    if (r != loomSuccess) {
+        snprintf(a->comm->async_text, sizeof(a->comm->async_text), "%s", base_last_error());
+    }
+    atomic_store(&a->comm->async_error, r);
+    free(a);
+    return NULL;
+}
+
+/* Reads the fields of a caller's config that its size covers (older headers have fewer). */
+static loomResult_t config_read(const loomConfig_t *in, loomConfig_t *out)
+{
+    loomConfig_t def = LOOM_CONFIG_INITIALIZER;
+    *out = def;
+    if (in == NULL) return loomSuccess;
+    if (in->magic != LOOM_CONFIG_MAGIC)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "config: bad magic 0x%08x (initialise it with LOOM_CONFIG_INITIALIZER)",
+                          in->magic);
+    size_t prefix = offsetof(loomConfig_t, blocking);
+    if (in->size < prefix)
+        return base_error(loomInvalidArgument, LOG_INIT, "config: size %zu is too small",
+                          in->size);
+    size_t n = LOOM_MIN(in->size, sizeof(loomConfig_t));
+    memcpy((char *)out + prefix, (const char *)in + prefix, n - prefix);
+    out->size = sizeof(loomConfig_t);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommInitRankConfig(loomComm_t *out, int nranks, loomUniqueId id,
+                                                int rank, loomConfig_t *config)
+{
+    base_clear_error();
+    if (out == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitRank: comm is NULL");
+    if (nranks < 1)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitRank: nranks %d < 1",
+                          nranks);
+    if (rank < 0 || rank >= nranks)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommInitRank: rank %d is outside [0, %d)", rank, nranks);
+    loomConfig_t cfg;
+    LOOM_CHECK(config_read(config, &cfg));
+    uid_layout_t uid;
+    LOOM_CHECK(boot_uid_parse(&id, &uid));
+    loomComm_t comm;
+    LOOM_CHECK(comm_alloc(nranks, rank, &cfg, &comm));
+    if (cfg.blocking == 0) {
+        init_args_t *a = malloc(sizeof(*a));
+        if (a == NULL) {
+            comm_free(comm);
+            return base_error(loomSystemError, LOG_INIT, "out of memory");
+        }
+        a->comm = comm;
+        a->uid = uid;
+        atomic_store(&comm->async_error, loomInProgress);
+        int e = pthread_create(&comm->init_thread, NULL, init_thread_main, a);
+        if (e != 0) {
+            free(a);
+            comm_free(comm);
+            return base_error(loomSystemError, LOG_INIT, "pthread_create: %s", strerror(e));
+        }
+        comm->init_thread_live = true;
+        *out = comm;
+        return loomInProgress;
+    }
+    loomResult_t r = comm_init_body(comm, &uid);
+    if (r != loomSuccess) {
+        comm_free(comm);
+        return r;
+    }
+    *out = comm;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommInitRank(loomComm_t *comm, int nranks, loomUniqueId id, int rank)
+{
+    return loomCommInitRankConfig(comm, nranks, id, rank, NULL);
+}
+
+typedef struct {
+    loomComm_t *slot;
+    int n, rank;
+    loomUniqueId id;
+    loomResult_t res;
+    char err[ERR_TEXT_MAX];
+} init_all_arg_t;
+
+static void *init_all_main(void *p)
+{
+    init_all_arg_t *a = p;
+    a->res = loomCommInitRank(a->slot, a->n, a->id, a->rank);
+    if (a->res != loomSuccess) snprintf(a->err, sizeof(a->err), "%s", base_last_error());
+    return NULL;
+}
+
+LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int *devlist)
+{
+    base_clear_error();
+    if (comms == NULL || ndev < 1)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommInitAll: comms is NULL or ndev %d < 1", ndev);
+    if (devlist)
+        for (int i = 0; i < ndev; i++)
+            for (int j = 0; j < i; j++)
+                if (devlist[i] == devlist[j] || devlist[i] < 0)
+                    return base_error(loomInvalidArgument, LOG_INIT,
+                                      "loomCommInitAll: device %d is listed twice or negative",
+                                      devlist[i]);
+    loomUniqueId id;
+    LOOM_CHECK(loomGetUniqueId(&id));
+    init_all_arg_t *a = calloc((size_t)ndev, sizeof(*a));
+    pthread_t *t = calloc((size_t)ndev, sizeof(*t));
+    if (a == NULL || t == NULL) {
+        free(a);
+        free(t);
+        return base_error(loomSystemError, LOG_INIT, "out of memory");
+    }
+    /* Each rank's init blocks until all have joined, so each gets a thread. */
+    int started = 0;
+    loomResult_t res = loomSuccess;
+    for (int i = 0; i < ndev; i++) {
+        a[i] = (init_all_arg_t){.slot = &comms[i], .n = ndev, .rank = i, .id = id};
+        if (pthread_create(&t[i], NULL, init_all_main, &a[i]) != 0) {
+            res = base_error(loomSystemError, LOG_INIT, "pthread_create failed");
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < started && res == loomSuccess; i++)
+        if (a[i].res != loomSuccess) {
+            res = a[i].res;
+            base_set_error_text(a[i].err);
+        }
+    if (res == loomSuccess && started < ndev) res = loomSystemError;
+    if (res != loomSuccess)
+        for (int i = 0; i < started; i++)
+            if (a[i].res == loomSuccess) comm_free(comms[i]);
+    if (res == loomSuccess && devlist)
+        for (int i = 0; i < ndev; i++) comms[i]->cuda_dev = -1; /* bound on first device use */
+    free(a);
+    free(t);
+    return res;
+}
+
+LOOM_EXPORT loomResult_t loomGetUniqueId(loomUniqueId *id)
+{
+    base_clear_error();
+    if (id == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomGetUniqueId: uniqueId is NULL");
+    return boot_uid_create(id);
+}
+
+LOOM_EXPORT loomResult_t loomCommFinalize(loomComm_t comm)
+{
+    LOOM_CHECK(comm_check(comm, "loomCommFinalize"));
+    /* Host operations complete before their calls return: nothing is outstanding. */
+    comm->finalized = true;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommDestroy(loomComm_t comm)
+{
+    if (comm == NULL) return loomSuccess;
+    if (comm->magic != COMM_MAGIC)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommDestroy: %p is not a live loom communicator", (void *)comm);
+    comm_free(comm);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
+{
+    if (comm == NULL) return loomSuccess;
+    if (comm->magic != COMM_MAGIC)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommAbort: %p is not a live loom communicator", (void *)comm);
+    atomic_store(&comm->aborting, 1);
+    uint64_t one = 1;
+    ssize_t n = write(comm->wake_fd, &one, sizeof(one));
+    (void)n;
+    /* A call blocked on comm in another thread sees the flag within one poll interval and
+     * leaves; wait for it so that the memory below is not freed under it. */
+    uint64_t dl = base_now_ns() + 10000000000ull;
+    while (atomic_load(&comm->active_calls) > 0 && base_now_ns() < dl) usleep(1000);
+    if (atomic_load(&comm->active_calls) > 0) {
+        WARN(LOG_INIT, "loomCommAbort: a call on this communicator did not return within 10 s; "
+                       "leaking the communicator instead of freeing it under that call");
+        if (comm->tctx) comm->tops->abort(comm->tctx, "the communicator was aborted");
+        return loomSuccess;
+    }
+    if (comm->tctx) comm->tops->abort(comm->tctx, "the communicator was aborted");
+    comm_free(comm);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *err)
+{
+    if (comm == NULL || err == NULL || comm->magic != COMM_MAGIC)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommGetAsyncError: invalid communicator or NULL result pointer");
+    loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
+    if (a != loomInProgress && comm->init_thread_live) {
+        pthread_join(comm->init_thread, NULL);
+        comm->init_thread_live = false;
+    }
+    *err = a;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommCount(const loomComm_t comm, int *count)
+{
+    if (comm == NULL || comm->magic != COMM_MAGIC || count == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommCount: invalid communicator or NULL count");
+    *count = comm->nranks;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommUserRank(const loomComm_t comm, int *rank)
+{
+    if (comm == NULL || comm->magic != COMM_MAGIC || rank == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommUserRank: invalid communicator or NULL rank");
+    *rank = comm->rank;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommCuDevice(const loomComm_t comm, int *device)
+{
+    if (comm == NULL || comm->magic != COMM_MAGIC || device == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommCuDevice: invalid communicator or NULL device");
+    *device = comm->cuda_dev;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *stats)
+{
+    if (comm == NULL || comm->magic != COMM_MAGIC || stats == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommGetStats: invalid communicator or NULL stats");
+    *stats = comm->stats;
+    return loomSuccess;
+}
+
+/* ---- split ---- */
+
+typedef struct {
+    int32_t color, key;
+    uint8_t handle[TRANSPORT_HANDLE_BYTES];
+} split_rec_t;
+
+loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
+
+LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
+                                       loomConfig_t *config)
+{
+    base_clear_error();
+    LOOM_CHECK(comm_check(comm, "loomCommSplit"));
+    log_set_rank(comm->rank);
+    if (newcomm == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomCommSplit: newcomm is NULL");
+    if (color < 0 && color != LOOM_SPLIT_NOCOLOR)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommSplit: colour %d is negative (use LOOM_SPLIT_NOCOLOR)", color);
+    loomConfig_t cfg;
+    LOOM_CHECK(config_read(config, &cfg));
+    uint64_t split_id = base_hash64(&comm->split_count, sizeof(comm->split_count), comm->comm_id);
+    comm->split_count++;
+    loomResult_t r = loomSuccess;
+    loomComm_t child = NULL;
+    split_rec_t mine = {.color = color, .key = key};
+    split_rec_t *all = calloc((size_t)comm->nranks, sizeof(*all));
+    if (all == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory");
+    /* Two exchanges: colours and keys fix the child's size and this rank's place in it, which
+     * its transport needs before it can listen; then the listeners' addresses. */
+    int crank = 0, cn = 0;
+    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), r, out);
+    if (color != LOOM_SPLIT_NOCOLOR) {
+        for (int q = 0; q < comm->nranks; q++) {
+            if (all[q].color != color) continue;
+            if (all[q].key < key || (all[q].key == key && q < comm->rank)) crank++;
+            cn++;
+        }
+        LOOM_CHECK_GOTO(comm_alloc(cn, crank, &cfg, &child), r, out);
+        child->comm_id = base_hash64(&color, sizeof(color), split_id);
+        memcpy(child->secret, comm->secret, 16);
+        LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
+    }
+    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), r, out);
+    if (child) {
+        for (int q = 0; q < comm->nranks; q++) {
+            if (all[q].color != color) continue;
+            int qr = 0;
+            for (int o = 0; o < comm->nranks; o++)
+                if (all[o].color == color &&
+                    (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
+                    qr++;
+            child->peers[qr] = comm->peers[q];
+            child->peers[qr].rank = qr;
+            memcpy(child->peers[qr].handle, all[q].handle, TRANSPORT_HANDLE_BYTES);
+        }
+        comm_layout(child);
+        INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
+    }
+out:
+    free(all);
+    if (r != loomSuccess) {
+        comm_free(child);
+        return r;
+    }
+    *newcomm = child;
+    return loomSuccess;
+}
+
+/* ---- pre-multiplied sums ---- */
+
+LOOM_EXPORT loomResult_t loomRedOpCreatePreMulSum(loomRedOp_t *op, void *scalar,
+                                                  loomDataType_t type,
+                                                  loomScalarResidence_t residence,
+                                                  loomComm_t comm)
+{
+    LOOM_CHECK(comm_check(comm, "loomRedOpCreatePreMulSum"));
+    if (op == NULL || scalar == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loomRedOpCreatePreMulSum: op or scalar is NULL");
+    if ((int)type < 0 || type >= loomNumTypes)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loomRedOpCreatePreMulSum: bad datatype %d", (int)type);
+    if (residence != loomScalarHostImmediate && residence != loomScalarDevice)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loomRedOpCreatePreMulSum: bad residence %d", (int)residence);
+    /* Host builds read a device-resident scalar as host memory: it is the same pointer space
+     * until device support is loaded. */
+    for (int i = 0; i < COMM_MAX_PREMUL; i++) {
+        if (comm->premul[i].used) continue;
+        comm->premul[i].used = true;
+        comm->premul[i].type = type;
+        memcpy(comm->premul[i].scalar, scalar, red_type_size(type));
+        *op = (loomRedOp_t)(loomNumOps + i);
+        return loomSuccess;
+    }
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "loomRedOpCreatePreMulSum: more than %d live operators on this communicator",
+                      COMM_MAX_PREMUL);
+}
+
+LOOM_EXPORT loomResult_t loomRedOpDestroy(loomRedOp_t op, loomComm_t comm)
+{
+    LOOM_CHECK(comm_check(comm, "loomRedOpDestroy"));
+    int i = (int)op - loomNumOps;
+    if (i < 0 || i >= COMM_MAX_PREMUL || !comm->premul[i].used)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loomRedOpDestroy: op %d was not created on this communicator", (int)op);
+    comm->premul[i].used = false;
+    return loomSuccess;
+}

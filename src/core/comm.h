@@ -1,0 +1,128 @@
+/* The communicator and the pieces of core that share it. */
+#ifndef LOOM_CORE_COMM_H
+#define LOOM_CORE_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "reduce.h"
+#include "schedule.h"
+#include "sock.h"
+#include "transport.h"
+
+#define COMM_MAGIC 0x6c6f6f6d636f6d6dull /* "loomcomm" */
+#define COMM_DEAD_MAGIC 0xdeadc0de0000dead
+#define ERR_TEXT_MAX 1024
+#define HOST_NAME_LEN 64
+
+/* What every rank tells the others at bootstrap. */
+typedef struct {
+    int32_t rank;
+    int32_t pad;
+    uint64_t node_hash; /* node identity (host + boot id + netns, or LOOM_NODE_ID) */
+    uint8_t handle[TRANSPORT_HANDLE_BYTES];
+    char host[HOST_NAME_LEN];
+} peer_info_t;
+
+/* The unique id's layout inside its 128 bytes. */
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    uint8_t root_addr[32];
+    uint8_t secret[16];
+    uint64_t job_id;
+    uint8_t reserved[64];
+} uid_layout_t;
+_Static_assert(sizeof(uid_layout_t) == LOOM_UNIQUE_ID_BYTES, "unique id layout");
+
+/* A pre-multiplied sum created by loomRedOpCreatePreMulSum. */
+typedef struct {
+    bool used;
+    loomDataType_t type;
+    uint8_t scalar[8];
+} premul_t;
+
+#define COMM_MAX_PREMUL 64
+
+struct loomComm {
+    uint64_t magic;
+    int rank, nranks;
+    uint64_t comm_id;
+    uint8_t secret[16];
+    char name[64];
+    peer_info_t *peers;
+    int node, nnodes, local_rank, local_size;
+
+    const transport_ops_t *tops;
+    transport_ctx_t *tctx;
+    transport_conn_t **conns; /* by peer, NULL until a schedule needs it */
+
+    uint64_t coll_seq;    /* collectives issued so far */
+    uint64_t *p2p_send_seq, *p2p_recv_seq;
+    int split_count;
+
+    int nchannels;
+    uint64_t slice_bytes;
+    int slices_in_flight;
+    uint64_t spin_ns;
+    double timeout_s;
+
+    premul_t premul[COMM_MAX_PREMUL];
+
+    /* State shared with other threads: abort and the asynchronous error. */
+    atomic_int aborting;
+    atomic_int active_calls; /* API calls inside this communicator now */
+    int wake_fd; /* eventfd: written by abort to wake a blocked poll */
+    pthread_mutex_t lock;
+    atomic_int async_error; /* loomResult_t */
+    char async_text[ERR_TEXT_MAX];
+    bool finalized;
+    int cuda_dev;
+
+    /* Non-blocking init. */
+    pthread_t init_thread;
+    bool init_thread_live;
+
+    loomStats_t stats;
+    sched_t sched; /* reused between calls */
+};
+
+/* Valid, usable communicator? Sets the error text otherwise. */
+loomResult_t comm_check(loomComm_t comm, const char *fn);
+/* Marks the communicator broken with res/text (first error wins) and tells peers. */
+void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
+/* The connection to a peer, created on first use. */
+loomResult_t comm_conn(loomComm_t comm, int peer, transport_conn_t **conn);
+
+/* Bootstrap (bootstrap.c). */
+loomResult_t boot_uid_create(loomUniqueId *id);
+loomResult_t boot_uid_parse(const loomUniqueId *id, uid_layout_t *out);
+/* Meets the other ranks through the root and fills comm->peers. */
+loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
+uint64_t boot_node_hash(char *host, size_t hostlen);
+
+/* Executor (exec.c). */
+typedef struct exec exec_t;
+typedef struct {
+    void **bufs; /* pointer per schedule buffer id */
+    uint32_t nbufs;
+} exec_bufs_t;
+loomResult_t exec_create(loomComm_t comm, const sched_t *sched, void *const *bufs,
+                         loomDataType_t type, red_op_t op, exec_t **out);
+/* Advances; *done when the schedule finished. */
+loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed);
+int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
+/* Gives up when no peer made progress for LOOM_TIMEOUT: the error names the peers waited for. */
+loomResult_t exec_check_timeout(exec_t *e);
+void exec_free(exec_t *e);
+/* Runs a schedule to completion on the calling thread. */
+loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
+                      loomDataType_t type, red_op_t op);
+
+/* Operation descriptor names for messages. */
+const char *opkind_name(int kind);
+
+#endif

@@ -1,0 +1,410 @@
+/*
+ * The host executor: runs one rank's schedule over message transports.
+ *
+ * Steps issue out of order within a look-ahead window as soon as their dependencies are done,
+ * except that sends to one peer, and receives from one peer, are posted in schedule order (that
+ * order is how messages match). A receive-and-reduce lands in one of a few staging slots and is
+ * reduced into place the moment it completes, while the slice is still in cache. Every message
+ * carries the operation's (sequence, kind, type, op, count, root); a receive that finds a
+ * different one reports the two ranks and both operations.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "param.h"
+
+#define EXEC_LOOKAHEAD 1024 /* steps scanned past the first unissued one */
+#define EXEC_MAX_INFLIGHT 512
+#define EXEC_MAX_POLLFDS 256
+
+enum { ST_PENDING = 0, ST_ISSUED = 1, ST_DONE = 2 };
+
+struct exec {
+    loomComm_t comm;
+    const sched_t *s;
+    void *const *bufs;
+    size_t esize;
+    loomDataType_t type;
+    red_op_t op;
+    uint8_t *state;
+    transport_req_t **reqs;
+    int32_t *slot;        /* staging slot of an issued receive-and-reduce */
+    uint32_t *inflight;   /* issued steps awaiting completion */
+    int ninflight;
+    size_t first;         /* first step not yet issued */
+    size_t ndone;
+    uint8_t *staging;
+    size_t slot_bytes;
+    int nslots;
+    int *free_slots;
+    int nfree;
+    uint32_t *stamp;      /* per (peer, direction): scan that found an earlier blocked step */
+    uint32_t scan;
+    uint64_t start_ns;
+};
+
+const char *opkind_name(int kind)
+{
+    switch (kind) {
+    case OPK_ALLREDUCE: return "allreduce";
+    case OPK_BROADCAST: return "broadcast";
+    case OPK_REDUCE: return "reduce";
+    case OPK_ALLGATHER: return "allgather";
+    case OPK_REDUCESCATTER: return "reduce-scatter";
+    case OPK_ALLTOALL: return "alltoall";
+    case OPK_SEND: return "send";
+    case OPK_RECV: return "recv";
+    case OPK_SPLIT: return "split";
+    default: return "operation";
+    }
+}
+
+static const char *op_name(int op)
+{
+    static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+    return op >= 0 && op < 6 ? names[op] : "?";
+}
+
+/* Metadata as carried in messages: point to point looks the same from both ends. */
+static void meta_pack(const sched_desc_t *d, uint8_t meta[TRANSPORT_META_BYTES])
+{
+    sched_desc_t m = *d;
+    if (m.kind == OPK_RECV) m.kind = OPK_SEND;
+    memset(meta, 0, TRANSPORT_META_BYTES);
+    memcpy(meta, &m, sizeof(m));
+}
+
+static void desc_str(const sched_desc_t *d, char *buf, size_t len)
+{
+    if (d->kind == OPK_SEND || d->kind == OPK_RECV)
+        snprintf(buf, len, "point-to-point #%llu (count %llu, %s, sender rank %d)",
+                 (unsigned long long)d->seq, (unsigned long long)d->count,
+                 red_type_name((loomDataType_t)d->dtype), d->root);
+    else
+        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s, root %d)", opkind_name(d->kind),
+                 (unsigned long long)d->seq, (unsigned long long)d->count,
+                 red_type_name((loomDataType_t)d->dtype), op_name(d->op), d->root);
+}
+
+loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
+                         loomDataType_t type, red_op_t op, exec_t **out)
+{
+    exec_t *e = calloc(1, sizeof(*e));
+    size_t n = s->nsteps;
+    if (e == NULL) goto oom;
+    e->comm = comm;
+    e->s = s;
+    e->bufs = bufs;
+    e->esize = red_type_size(type);
+    e->type = type;
+    e->op = op;
+    e->state = calloc(n + 1, 1);
+    e->reqs = calloc(n + 1, sizeof(*e->reqs));
+    e->slot = calloc(n + 1, sizeof(*e->slot));
+    e->inflight = calloc(EXEC_MAX_INFLIGHT, sizeof(*e->inflight));
+    e->stamp = calloc((size_t)comm->nranks * 2, sizeof(*e->stamp));
+    if (!e->state || !e->reqs || !e->slot || !e->inflight || !e->stamp) goto oom;
+    uint64_t max_rr = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->steps[i].kind == STEP_RECV_REDUCE) max_rr = LOOM_MAX(max_rr, s->steps[i].count);
+    if (max_rr > 0) {
+        e->nslots = comm->slices_in_flight * comm->nchannels;
+        e->slot_bytes = LOOM_ALIGN_UP(max_rr * e->esize, 64);
+        e->staging = aligned_alloc(64, e->slot_bytes * (size_t)e->nslots);
+        e->free_slots = calloc((size_t)e->nslots, sizeof(int));
+        if (!e->staging || !e->free_slots) goto oom;
+        for (int i = 0; i < e->nslots; i++) e->free_slots[i] = i;
+        e->nfree = e->nslots;
+    }
+    e->start_ns = base_now_ns();
+    *out = e;
+    return loomSuccess;
+oom:
+    exec_free(e);
+    return base_error(loomSystemError, LOG_COLL, "out of memory for a schedule of %zu steps", n);
+}
+
+void exec_free(exec_t *e)
+{
+    if (e == NULL) return;
+    free(e->state);
+    free(e->reqs);
+    free(e->slot);
+    free(e->inflight);
+    free(e->stamp);
+    free(e->staging);
+    free(e->free_slots);
+    free(e);
+}
+
+static inline uint8_t *buf_at(const exec_t *e, uint32_t buf, uint64_t off)
+{
+    return (uint8_t *)e->bufs[buf] + off * e->esize;
+}
+
+static bool deps_done(const exec_t *e, const sched_step_t *st)
+{
+    for (uint32_t i = 0; i < st->ndeps; i++)
+        if (e->state[e->s->deps[st->dep_first + i]] != ST_DONE) return false;
+    return true;
+}
+
+static loomResult_t step_error(exec_t *e, const sched_step_t *st, transport_conn_t *c,
+                               loomResult_t res)
+{
+    char d[160];
+    desc_str(&e->s->descs[st->desc], d, sizeof(d));
+    const char *why = c ? e->comm->tops->conn_error(c) : base_last_error();
+    char text[ERR_TEXT_MAX];
+    snprintf(text, sizeof(text), "%s: %s", d, why);
+    loomResult_t r = base_error(res, LOG_COLL, "%s", text);
+    comm_set_error(e->comm, r, base_last_error());
+    return r;
+}
+
+static void finish_step(exec_t *e, size_t i)
+{
+    e->state[i] = ST_DONE;
+    e->ndone++;
+}
+
+static void apply_avg(exec_t *e, const sched_step_t *st)
+{
+    if (st->flags & STEP_F_AVG) {
+        uint8_t *d = buf_at(e, st->dst_buf, st->dst_off);
+        red_host_div(e->type, d, d, e->comm->nranks, st->count);
+    }
+}
+
+/* Tries to issue step i; returns whether it was (or it finished at once). */
+static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
+{
+    const sched_step_t *st = &e->s->steps[i];
+    loomComm_t comm = e->comm;
+    *issued = false;
+    if (!deps_done(e, st)) return loomSuccess;
+    if (st->kind == STEP_COPY) {
+        uint8_t *d = buf_at(e, st->dst_buf, st->dst_off);
+        const uint8_t *src = buf_at(e, st->src_buf, st->src_off);
+        if (d != src) memcpy(d, src, st->count * e->esize);
+        apply_avg(e, st);
+        finish_step(e, i);
+        *issued = true;
+        return loomSuccess;
+    }
+    if (e->ninflight >= EXEC_MAX_INFLIGHT) return loomSuccess;
+    if (st->kind == STEP_RECV_REDUCE && e->nfree == 0) return loomSuccess;
+    transport_conn_t *c;
+    loomResult_t r = comm_conn(comm, st->peer, &c);
+    if (r != loomSuccess) return step_error(e, st, NULL, r);
+    size_t bytes = st->count * e->esize;
+    if (st->kind == STEP_SEND) {
+        uint8_t meta[TRANSPORT_META_BYTES];
+        meta_pack(&e->s->descs[st->desc], meta);
+        r = comm->tops->isend(c, buf_at(e, st->src_buf, st->src_off), bytes, meta, &e->reqs[i]);
+    } else if (st->kind == STEP_RECV) {
+        r = comm->tops->irecv(c, buf_at(e, st->dst_buf, st->dst_off), bytes, &e->reqs[i]);
+    } else {
+        int slot = e->free_slots[--e->nfree];
+        e->slot[i] = slot;
+        r = comm->tops->irecv(c, e->staging + (size_t)slot * e->slot_bytes, bytes, &e->reqs[i]);
+    }
+    if (r != loomSuccess) return step_error(e, st, c, r);
+    e->state[i] = ST_ISSUED;
+    e->inflight[e->ninflight++] = (uint32_t)i;
+    *issued = true;
+    return loomSuccess;
+}
+
+static loomResult_t issue(exec_t *e, bool *progressed)
+{
+    const sched_t *s = e->s;
+    e->scan++;
+    size_t end = LOOM_MIN(s->nsteps, e->first + EXEC_LOOKAHEAD);
+    for (size_t i = e->first; i < end; i++) {
+        if (e->state[i] != ST_PENDING) continue;
+        const sched_step_t *st = &s->steps[i];
+        uint32_t *stamp = NULL;
+        if (st->kind != STEP_COPY) {
+            stamp = &e->stamp[(size_t)st->peer * 2 + (st->kind == STEP_SEND ? 0 : 1)];
+            if (*stamp == e->scan) continue; /* an earlier step to this peer waits: keep order */
+        }
+        bool issued;
+        LOOM_CHECK(try_issue(e, i, &issued));
+        if (issued) *progressed = true;
+        else if (stamp) *stamp = e->scan;
+    }
+    while (e->first < s->nsteps && e->state[e->first] != ST_PENDING) e->first++;
+    return loomSuccess;
+}
+
+static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t *meta)
+{
+    uint8_t want[TRANSPORT_META_BYTES];
+    const sched_desc_t *mine = &e->s->descs[st->desc];
+    meta_pack(mine, want);
+    if (memcmp(want, meta, TRANSPORT_META_BYTES) == 0) return loomSuccess;
+    sched_desc_t theirs;
+    memcpy(&theirs, meta, sizeof(theirs));
+    char a[160], b[160];
+    desc_str(&theirs, a, sizeof(a));
+    desc_str(mine, b, sizeof(b));
+    char text[ERR_TEXT_MAX];
+    snprintf(text, sizeof(text),
+             "operation mismatch: rank %d called %s but rank %d called %s; every rank must issue "
+             "the same operations in the same order",
+             st->peer, a, e->comm->rank, b);
+    loomResult_t r = base_error(loomInvalidUsage, LOG_COLL, "%s", text);
+    comm_set_error(e->comm, r, base_last_error());
+    return r;
+}
+
+static loomResult_t complete(exec_t *e, bool *progressed)
+{
+    loomComm_t comm = e->comm;
+    for (int k = 0; k < e->ninflight;) {
+        size_t i = e->inflight[k];
+        const sched_step_t *st = &e->s->steps[i];
+        int done = 0;
+        uint8_t meta[TRANSPORT_META_BYTES];
+        loomResult_t r = comm->tops->test(e->reqs[i], &done, meta);
+        if (r != loomSuccess) {
+            transport_conn_t *c = NULL;
+            comm_conn(comm, st->peer, &c);
+            return step_error(e, st, c, r);
+        }
+        if (!done) {
+            k++;
+            continue;
+        }
+        e->reqs[i] = NULL;
+        size_t bytes = st->count * e->esize;
+        if (st->kind == STEP_SEND) {
+            comm->stats.bytes_sent += bytes;
+        } else {
+            comm->stats.bytes_received += bytes;
+            LOOM_CHECK(check_meta(e, st, meta));
+            if (st->kind == STEP_RECV_REDUCE) {
+                const uint8_t *stg = e->staging + (size_t)e->slot[i] * e->slot_bytes;
+                red_host_apply(e->type, e->op, buf_at(e, st->dst_buf, st->dst_off),
+                               buf_at(e, st->src_buf, st->src_off), stg, st->count);
+                e->free_slots[e->nfree++] = e->slot[i];
+            }
+            apply_avg(e, st);
+        }
+        finish_step(e, i);
+        e->inflight[k] = e->inflight[--e->ninflight];
+        *progressed = true;
+    }
+    return loomSuccess;
+}
+
+loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
+{
+    loomComm_t comm = e->comm;
+    *done = false;
+    if (atomic_load(&comm->aborting)) {
+        loomResult_t r = base_error(loomRemoteError, LOG_COLL,
+                                    "%s: the communicator was aborted (loomCommAbort)",
+                                    e->s->ndescs ? opkind_name(e->s->descs[0].kind) : "operation");
+        return r;
+    }
+    if (e->ndone == e->s->nsteps) {
+        *done = true;
+        return loomSuccess;
+    }
+    LOOM_CHECK(issue(e, progressed));
+    bool moved = false;
+    loomResult_t r = comm->tops->progress(comm->tctx, &moved);
+    if (r != loomSuccess) {
+        comm_set_error(comm, r, base_last_error());
+        return r;
+    }
+    if (moved) *progressed = true;
+    LOOM_CHECK(complete(e, progressed));
+    if (e->ndone == e->s->nsteps) *done = true;
+    return loomSuccess;
+}
+
+int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
+{
+    int n = 0;
+    if (max > 0 && e->comm->wake_fd >= 0)
+        fds[n++] = (struct pollfd){.fd = e->comm->wake_fd, .events = POLLIN};
+    return n + e->comm->tops->pollfds(e->comm->tctx, fds + n, max - n);
+}
+
+loomResult_t exec_check_timeout(exec_t *e)
+{
+    loomComm_t comm = e->comm;
+    uint64_t limit = (uint64_t)(comm->timeout_s * 1e9);
+    if (limit == 0) return loomSuccess;
+    /* Only peers this schedule is waiting on count; the stalest one is named. */
+    uint64_t worst = 0;
+    int worst_peer = -1;
+    for (int k = 0; k < e->ninflight; k++) {
+        const sched_step_t *st = &e->s->steps[e->inflight[k]];
+        transport_conn_t *c = comm->conns[st->peer];
+        if (c == NULL) continue;
+        bool pending;
+        uint64_t idle = comm->tops->idle_ns(c, &pending);
+        if (pending && idle > worst) {
+            worst = idle;
+            worst_peer = st->peer;
+        }
+    }
+    if (worst <= limit) return loomSuccess;
+    const sched_step_t *st = NULL;
+    for (int k = 0; k < e->ninflight; k++)
+        if (e->s->steps[e->inflight[k]].peer == worst_peer) st = &e->s->steps[e->inflight[k]];
+    char d[160];
+    desc_str(&e->s->descs[st->desc], d, sizeof(d));
+    loomResult_t r = base_error(
+        loomRemoteError, LOG_COLL,
+        "%s: no progress from %s for %.1f s (LOOM_TIMEOUT=%g) while %s it; the peer is stalled "
+        "or dead",
+        d, comm->tops->peer_name(comm->conns[worst_peer]), (double)worst * 1e-9, comm->timeout_s,
+        st->kind == STEP_SEND ? "sending to" : "receiving from");
+    comm_set_error(comm, r, base_last_error());
+    return r;
+}
+
+/* Waits for the first of: a transport event, an abort, or `ms` milliseconds. */
+static void wait_events(exec_t *e, int ms)
+{
+    struct pollfd fds[EXEC_MAX_POLLFDS];
+    int n = exec_pollfds(e, fds, EXEC_MAX_POLLFDS);
+    int r = poll(fds, (nfds_t)n, ms);
+    (void)r;
+}
+
+loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
+                      loomDataType_t type, red_op_t op)
+{
+    exec_t *e;
+    LOOM_CHECK(exec_create(comm, sched, bufs, type, op, &e));
+    loomResult_t r = loomSuccess;
+    uint64_t idle_since = base_now_ns();
+    for (;;) {
+        bool done = false, progressed = false;
+        r = exec_progress(e, &done, &progressed);
+        if (r != loomSuccess || done) break;
+        uint64_t now = base_now_ns();
+        if (progressed) {
+            idle_since = now;
+            continue;
+        }
+        if (now - idle_since < comm->spin_ns) continue;
+        r = exec_check_timeout(e);
+        if (r != loomSuccess) break;
+        wait_events(e, 100);
+    }
+    exec_free(e);
+    return r;
+}

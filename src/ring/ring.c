@@ -1,0 +1,228 @@
+/*
+ * Ring collectives as schedules.
+ *
+ * Costs per rank, p ranks, n bytes of output (allreduce: n bytes in and out):
+ *   allreduce       2(p-1) steps, sends and receives 2n(p-1)/p, reduces n(p-1)/p
+ *   reduce-scatter  p-1 steps,    sends and receives (p-1)·recvbytes
+ *   allgather       p-1 steps,    sends and receives (p-1)·sendbytes
+ *   broadcast       a chain of p-1 hops, pipelined: about n + (p-2)·slice on the critical path
+ *   reduce          the same chain towards the root, reducing at each hop
+ *   alltoall        p-1 rounds, each rank sends and receives (p-1)·count elements
+ * Latency: one message per step and slice; with S slices a step costs S messages, overlapped.
+ */
+#include "ring.h"
+
+#include "base.h"
+
+static inline int mod(int a, int p) { return ((a % p) + p) % p; }
+
+/* Offset and length of chunk k of channel c, when a region of `len` elements at `base` is split
+ * first into channels, then each channel part into `nchunks` chunks. */
+typedef struct {
+    uint64_t off, len;
+} span_t;
+
+static span_t part_span(uint64_t base, uint64_t len, int nparts, int k)
+{
+    uint64_t a = sched_part_off(len, (uint64_t)nparts, (uint64_t)k);
+    uint64_t b = sched_part_off(len, (uint64_t)nparts, (uint64_t)k + 1);
+    span_t s = {base + a, b - a};
+    return s;
+}
+
+static span_t chunk_span(uint64_t count, int nch, int c, int p, int k)
+{
+    span_t part = part_span(0, count, nch, c);
+    return part_span(part.off, part.len, p, k);
+}
+
+static uint64_t max_slices(uint64_t count, const ring_params_t *prm, int p)
+{
+    /* The largest chunk of any channel decides how many slice rounds a step has. */
+    uint64_t biggest = LOOM_DIV_UP(LOOM_DIV_UP(count, (uint64_t)prm->nchannels), (uint64_t)p);
+    return sched_nslices(biggest, prm->slice_elems);
+}
+
+static int nchannels_for(uint64_t count, const ring_params_t *prm, int p)
+{
+    /* More channels than slices worth of data only adds messages. */
+    uint64_t per = (uint64_t)p * prm->slice_elems;
+    uint64_t useful = count / per;
+    if (useful < 1) useful = 1;
+    return (int)LOOM_MIN((uint64_t)prm->nchannels, useful);
+}
+
+void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm0,
+                    bool inplace, bool avg)
+{
+    int p = s->nranks, r = s->rank;
+    if (count == 0) return;
+    if (p == 1) {
+        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+        return;
+    }
+    ring_params_t prm = *prm0;
+    prm.nchannels = nchannels_for(count, prm0, p);
+    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    uint64_t S = max_slices(count, &prm, p), sl = prm.slice_elems;
+    /* Reduce-scatter: step k sends chunk r-k and reduces chunk r-k-1 into the output; the last
+     * reduction (k = p-2) completes chunk r+1, which this rank then owns. */
+    for (int k = 0; k < p - 1; k++) {
+        int sc = mod(r - k, p), rc = mod(r - k - 1, p);
+        uint32_t sbuf = k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV;
+        uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
+        for (uint64_t j = 0; j < S; j++) {
+            for (int c = 0; c < prm.nchannels; c++) {
+                span_t a = chunk_span(count, prm.nchannels, c, p, sc);
+                span_t b = chunk_span(count, prm.nchannels, c, p, rc);
+                sched_send(s, desc, next, sbuf, a.off + j * sl, sched_slice_len(a.len, sl, j));
+                sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, b.off + j * sl, SCHED_BUF_RECV,
+                                  b.off + j * sl, sched_slice_len(b.len, sl, j), flags);
+            }
+        }
+    }
+    /* Allgather: step k forwards chunk r+1-k and receives chunk r-k. */
+    for (int k = 0; k < p - 1; k++) {
+        int sc = mod(r + 1 - k, p), rc = mod(r - k, p);
+        for (uint64_t j = 0; j < S; j++) {
+            for (int c = 0; c < prm.nchannels; c++) {
+                span_t a = chunk_span(count, prm.nchannels, c, p, sc);
+                span_t b = chunk_span(count, prm.nchannels, c, p, rc);
+                sched_send(s, desc, next, SCHED_BUF_RECV, a.off + j * sl,
+                           sched_slice_len(a.len, sl, j));
+                sched_recv(s, desc, prev, SCHED_BUF_RECV, b.off + j * sl,
+                           sched_slice_len(b.len, sl, j));
+            }
+        }
+    }
+}
+
+void ring_reduce_scatter(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm0,
+                         bool inplace, bool avg)
+{
+    int p = s->nranks, r = s->rank;
+    if (n == 0) return;
+    if (p == 1) {
+        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, n, 0);
+        return;
+    }
+    ring_params_t prm = *prm0;
+    prm.nchannels = nchannels_for(n * (uint64_t)p, prm0, p);
+    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    uint64_t sl = prm.slice_elems;
+    /* Partial sums travel through two scratch halves of n elements: step k writes half k%2
+     * and step k+1 sends it. */
+    s->tmp_elems = 2 * n;
+    for (int k = 0; k < p - 1; k++) {
+        int sc = mod(r - k - 1, p), rc = mod(r - k - 2, p);
+        for (int c = 0; c < prm.nchannels; c++) {
+            span_t part = part_span(0, n, prm.nchannels, c);
+            uint64_t S = sched_nslices(part.len, sl);
+            for (uint64_t j = 0; j < S; j++) {
+                uint64_t len = sched_slice_len(part.len, sl, j), o = part.off + j * sl;
+                if (k == 0)
+                    sched_send(s, desc, next, SCHED_BUF_SEND, (uint64_t)sc * n + o, len);
+                else
+                    sched_send(s, desc, next, SCHED_BUF_TMP, (uint64_t)((k - 1) % 2) * n + o, len);
+                if (k == p - 2)
+                    sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, (uint64_t)rc * n + o,
+                                      SCHED_BUF_RECV, o, len, avg ? STEP_F_AVG : 0);
+                else
+                    sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, (uint64_t)rc * n + o,
+                                      SCHED_BUF_TMP, (uint64_t)(k % 2) * n + o, len, 0);
+            }
+        }
+    }
+}
+
+void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm0,
+                    bool inplace)
+{
+    int p = s->nranks, r = s->rank;
+    if (n == 0) return;
+    if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, (uint64_t)r * n, n, 0);
+    if (p == 1) return;
+    ring_params_t prm = *prm0;
+    prm.nchannels = nchannels_for(n * (uint64_t)p, prm0, p);
+    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    uint64_t sl = prm.slice_elems;
+    for (int k = 0; k < p - 1; k++) {
+        int sc = mod(r - k, p), rc = mod(r - k - 1, p);
+        for (int c = 0; c < prm.nchannels; c++) {
+            span_t part = part_span(0, n, prm.nchannels, c);
+            uint64_t S = sched_nslices(part.len, sl);
+            for (uint64_t j = 0; j < S; j++) {
+                uint64_t len = sched_slice_len(part.len, sl, j), o = part.off + j * sl;
+                /* The own chunk is sent from the input so that the copy above (out of place)
+                 * and the first send can run at once. */
+                if (k == 0)
+                    sched_send(s, desc, next, SCHED_BUF_SEND, o, len);
+                else
+                    sched_send(s, desc, next, SCHED_BUF_RECV, (uint64_t)sc * n + o, len);
+                sched_recv(s, desc, prev, SCHED_BUF_RECV, (uint64_t)rc * n + o, len);
+            }
+        }
+    }
+}
+
+void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root,
+                    const ring_params_t *prm, bool inplace)
+{
+    int p = s->nranks, r = s->rank;
+    if (count == 0) return;
+    int pos = mod(r - root, p), next = mod(r + 1, p), prev = mod(r - 1, p);
+    uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
+    for (uint64_t j = 0; j < S; j++) {
+        uint64_t len = sched_slice_len(count, sl, j), o = j * sl;
+        if (pos == 0) {
+            if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, o, SCHED_BUF_RECV, o, len, 0);
+            if (p > 1) sched_send(s, desc, next, SCHED_BUF_SEND, o, len);
+        } else {
+            sched_recv(s, desc, prev, SCHED_BUF_RECV, o, len);
+            if (pos < p - 1) sched_send(s, desc, next, SCHED_BUF_RECV, o, len);
+        }
+    }
+}
+
+void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
+                 bool inplace, bool avg)
+{
+    int p = s->nranks, r = s->rank;
+    if (count == 0) return;
+    if (p == 1) {
+        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+        return;
+    }
+    /* The chain starts after the root and ends at it. */
+    int pos = mod(r - root - 1, p), next = mod(r + 1, p), prev = mod(r - 1, p);
+    uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
+    if (pos > 0 && pos < p - 1) s->tmp_elems = count;
+    for (uint64_t j = 0; j < S; j++) {
+        uint64_t len = sched_slice_len(count, sl, j), o = j * sl;
+        if (pos == 0) {
+            sched_send(s, desc, next, SCHED_BUF_SEND, o, len);
+        } else if (pos < p - 1) {
+            sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, o, SCHED_BUF_TMP, o, len, 0);
+            sched_send(s, desc, next, SCHED_BUF_TMP, o, len);
+        } else {
+            sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, o, SCHED_BUF_RECV, o, len,
+                              avg ? STEP_F_AVG : 0);
+        }
+    }
+}
+
+void direct_alltoall(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm)
+{
+    int p = s->nranks, r = s->rank;
+    if (n == 0) return;
+    sched_copy(s, desc, SCHED_BUF_SEND, (uint64_t)r * n, SCHED_BUF_RECV, (uint64_t)r * n, n, 0);
+    uint64_t sl = prm->slice_elems, S = sched_nslices(n, sl);
+    for (int i = 1; i < p; i++) {
+        int to = mod(r + i, p), from = mod(r - i, p);
+        for (uint64_t j = 0; j < S; j++) {
+            uint64_t len = sched_slice_len(n, sl, j), o = j * sl;
+            sched_send(s, desc, to, SCHED_BUF_SEND, (uint64_t)to * n + o, len);
+            sched_recv(s, desc, from, SCHED_BUF_RECV, (uint64_t)from * n + o, len);
+        }
+    }
+}

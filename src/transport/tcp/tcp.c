@@ -1,0 +1,645 @@
+/*
+ * TCP transport: non-blocking sockets, several per peer, framed and validated messages.
+ *
+ * Connections: for each pair the lower rank connects and the higher accepts, so both sides can
+ * ask for the connection at once and still make exactly one. Each connection has N sockets
+ * (LOOM_NSOCKS_PERPEER); the k-th message posted towards a peer travels on socket k mod N, and
+ * since both sides post in the same order, the k-th receive reads from the same socket.
+ *
+ * Frames: a 48-byte header (magic, type, sequence number per socket, length, 32 bytes of the
+ * executor's metadata) then the payload. A receive reads straight into the caller's buffer; a
+ * socket is read only while a receive is posted on it, so an early sender is held back by TCP's
+ * flow control instead of by an unbounded queue here. Headers are checked: magic, type, the
+ * socket's sequence number, and the length, which must equal the posted receive's.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "param.h"
+#include "sock.h"
+#include "transport.h"
+
+#define TCP_MAGIC 0x4c4f4f4du /* "LOOM" */
+#define TCP_FRAME_DATA 1
+#define TCP_FRAME_ABORT 2
+#define TCP_MAX_SOCKS 16
+#define TCP_ABORT_TEXT_MAX 1024
+
+typedef struct {
+    uint32_t magic;
+    uint16_t type;
+    uint16_t flags;
+    uint32_t seq;
+    uint32_t len;
+    uint8_t meta[TRANSPORT_META_BYTES];
+} tcp_frame_t;
+_Static_assert(sizeof(tcp_frame_t) == 48, "frame header layout");
+
+struct transport_req {
+    struct transport_req *next;
+    transport_conn_t *conn;
+    bool send;
+    bool complete;
+    uint8_t *buf;
+    size_t len;
+    size_t done; /* bytes of header + payload moved */
+    tcp_frame_t hdr;
+};
+
+typedef enum { SK_NONE = 0, SK_HANDSHAKE, SK_READY, SK_CLOSED } tcp_sock_state_t;
+
+typedef struct {
+    int fd;
+    tcp_sock_state_t state;
+    hs_t hs;
+    transport_req_t *sq_head, *sq_tail;
+    transport_req_t *rq_head, *rq_tail;
+    uint32_t send_seq, recv_seq;
+} tcp_sock_t;
+
+struct transport_conn {
+    transport_ctx_t *ctx;
+    int peer;
+    sock_addr_t addr;
+    int nsocks;
+    int nready;
+    tcp_sock_t socks[TCP_MAX_SOCKS];
+    uint64_t nsent, nrecv; /* messages posted, to pick sockets */
+    uint64_t last_activity_ns;
+    int pending;           /* requests not yet complete */
+    bool failed;
+    loomResult_t fail_code;
+    char name[96];
+    char err[TCP_ABORT_TEXT_MAX + 256];
+};
+
+/* An accepted socket still proving who it is. */
+typedef struct {
+    hs_t hs;
+    bool used;
+} tcp_pending_t;
+
+struct transport_ctx {
+    transport_setup_t setup;
+    int listen_fd;
+    sock_addr_t bound;
+    int nsocks;
+    uint64_t bufsize;
+    transport_conn_t **conns; /* by rank, NULL until needed */
+    transport_conn_t **active;
+    int nactive;
+    tcp_pending_t *pend;
+    int npend, pendcap;
+    bool aborted;
+    char abort_reason[TCP_ABORT_TEXT_MAX];
+};
+
+static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
+    LOOM_PRINTF(3, 4);
+static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
+{
+    if (c->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+    c->failed = true;
+    c->fail_code = code;
+}
+
+static const char *tcp_peer_name(transport_conn_t *c) { return c->name; }
+static const char *tcp_conn_error(transport_conn_t *c) { return c->err; }
+
+static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **out,
+                             uint8_t handle[TRANSPORT_HANDLE_BYTES])
+{
+    transport_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (tcp context)");
+    ctx->setup = *setup;
+    ctx->listen_fd = -1;
+    ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
+    ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
+    ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
+    ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
+    if (ctx->conns == NULL || ctx->active == NULL) {
+        free(ctx->conns);
+        free(ctx->active);
+        free(ctx);
+        return base_error(loomSystemError, LOG_NET, "out of memory (tcp connections)");
+    }
+    sock_addr_t a = {.sa = setup->bind, .len = setup->bind_len};
+    loomResult_t r = sock_listen(&a, 1024, &ctx->listen_fd, &ctx->bound);
+    if (r != loomSuccess) {
+        free(ctx->conns);
+        free(ctx->active);
+        free(ctx);
+        return r;
+    }
+    memset(handle, 0, TRANSPORT_HANDLE_BYTES);
+    sock_addr_pack(&ctx->bound, handle);
+    char as[SOCK_ADDR_STRLEN];
+    INFO(LOG_NET, "tcp: rank %d listens on %s, %d sockets per peer", setup->rank,
+         sock_addr_str(&ctx->bound, as, sizeof(as)), ctx->nsocks);
+    *out = ctx;
+    return loomSuccess;
+}
+
+static transport_conn_t *conn_get(transport_ctx_t *ctx, int peer, const sock_addr_t *addr)
+{
+    transport_conn_t *c = ctx->conns[peer];
+    if (c) return c;
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) return NULL;
+    c->ctx = ctx;
+    c->peer = peer;
+    c->nsocks = ctx->nsocks;
+    c->last_activity_ns = base_now_ns();
+    for (int i = 0; i < TCP_MAX_SOCKS; i++) c->socks[i].fd = -1;
+    if (addr) c->addr = *addr;
+    char as[SOCK_ADDR_STRLEN];
+    snprintf(c->name, sizeof(c->name), "rank %d (%s)", peer,
+             addr ? sock_addr_str(addr, as, sizeof(as)) : "address unknown");
+    ctx->conns[peer] = c;
+    ctx->active[ctx->nactive++] = c;
+    return c;
+}
+
+static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
+                                const uint8_t handle[TRANSPORT_HANDLE_BYTES],
+                                transport_conn_t **out)
+{
+    if (ctx->conns[peer]) {
+        *out = ctx->conns[peer];
+        return loomSuccess;
+    }
+    sock_addr_t addr;
+    if (!sock_addr_unpack(handle, &addr))
+        return base_error(loomInternalError, LOG_NET, "tcp: bad connection handle for rank %d",
+                          peer);
+    transport_conn_t *c = conn_get(ctx, peer, &addr);
+    if (c == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (connection)");
+    if (ctx->setup.rank < peer) {
+        for (int i = 0; i < c->nsocks; i++) {
+            int fd;
+            if (sock_connect_start(&addr, &fd) != loomSuccess) {
+                conn_fail(c, loomRemoteError, "cannot connect to %s: %s", c->name,
+                          base_last_error());
+                break;
+            }
+            hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
+                                .from_rank = ctx->setup.rank,
+                                .to_rank = peer,
+                                .chan = (uint32_t)i,
+                                .nchan = (uint32_t)c->nsocks};
+            c->socks[i].fd = fd;
+            c->socks[i].state = SK_HANDSHAKE;
+            hs_connect_init(&c->socks[i].hs, fd, &addr, ctx->setup.secret, &hello);
+        }
+        TRACE(LOG_NET, "tcp: connecting to %s with %d sockets", c->name, c->nsocks);
+    }
+    *out = c;
+    return loomSuccess;
+}
+
+static loomResult_t conn_check(transport_conn_t *c)
+{
+    if (c->failed) return c->fail_code;
+    if (c->ctx->aborted) {
+        conn_fail(c, loomRemoteError, "communicator aborted: %s", c->ctx->abort_reason);
+        return loomRemoteError;
+    }
+    return loomSuccess;
+}
+
+static void enqueue(transport_req_t **head, transport_req_t **tail, transport_req_t *r)
+{
+    r->next = NULL;
+    if (*tail) (*tail)->next = r;
+    else *head = r;
+    *tail = r;
+}
+
+static loomResult_t tcp_isend(transport_conn_t *c, const void *buf, size_t len,
+                              const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **out)
+{
+    LOOM_CHECK(conn_check(c));
+    if (len > UINT32_MAX)
+        return base_error(loomInternalError, LOG_NET, "tcp: message of %zu bytes to %s", len,
+                          c->name);
+    transport_req_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (send request)");
+    r->conn = c;
+    r->send = true;
+    r->buf = (uint8_t *)buf;
+    r->len = len;
+    tcp_sock_t *s = &c->socks[c->nsent++ % (uint64_t)c->nsocks];
+    r->hdr.magic = TCP_MAGIC;
+    r->hdr.type = TCP_FRAME_DATA;
+    r->hdr.seq = s->send_seq++;
+    r->hdr.len = (uint32_t)len;
+    memcpy(r->hdr.meta, meta, TRANSPORT_META_BYTES);
+    enqueue(&s->sq_head, &s->sq_tail, r);
+    c->pending++;
+    *out = r;
+    return loomSuccess;
+}
+
+static loomResult_t tcp_irecv(transport_conn_t *c, void *buf, size_t len, transport_req_t **out)
+{
+    LOOM_CHECK(conn_check(c));
+    transport_req_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (recv request)");
+    r->conn = c;
+    r->buf = buf;
+    r->len = len;
+    tcp_sock_t *s = &c->socks[c->nrecv++ % (uint64_t)c->nsocks];
+    enqueue(&s->rq_head, &s->rq_tail, r);
+    c->pending++;
+    *out = r;
+    return loomSuccess;
+}
+
+static loomResult_t tcp_test(transport_req_t *r, int *done, uint8_t meta[TRANSPORT_META_BYTES])
+{
+    if (r->complete) {
+        if (meta) memcpy(meta, r->hdr.meta, TRANSPORT_META_BYTES);
+        free(r);
+        *done = 1;
+        return loomSuccess;
+    }
+    *done = 0;
+    return conn_check(r->conn);
+}
+
+/* Reads a peer's ABORT frame text (already partly in `have`) and fails the connection. */
+static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
+                       const uint8_t *have, size_t nhave)
+{
+    char text[TCP_ABORT_TEXT_MAX + 1];
+    size_t want = LOOM_MIN((size_t)h->len, (size_t)TCP_ABORT_TEXT_MAX);
+    size_t got = LOOM_MIN(nhave, want);
+    memcpy(text, have, got);
+    /* The rest is already on its way; give it a moment, it is only an error text. */
+    uint64_t deadline = base_now_ns() + 200000000ull;
+    while (got < want && base_now_ns() < deadline) {
+        ssize_t n = recv(s->fd, text + got, want - got, 0);
+        if (n > 0) got += (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR)) break;
+    }
+    text[got] = '\0';
+    conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, text);
+}
+
+static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+{
+    while (s->rq_head && !c->failed) {
+        transport_req_t *r = s->rq_head;
+        const size_t H = sizeof(tcp_frame_t);
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (r->done < H) {
+            iov[n_iov].iov_base = (uint8_t *)&r->hdr + r->done;
+            iov[n_iov++].iov_len = H - r->done;
+            if (r->len > 0) {
+                iov[n_iov].iov_base = r->buf;
+                iov[n_iov++].iov_len = r->len;
+            }
+        } else {
+            iov[n_iov].iov_base = r->buf + (r->done - H);
+            iov[n_iov++].iov_len = r->len - (r->done - H);
+        }
+        ssize_t n = readv(s->fd, iov, n_iov);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
+                      strerror(errno));
+            return;
+        }
+        if (n == 0) {
+            conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
+                      c->name);
+            return;
+        }
+        *progressed = true;
+        c->last_activity_ns = base_now_ns();
+        size_t before = r->done;
+        r->done += (size_t)n;
+        if (before < H && r->done >= H) {
+            /* The header is complete: check it before trusting what follows. */
+            const tcp_frame_t *h = &r->hdr;
+            if (h->magic != TCP_MAGIC) {
+                conn_fail(c, loomRemoteError,
+                          "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)",
+                          c->name, h->magic, (int)(s - c->socks), s->recv_seq);
+                return;
+            }
+            if (h->type == TCP_FRAME_ABORT) {
+                read_abort(c, s, h, r->buf, r->done - H);
+                return;
+            }
+            if (h->type != TCP_FRAME_DATA) {
+                conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u",
+                          c->name, h->type);
+                return;
+            }
+            if (h->seq != s->recv_seq) {
+                conn_fail(c, loomRemoteError,
+                          "malformed frame from %s: sequence %u where %u was expected", c->name,
+                          h->seq, s->recv_seq);
+                return;
+            }
+            if (h->len > param_size(PARAM_MAX_MESSAGE) || h->len != r->len) {
+                conn_fail(c, loomRemoteError,
+                          "%s sent a message of %u bytes where %zu were expected (frame %u): "
+                          "the ranks disagree on the operation",
+                          c->name, h->len, r->len, h->seq);
+                return;
+            }
+            s->recv_seq++;
+        }
+        if (r->done >= H + r->len) {
+            s->rq_head = r->next;
+            if (s->rq_head == NULL) s->rq_tail = NULL;
+            r->complete = true;
+            c->pending--;
+        }
+    }
+}
+
+static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+{
+    while (s->sq_head && !c->failed) {
+        transport_req_t *r = s->sq_head;
+        const size_t H = sizeof(tcp_frame_t);
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (r->done < H) {
+            iov[n_iov].iov_base = (uint8_t *)&r->hdr + r->done;
+            iov[n_iov++].iov_len = H - r->done;
+            if (r->len) {
+                iov[n_iov].iov_base = r->buf;
+                iov[n_iov++].iov_len = r->len;
+            }
+        } else {
+            iov[n_iov].iov_base = r->buf + (r->done - H);
+            iov[n_iov++].iov_len = r->len - (r->done - H);
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+        ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_fail(c, loomRemoteError, "send to %s failed: %s (the peer died?)", c->name,
+                      strerror(errno));
+            return;
+        }
+        *progressed = true;
+        c->last_activity_ns = base_now_ns();
+        r->done += (size_t)n;
+        if (r->done >= H + r->len) {
+            s->sq_head = r->next;
+            if (s->sq_head == NULL) s->sq_tail = NULL;
+            r->complete = true;
+            c->pending--;
+        }
+    }
+}
+
+/* An accepted socket proved itself: attach it to its connection. */
+static void attach_accepted(transport_ctx_t *ctx, tcp_pending_t *p)
+{
+    const hs_hello_t *h = &p->hs.hello;
+    char as[SOCK_ADDR_STRLEN];
+    const char *why = NULL;
+    if (h->comm_id != ctx->setup.comm_id) why = "it belongs to another communicator";
+    else if (h->to_rank != ctx->setup.rank) why = "it was meant for another rank";
+    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank) why = "bad source rank";
+    else if ((int)h->nchan != ctx->nsocks)
+        why = "LOOM_NSOCKS_PERPEER differs between the two ranks";
+    else if (h->chan >= h->nchan) why = "bad socket index";
+    transport_conn_t *c = NULL;
+    if (why == NULL) {
+        c = conn_get(ctx, h->from_rank, NULL);
+        if (c == NULL) why = "out of memory";
+        else if (c->socks[h->chan].state != SK_NONE) why = "duplicate socket";
+    }
+    if (why) {
+        WARN(LOG_NET, "tcp: refused connection from %s claiming rank %d: %s",
+             sock_addr_str(&p->hs.peer, as, sizeof(as)), h->from_rank, why);
+        close(p->hs.fd);
+        return;
+    }
+    tcp_sock_t *s = &c->socks[h->chan];
+    s->fd = p->hs.fd;
+    s->state = SK_READY;
+    sock_tune(s->fd, ctx->bufsize);
+    c->nready++;
+    if (c->addr.len == 0) {
+        c->addr = p->hs.peer;
+        snprintf(c->name, sizeof(c->name), "rank %d (%s)", c->peer,
+                 sock_addr_str(&p->hs.peer, as, sizeof(as)));
+    }
+    c->last_activity_ns = base_now_ns();
+    TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->name);
+}
+
+static loomResult_t accept_progress(transport_ctx_t *ctx, bool *progressed)
+{
+    for (;;) {
+        sock_addr_t peer;
+        peer.len = sizeof(peer.sa);
+        int fd = accept4(ctx->listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EMFILE || errno == ENFILE) {
+                WARN(LOG_NET, "tcp: accept failed: %s (raise the open-file limit)",
+                     strerror(errno));
+                break;
+            }
+            return base_error(loomSystemError, LOG_NET, "tcp: accept failed: %s",
+                              strerror(errno));
+        }
+        *progressed = true;
+        if (ctx->npend == ctx->pendcap) {
+            int ncap = ctx->pendcap ? ctx->pendcap * 2 : 8;
+            tcp_pending_t *n = realloc(ctx->pend, (size_t)ncap * sizeof(*n));
+            if (n == NULL) {
+                close(fd);
+                continue;
+            }
+            ctx->pend = n;
+            ctx->pendcap = ncap;
+        }
+        tcp_pending_t *p = &ctx->pend[ctx->npend];
+        if (hs_accept_init(&p->hs, fd, &peer, ctx->setup.secret) != loomSuccess) {
+            close(fd);
+            continue;
+        }
+        p->used = true;
+        ctx->npend++;
+    }
+    for (int i = 0; i < ctx->npend;) {
+        tcp_pending_t *p = &ctx->pend[i];
+        loomResult_t r = hs_progress(&p->hs, progressed);
+        if (r != loomSuccess) {
+            WARN(LOG_NET, "tcp: rank %d refused an incoming connection from %s", ctx->setup.rank,
+                 p->hs.err);
+            close(p->hs.fd);
+        } else if (p->hs.state == HS_DONE) {
+            attach_accepted(ctx, p);
+        } else {
+            i++;
+            continue;
+        }
+        ctx->pend[i] = ctx->pend[--ctx->npend];
+    }
+    return loomSuccess;
+}
+
+static void conn_progress(transport_conn_t *c, bool *progressed)
+{
+    transport_ctx_t *ctx = c->ctx;
+    for (int i = 0; i < c->nsocks && !c->failed; i++) {
+        tcp_sock_t *s = &c->socks[i];
+        if (s->state == SK_HANDSHAKE) {
+            if (hs_progress(&s->hs, progressed) != loomSuccess) {
+                conn_fail(c, loomRemoteError, "connection to %s failed: %s", c->name, s->hs.err);
+                return;
+            }
+            if (s->hs.state != HS_DONE) continue;
+            s->state = SK_READY;
+            sock_tune(s->fd, ctx->bufsize);
+            c->nready++;
+            c->last_activity_ns = base_now_ns();
+        }
+        if (s->state != SK_READY) continue;
+        if (s->sq_head) sock_progress_send(c, s, progressed);
+        if (s->rq_head) sock_progress_recv(c, s, progressed);
+    }
+}
+
+static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
+{
+    if (ctx->aborted) return loomSuccess;
+    LOOM_CHECK(accept_progress(ctx, progressed));
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        if (!c->failed && (c->pending > 0 || c->nready < c->nsocks)) conn_progress(c, progressed);
+    }
+    return loomSuccess;
+}
+
+static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
+{
+    int n = 0;
+    if (ctx->aborted) return 0;
+    if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+    for (int i = 0; i < ctx->npend && n < max; i++)
+        fds[n++] = (struct pollfd){.fd = ctx->pend[i].hs.fd, .events = hs_events(&ctx->pend[i].hs)};
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        if (c->failed) continue;
+        for (int k = 0; k < c->nsocks && n < max; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            short ev = 0;
+            if (s->state == SK_HANDSHAKE) ev = hs_events(&s->hs);
+            else if (s->state == SK_READY)
+                ev = (short)((s->sq_head ? POLLOUT : 0) | (s->rq_head ? POLLIN : 0));
+            if (ev) fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
+        }
+    }
+    return n;
+}
+
+static uint64_t tcp_idle_ns(transport_conn_t *c, bool *pending)
+{
+    *pending = c->pending > 0 || c->nready < c->nsocks;
+    uint64_t now = base_now_ns();
+    return now > c->last_activity_ns ? now - c->last_activity_ns : 0;
+}
+
+static void tcp_abort(transport_ctx_t *ctx, const char *reason)
+{
+    if (ctx->aborted) return;
+    ctx->aborted = true;
+    snprintf(ctx->abort_reason, sizeof(ctx->abort_reason), "%s", reason);
+    size_t rl = LOOM_MIN(strlen(reason), (size_t)TCP_ABORT_TEXT_MAX);
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < c->nsocks; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            if (s->fd < 0) continue;
+            /* Tell the peer why, unless a frame is half sent (the peer would read our header
+             * as payload): then closing the socket must say it. */
+            bool mid_frame = s->sq_head && s->sq_head->done > 0;
+            if (s->state == SK_READY && !mid_frame && !c->failed) {
+                tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ABORT,
+                                 .seq = s->send_seq, .len = (uint32_t)rl};
+                struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)reason, rl}};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+                ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                (void)n;
+            }
+            shutdown(s->fd, SHUT_RDWR);
+        }
+    }
+}
+
+static void tcp_fini(transport_ctx_t *ctx)
+{
+    if (ctx == NULL) return;
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < TCP_MAX_SOCKS; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            if (s->fd >= 0) close(s->fd);
+            /* Requests still queued were abandoned by their owner with the communicator. */
+            for (transport_req_t *r = s->sq_head, *n; r; r = n) {
+                n = r->next;
+                free(r);
+            }
+            for (transport_req_t *r = s->rq_head, *n; r; r = n) {
+                n = r->next;
+                free(r);
+            }
+        }
+        free(c);
+    }
+    for (int i = 0; i < ctx->npend; i++) close(ctx->pend[i].hs.fd);
+    free(ctx->pend);
+    if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+    free(ctx->conns);
+    free(ctx->active);
+    free(ctx);
+}
+
+const transport_ops_t transport_tcp = {
+    .name = "tcp",
+    .caps = TRANSPORT_CAP_MSG,
+    .reach = TRANSPORT_REACH_NODE | TRANSPORT_REACH_NET,
+    .mem_types = TRANSPORT_MEM_HOST,
+    .bw_GBps = 1.0,
+    .latency_us = 30.0,
+    .init = tcp_init,
+    .connect = tcp_connect,
+    .isend = tcp_isend,
+    .irecv = tcp_irecv,
+    .test = tcp_test,
+    .progress = tcp_progress,
+    .pollfds = tcp_pollfds,
+    .abort = tcp_abort,
+    .idle_ns = tcp_idle_ns,
+    .peer_name = tcp_peer_name,
+    .conn_error = tcp_conn_error,
+    .reg_mr = NULL,
+    .fini = tcp_fini,
+};
