@@ -1,0 +1,124 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    int rank, nranks;
+    loomUniqueId id;
+    h_rank_fn fn;
+    void *arg;
+    int rc;
+} h_thread_t;
+
+static loomUniqueId h_id;
+static pid_t h_pids[4096];
+
+const loomUniqueId *h_job_id(void) { return &h_id; }
+pid_t h_child_pid(int rank) { return h_pids[rank]; }
+
+static void *h_thread_main(void *p)
+{
+    h_thread_t *t = p;
+    loomComm_t comm = NULL;
+    loomResult_t r = loomCommInitRank(&comm, t->nranks, t->id, t->rank);
+    if (r != loomSuccess) {
+        fprintf(stderr, "rank %d: init failed: %s: %s\n", t->rank, loomGetErrorString(r),
+                loomGetLastError(NULL));
+        t->rc = 1;
+        return NULL;
+    }
+    t->rc = t->fn(comm, t->rank, t->nranks, t->arg);
+    loomCommDestroy(comm);
+    return NULL;
+}
+
+int h_run_threads(int nranks, h_rank_fn fn, void *arg)
+{
+    loomUniqueId id;
+    if (loomGetUniqueId(&id) != loomSuccess) {
+        fprintf(stderr, "loomGetUniqueId failed: %s\n", loomGetLastError(NULL));
+        return nranks;
+    }
+    h_thread_t *t = calloc((size_t)nranks, sizeof(*t));
+    pthread_t *th = calloc((size_t)nranks, sizeof(*th));
+    for (int r = 0; r < nranks; r++) {
+        t[r] = (h_thread_t){.rank = r, .nranks = nranks, .id = id, .fn = fn, .arg = arg};
+        pthread_create(&th[r], NULL, h_thread_main, &t[r]);
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        pthread_join(th[r], NULL);
+        if (t[r].rc) bad++;
+    }
+    free(t);
+    free(th);
+    return bad;
+}
+
+int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
+{
+    if (loomGetUniqueId(&h_id) != loomSuccess) {
+        fprintf(stderr, "loomGetUniqueId failed: %s\n", loomGetLastError(NULL));
+        return nranks;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < nranks; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm((unsigned)timeout_s + 5);
+            loomComm_t comm = NULL;
+            int rc;
+            if (fn == NULL) _exit(0);
+            loomResult_t res = loomCommInitRank(&comm, nranks, h_id, r);
+            if (res != loomSuccess) {
+                fprintf(stderr, "rank %d: init failed: %s\n", r, loomGetLastError(NULL));
+                _exit(100);
+            }
+            rc = fn(comm, r, nranks, arg);
+            loomCommDestroy(comm);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(rc);
+        }
+        h_pids[r] = pid;
+        status[r] = -1;
+    }
+    time_t end = time(NULL) + timeout_s;
+    int left = nranks, bad = 0;
+    while (left > 0) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            for (int r = 0; r < nranks; r++)
+                if (h_pids[r] == pid) {
+                    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                    left--;
+                }
+            continue;
+        }
+        if (time(NULL) >= end) {
+            for (int r = 0; r < nranks; r++)
+                if (status[r] == -1) {
+                    fprintf(stderr, "rank %d (pid %d) did not finish in %d s: killed\n", r,
+                            (int)h_pids[r], timeout_s);
+                    kill(h_pids[r], SIGCONT);
+                    kill(h_pids[r], SIGKILL);
+                    waitpid(h_pids[r], NULL, 0);
+                }
+            break;
+        }
+        usleep(5000);
+    }
+    for (int r = 0; r < nranks; r++)
+        if (status[r] != 0) bad++;
+    return bad;
+}

@@ -1,0 +1,30 @@
+/* Test harnesses: a job of n ranks as threads of this process (fast grids) or as forked
+ * processes (failure tests: a rank can be killed or stopped). */
+#ifndef LOOM_TEST_HARNESS_H
+#define LOOM_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "loom.h"
+
+/* A rank's body: returns 0 on success; anything else is a failure (message printed by it). */
+typedef int (*h_rank_fn)(loomComm_t comm, int rank, int nranks, void *arg);
+
+/* Runs fn on nranks threads, each with its own communicator of one job (created and destroyed
+ * by the harness). Returns the number of ranks that failed (init included). */
+int h_run_threads(int nranks, h_rank_fn fn, void *arg);
+
+/* Runs fn in nranks forked processes (communicators made inside the children). Waits at most
+ * timeout_s seconds, then kills every child that is left (counted as status -1). status[r] is
+ * the child's exit code, or 128+signal. Returns the number of ranks with a non-zero status. */
+int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status);
+
+/* Like h_run_procs without communicators: fn gets comm == NULL and the job's unique id in arg
+ * position through h_job_id(). */
+const loomUniqueId *h_job_id(void);
+
+/* pids of the children of the current h_run_procs call (for killing one from another). */
+pid_t h_child_pid(int rank);
+
+#endif
