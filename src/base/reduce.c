@@ -7,7 +7,8 @@
  *   complement wrapping gives the same bits for signed and unsigned operands.
  * - Float max is (a > b ? a : b) and min (a < b ? a : b), the semantics of the x86 max/min
  *   instructions: when either input is NaN the result is the second operand b (so a NaN in b
- *   propagates and a NaN in a is dropped), and max(+0, -0) is b. apply_n folds left, acc op srcs[j].
+ *   propagates and a NaN in a is dropped), and max(+0, -0) is b. apply_n folds left
+ *   (acc op srcs[j]), so there a NaN in a later source wins.
  * - Float16 and bfloat16 are widened exactly to float32, combined there, and rounded to nearest
  *   even once per output. Narrowing keeps a NaN's sign and top payload bits and quiets it.
  * - Any pointer may be misaligned, even for its element type: all loads and stores go through

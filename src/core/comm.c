@@ -100,6 +100,7 @@ static void comm_free(loomComm_t comm)
     if (comm->tctx) comm->tops->fini(comm->tctx);
     if (comm->wake_fd >= 0) close(comm->wake_fd);
     sched_free(&comm->sched);
+    free(comm->staging);
     free(comm->peers);
     free(comm->conns);
     free(comm->p2p_send_seq);

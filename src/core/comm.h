@@ -87,6 +87,10 @@ struct loomComm {
     bool init_thread_live;
 
     loomStats_t stats;
+    /* Staging for receive-and-reduce, kept between calls (one schedule runs at a time per
+     * communicator) so that big calls do not map and fault fresh pages each time. */
+    uint8_t *staging;
+    size_t staging_bytes;
     sched_t sched; /* reused between calls */
 };
 

@@ -47,6 +47,7 @@ struct exec {
     uint32_t *stamp;      /* per (peer, direction): scan that found an earlier blocked step */
     uint32_t scan;
     uint64_t start_ns;
+    bool dirty; /* a step finished since the last scan: more may be issuable */
 };
 
 const char *opkind_name(int kind)
@@ -116,13 +117,22 @@ loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
     if (max_rr > 0) {
         e->nslots = comm->slices_in_flight * comm->nchannels;
         e->slot_bytes = LOOM_ALIGN_UP(max_rr * e->esize, 64);
-        e->staging = aligned_alloc(64, e->slot_bytes * (size_t)e->nslots);
+        size_t need = e->slot_bytes * (size_t)e->nslots;
+        if (comm->staging_bytes < need) {
+            free(comm->staging);
+            comm->staging_bytes = 0;
+            comm->staging = aligned_alloc(64, need);
+            if (comm->staging == NULL) goto oom;
+            comm->staging_bytes = need;
+        }
+        e->staging = comm->staging;
         e->free_slots = calloc((size_t)e->nslots, sizeof(int));
-        if (!e->staging || !e->free_slots) goto oom;
+        if (!e->free_slots) goto oom;
         for (int i = 0; i < e->nslots; i++) e->free_slots[i] = i;
         e->nfree = e->nslots;
     }
     e->start_ns = base_now_ns();
+    e->dirty = true;
     *out = e;
     return loomSuccess;
 oom:
@@ -138,7 +148,6 @@ void exec_free(exec_t *e)
     free(e->slot);
     free(e->inflight);
     free(e->stamp);
-    free(e->staging);
     free(e->free_slots);
     free(e);
 }
@@ -172,6 +181,7 @@ static void finish_step(exec_t *e, size_t i)
 {
     e->state[i] = ST_DONE;
     e->ndone++;
+    e->dirty = true;
 }
 
 static void apply_avg(exec_t *e, const sched_step_t *st)
@@ -319,7 +329,12 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
         *done = true;
         return loomSuccess;
     }
-    LOOM_CHECK(issue(e, progressed));
+    /* Nothing can become issuable until a step finishes (dependencies and staging slots are
+     * all released by completions). */
+    if (e->dirty) {
+        e->dirty = false;
+        LOOM_CHECK(issue(e, progressed));
+    }
     bool moved = false;
     loomResult_t r = comm->tops->progress(comm->tctx, &moved);
     if (r != loomSuccess) {

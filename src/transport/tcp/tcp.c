@@ -96,6 +96,7 @@ struct transport_ctx {
     int nactive;
     tcp_pending_t *pend;
     int npend, pendcap;
+    uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
     bool aborted;
     char abort_reason[TCP_ABORT_TEXT_MAX];
 };
@@ -530,7 +531,17 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
 static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
 {
     if (ctx->aborted) return loomSuccess;
-    LOOM_CHECK(accept_progress(ctx, progressed));
+    /* The listener matters while a connection waits for its peer's sockets or a handshake is
+     * under way; otherwise look at it every few milliseconds only (strangers are dealt with then,
+     * and the hot loop saves a system call). */
+    bool want_accept = ctx->npend > 0;
+    for (int i = 0; i < ctx->nactive && !want_accept; i++)
+        if (ctx->active[i]->nready < ctx->active[i]->nsocks) want_accept = true;
+    uint64_t now = base_now_ns();
+    if (want_accept || now >= ctx->next_accept_ns) {
+        ctx->next_accept_ns = now + 5000000;
+        LOOM_CHECK(accept_progress(ctx, progressed));
+    }
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (!c->failed && (c->pending > 0 || c->nready < c->nsocks)) conn_progress(c, progressed);
