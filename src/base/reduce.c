@@ -1,7 +1,8 @@
 /*
  * Host reductions. Every hot loop is a plain element-wise loop left to the auto-vectoriser and
  * compiled three times (AVX-512, AVX2, baseline) with the copy picked at load time, so one binary
- * runs at memory speed on any x86-64. Semantics worth knowing:
+ * runs at memory speed on any x86-64; float16 conversion alone uses F16C where the CPU has it,
+ * also picked at load time. Semantics worth knowing:
  *
  * - Integer sum, prod and scale wrap modulo 2^width. Signed types share the unsigned code: two's
  *   complement wrapping gives the same bits for signed and unsigned operands.
@@ -31,6 +32,8 @@
 /* x86-64-v4 has AVX-512 BW/VL (byte and word lanes for int8/half), v3 has AVX2; the baseline copy
  * is SSE2. Needs ifunc, hence glibc. */
 #define RED_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define RED_X86_DISPATCH 1
+#include <immintrin.h>
 #else
 #define RED_CLONES
 #endif
@@ -48,15 +51,12 @@ typedef uint16_t red_m_u16 __attribute__((aligned(1)));
 typedef float red_m_f32 __attribute__((aligned(1)));
 typedef double red_m_f64 __attribute__((aligned(1)));
 
-/* Elements per float32 block of the half/bfloat16 k-input reduction: 8 KiB of accumulator stays
- * in L1 while the k inputs stream past it. */
-#define RED_HBLOCK 2048
-/* Bytes per block of the accumulator for the k-input reduction of the other types. */
+/* Bytes per block of the accumulator for the k-input reduction of the byte/int/float types. */
 #define RED_NBLOCK_BYTES 8192
 
 typedef void (*red_bin_fn)(void *dst, const void *a, const void *b, size_t n);
-typedef void (*red_n16_fn)(uint16_t *dst, const void *const *srcs, int k, size_t n);
 typedef void (*red_scale_fn)(void *dst, const void *src, const void *scalar, size_t n);
+typedef void (*red_div_fn)(void *dst, const void *src, int divisor, size_t n);
 
 /* ---- Bit casts and the half/bfloat16 conversions ------------------------------------------ */
 
@@ -82,16 +82,16 @@ static inline uint32_t red_sel(int cond, uint32_t a, uint32_t b)
 
 /* Exact. The exponent is rebiased in the integer domain; a subnormal half is built as the normal
  * float 2^-14 * (1 + m/1024) and 2^-14 subtracted, which is exact and never touches a float32
- * subnormal (so it works under flush-to-zero too). NaN payload and signalling bit are kept. */
+ * subnormal (so it works under denormals-are-zero too). NaN payload and signalling bit are kept. */
 static inline float red_h2f(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    uint32_t x = h;
+    uint32_t sign = (x & 0x8000u) << 16;
+    uint32_t em = (x & 0x7fffu) << 13;
     uint32_t exp = em & 0x0f800000u;
-    uint32_t normal = em + (112u << 23);
-    uint32_t infnan = em + (224u << 23);
-    uint32_t sub = red_f2u(red_u2f(em + (113u << 23)) - red_u2f(113u << 23));
-    uint32_t r = red_sel(exp == 0x0f800000u, infnan, normal);
+    /* Rebiasing maps exponent 31 to 143 (0x8f); or-ing in 0x70 makes it 255 (inf/NaN). */
+    uint32_t r = (em + (112u << 23)) | red_sel(exp == 0x0f800000u, 0x70u << 23, 0);
+    uint32_t sub = red_f2u(red_u2f(em | (113u << 23)) - red_u2f(113u << 23));
     r = red_sel(exp == 0, sub, r);
     return red_u2f(r | sign);
 }
@@ -99,19 +99,22 @@ static inline float red_h2f(uint16_t h)
 /* Round to nearest even. Normal results: add the rounding bias (half an ulp minus one, plus the
  * kept lsb for ties to even) to the rebiased bits; a carry out of the mantissa correctly bumps the
  * exponent, up to infinity. Subnormal results: adding 0.5f aligns the value so that the float
- * adder itself rounds to a multiple of 2^-24 (the half subnormal step). */
+ * adder itself rounds to a multiple of 2^-24 (the half subnormal step). Every candidate is kept
+ * 13 bits up until the one final shift: selecting between 16-bit values lets gcc narrow each
+ * candidate and mask separately (many packs per vector), which more than doubled the cost. */
 static inline uint16_t red_f2h(float f)
 {
     uint32_t u = red_f2u(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t sign = (u & 0x80000000u) >> 3;
     u &= 0x7fffffffu;
-    uint32_t nan = 0x7e00u | ((u >> 13) & 0x3ffu);
-    uint32_t sub = red_f2u(red_u2f(u) + 0.5f) - (126u << 23);
-    uint32_t norm = (u - (112u << 23) + 0xfffu + ((u >> 13) & 1u)) >> 13;
-    uint32_t r = red_sel(u < (113u << 23), sub, norm);
-    r = red_sel(u >= (143u << 23), 0x7c00u, r);
-    r = red_sel(u > 0x7f800000u, nan, r);
-    return (uint16_t)(r | sign);
+    uint32_t norm = u - (112u << 23) + 0xfffu + ((u >> 13) & 1u);
+    uint32_t sub = (red_f2u(red_u2f(u) + 0.5f) - (126u << 23)) << 13;
+    uint32_t nan = (u & 0x007fe000u) | 0x0fc00000u; /* quiet, top 9 payload bits kept */
+    int32_t a = (int32_t)u; /* signed compares: AVX2 has no unsigned ones */
+    uint32_t r = red_sel(a < (113 << 23), sub, norm);
+    r = red_sel(a >= (143 << 23), 0x0f800000u, r);
+    r = red_sel(a > 0x7f800000, nan, r);
+    return (uint16_t)((r | sign) >> 13);
 }
 
 static inline float red_bf2f(uint16_t b)
@@ -120,13 +123,14 @@ static inline float red_bf2f(uint16_t b)
 }
 
 /* Same bias trick as red_f2h; bfloat16 has float32's exponent, so subnormals and overflow to
- * infinity need no special case, only NaN (whose payload could otherwise round to infinity). */
+ * infinity need no special case, only NaN (whose payload could otherwise round to infinity).
+ * Selected before the shift for the same reason as in red_f2h. */
 static inline uint16_t red_f2bf(float f)
 {
     uint32_t u = red_f2u(f);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    r = red_sel((u & 0x7fffffffu) > 0x7f800000u, (u >> 16) | 0x40u, r);
-    return (uint16_t)r;
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+    r = red_sel((int32_t)(u & 0x7fffffffu) > 0x7f800000, u | 0x00400000u, r);
+    return (uint16_t)(r >> 16);
 }
 
 float red_half_to_float(uint16_t h)
@@ -199,157 +203,9 @@ RED_DEF_BIN(red_f64_prod, red_m_f64, double, RED_OP_PROD)
 RED_DEF_BIN(red_f64_max, red_m_f64, double, RED_OP_MAX)
 RED_DEF_BIN(red_f64_min, red_m_f64, double, RED_OP_MIN)
 
-/* ---- Float16 / bfloat16 ------------------------------------------------------------------ */
-
-/* Two inputs: one fused loop (widen, combine, narrow) is as fast as memory and needs no block
- * buffer. Exact aliasing of dst with a or b is safe for the same reason as RED_DEF_BIN. */
-#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                    \
-    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)             \
-    {                                                                                             \
-        red_m_u16 *dst = dst_;                                                                    \
-        const red_m_u16 *a = a_, *b = b_;                                                         \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            float x = WIDEN(a[i]), y = WIDEN(b[i]);                                               \
-            dst[i] = NARROW(OP(float, x, y));                                                     \
-        }                                                                                         \
-    }
-
-/* k inputs, one rounding: a float32 block accumulator (a local array, so the vectoriser knows
- * nothing aliases it) folds the inputs in order and is narrowed once. Every input of a block is
- * read before that block of dst is written, so dst may equal any source. */
-#define RED_DEF_N16(name, WIDEN, NARROW, OP)                                                      \
-    RED_CLONES static void name(uint16_t *dst_, const void *const *srcs, int k, size_t n)         \
-    {                                                                                             \
-        float acc[RED_HBLOCK];                                                                    \
-        for (size_t off = 0; off < n; off += RED_HBLOCK) {                                        \
-            size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;                               \
-            const red_m_u16 *s = (const red_m_u16 *)srcs[0] + off;                                \
-            for (size_t i = 0; i < m; i++) acc[i] = WIDEN(s[i]);                                  \
-            for (int j = 1; j < k; j++) {                                                         \
-                s = (const red_m_u16 *)srcs[j] + off;                                             \
-                for (size_t i = 0; i < m; i++) {                                                  \
-                    float x = acc[i], y = WIDEN(s[i]);                                            \
-                    acc[i] = OP(float, x, y);                                                     \
-                }                                                                                 \
-            }                                                                                     \
-            red_m_u16 *d = (red_m_u16 *)dst_ + off;                                               \
-            for (size_t i = 0; i < m; i++) d[i] = NARROW(acc[i]);                                 \
-        }                                                                                         \
-    }
-
-RED_DEF_BIN16(red_f16_sum, red_h2f, red_f2h, RED_OP_SUM)
-RED_DEF_BIN16(red_f16_prod, red_h2f, red_f2h, RED_OP_PROD)
-RED_DEF_BIN16(red_f16_max, red_h2f, red_f2h, RED_OP_MAX)
-RED_DEF_BIN16(red_f16_min, red_h2f, red_f2h, RED_OP_MIN)
-RED_DEF_BIN16(red_bf16_sum, red_bf2f, red_f2bf, RED_OP_SUM)
-RED_DEF_BIN16(red_bf16_prod, red_bf2f, red_f2bf, RED_OP_PROD)
-RED_DEF_BIN16(red_bf16_max, red_bf2f, red_f2bf, RED_OP_MAX)
-RED_DEF_BIN16(red_bf16_min, red_bf2f, red_f2bf, RED_OP_MIN)
-
-RED_DEF_N16(red_f16_sum_n, red_h2f, red_f2h, RED_OP_SUM)
-RED_DEF_N16(red_f16_prod_n, red_h2f, red_f2h, RED_OP_PROD)
-RED_DEF_N16(red_f16_max_n, red_h2f, red_f2h, RED_OP_MAX)
-RED_DEF_N16(red_f16_min_n, red_h2f, red_f2h, RED_OP_MIN)
-RED_DEF_N16(red_bf16_sum_n, red_bf2f, red_f2bf, RED_OP_SUM)
-RED_DEF_N16(red_bf16_prod_n, red_bf2f, red_f2bf, RED_OP_PROD)
-RED_DEF_N16(red_bf16_max_n, red_bf2f, red_f2bf, RED_OP_MAX)
-RED_DEF_N16(red_bf16_min_n, red_bf2f, red_f2bf, RED_OP_MIN)
-
-/* Indexed by loomDataType_t (whose values are fixed, NCCL's numbering) then red_op_t. */
-static const red_bin_fn red_bin_table[loomNumTypes][RED_NUM_OPS] = {
-    [loomInt8] = { red_u8_sum, red_u8_prod, red_i8_max, red_i8_min },
-    [loomUint8] = { red_u8_sum, red_u8_prod, red_u8_max, red_u8_min },
-    [loomInt32] = { red_u32_sum, red_u32_prod, red_i32_max, red_i32_min },
-    [loomUint32] = { red_u32_sum, red_u32_prod, red_u32_max, red_u32_min },
-    [loomInt64] = { red_u64_sum, red_u64_prod, red_i64_max, red_i64_min },
-    [loomUint64] = { red_u64_sum, red_u64_prod, red_u64_max, red_u64_min },
-    [loomFloat16] = { red_f16_sum, red_f16_prod, red_f16_max, red_f16_min },
-    [loomFloat32] = { red_f32_sum, red_f32_prod, red_f32_max, red_f32_min },
-    [loomFloat64] = { red_f64_sum, red_f64_prod, red_f64_max, red_f64_min },
-    [loomBfloat16] = { red_bf16_sum, red_bf16_prod, red_bf16_max, red_bf16_min },
+static const red_bin_fn red_f32_table[RED_NUM_OPS] = {
+    red_f32_sum, red_f32_prod, red_f32_max, red_f32_min,
 };
-
-static const red_n16_fn red_n16_table[2][RED_NUM_OPS] = {
-    { red_f16_sum_n, red_f16_prod_n, red_f16_max_n, red_f16_min_n },
-    { red_bf16_sum_n, red_bf16_prod_n, red_bf16_max_n, red_bf16_min_n },
-};
-
-/* ---- Types ------------------------------------------------------------------------------- */
-
-size_t red_type_size(loomDataType_t type)
-{
-    switch (type) {
-    case loomInt8:
-    case loomUint8: return 1;
-    case loomFloat16:
-    case loomBfloat16: return 2;
-    case loomInt32:
-    case loomUint32:
-    case loomFloat32: return 4;
-    case loomInt64:
-    case loomUint64:
-    case loomFloat64: return 8;
-    default: return 0;
-    }
-}
-
-const char *red_type_name(loomDataType_t type)
-{
-    static const char *const names[loomNumTypes] = {
-        "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-        "bfloat16",
-    };
-    if ((unsigned)type >= loomNumTypes) return "invalid";
-    return names[type];
-}
-
-static int red_valid(loomDataType_t type, red_op_t op)
-{
-    return (unsigned)type < loomNumTypes && (unsigned)op < RED_NUM_OPS;
-}
-
-/* ---- Apply ------------------------------------------------------------------------------- */
-
-/* Invalid type or op: nothing is written (callers validate; this only keeps a bad value from
- * indexing past the tables). */
-void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, const void *b,
-                    size_t n)
-{
-    if (!red_valid(type, op) || n == 0) return;
-    red_bin_table[type][op](dst, a, b, n);
-}
-
-void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
-                      int k, size_t n)
-{
-    if (!red_valid(type, op) || k < 1 || n == 0) return;
-    size_t size = red_type_size(type);
-    if (k == 1) {
-        if (dst != srcs[0]) memmove(dst, srcs[0], n * size);
-        return;
-    }
-    if (type == loomFloat16 || type == loomBfloat16) {
-        red_n16_table[type == loomBfloat16][op](dst, srcs, k, n);
-        return;
-    }
-    red_bin_fn fn = red_bin_table[type][op];
-    if (k == 2) {
-        fn(dst, srcs[0], srcs[1], n);
-        return;
-    }
-    /* Folding pass by pass over dst would stream dst through memory k-1 times; a cache-resident
-     * block accumulator reads each input once and writes dst once. The last step writes dst
-     * directly, after every input of the block has been read, so dst may equal any source. */
-    _Alignas(64) unsigned char acc[RED_NBLOCK_BYTES];
-    size_t block = sizeof(acc) / size;
-    for (size_t off = 0; off < n; off += block) {
-        size_t m = n - off < block ? n - off : block;
-        size_t at = off * size;
-        fn(acc, (const char *)srcs[0] + at, (const char *)srcs[1] + at, m);
-        for (int j = 2; j < k - 1; j++) fn(acc, acc, (const char *)srcs[j] + at, m);
-        fn((char *)dst + at, acc, (const char *)srcs[k - 1] + at, m);
-    }
-}
 
 /* ---- Scale (pre-multiplied sum) ---------------------------------------------------------- */
 
@@ -366,15 +222,6 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
         }                                                                                         \
     }
 
-#define RED_DEF_SCALE16(name, WIDEN, NARROW)                                                      \
-    RED_CLONES static void name(void *dst_, const void *src_, const void *scalar, size_t n)       \
-    {                                                                                             \
-        red_m_u16 *dst = dst_;                                                                    \
-        const red_m_u16 *src = src_;                                                              \
-        float s = WIDEN(*(const red_m_u16 *)scalar);                                              \
-        for (size_t i = 0; i < n; i++) dst[i] = NARROW(WIDEN(src[i]) * s);                        \
-    }
-
 #define RED_LOAD_U8(p) (*(const red_m_u8 *)(p))
 #define RED_LOAD_U32(p) (*(const red_m_u32 *)(p))
 #define RED_LOAD_U64(p) (*(const red_m_u64 *)(p))
@@ -386,21 +233,6 @@ RED_DEF_SCALE(red_u32_scale, red_m_u32, uint32_t, RED_LOAD_U32)
 RED_DEF_SCALE(red_u64_scale, red_m_u64, uint64_t, RED_LOAD_U64)
 RED_DEF_SCALE(red_f32_scale, red_m_f32, float, RED_LOAD_F32)
 RED_DEF_SCALE(red_f64_scale, red_m_f64, double, RED_LOAD_F64)
-RED_DEF_SCALE16(red_f16_scale, red_h2f, red_f2h)
-RED_DEF_SCALE16(red_bf16_scale, red_bf2f, red_f2bf)
-
-void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n)
-{
-    static const red_scale_fn table[loomNumTypes] = {
-        [loomInt8] = red_u8_scale,     [loomUint8] = red_u8_scale,
-        [loomInt32] = red_u32_scale,   [loomUint32] = red_u32_scale,
-        [loomInt64] = red_u64_scale,   [loomUint64] = red_u64_scale,
-        [loomFloat16] = red_f16_scale, [loomFloat32] = red_f32_scale,
-        [loomFloat64] = red_f64_scale, [loomBfloat16] = red_bf16_scale,
-    };
-    if ((unsigned)type >= loomNumTypes || n == 0) return;
-    table[type](dst, src, scalar, n);
-}
 
 /* ---- Divide (avg) ------------------------------------------------------------------------ */
 
@@ -521,31 +353,336 @@ RED_CLONES static void red_f64_div(void *dst_, const void *src_, int d, size_t n
     for (size_t i = 0; i < n; i++) dst[i] = src[i] / dd;
 }
 
-RED_CLONES static void red_f16_div(void *dst_, const void *src_, int d, size_t n)
+/* ---- Float16 / bfloat16 ------------------------------------------------------------------ */
+
+/* Two inputs (the allreduce hot path) run as one fused loop: widen, combine in float32, narrow
+ * (bfloat16 always, float16 with F16C). Everything else runs in blocks: widen each input block
+ * into an L1-resident float32 buffer, combine with the float32 loops above, narrow once; there
+ * the conversions are separate loops, which vectorise without register spills. Either way the
+ * float32 step is exactly the loomFloat32 operation. */
+#define RED_HBLOCK 1024
+
+typedef void (*red_widen_fn)(float *dst, const void *src, size_t n);
+typedef void (*red_narrow_fn)(void *dst, const float *src, size_t n);
+
+/* Exact aliasing of dst with a or b is safe for the same reason as in RED_DEF_BIN. */
+#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                    \
+    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)             \
+    {                                                                                             \
+        red_m_u16 *dst = dst_;                                                                    \
+        const red_m_u16 *a = a_, *b = b_;                                                         \
+        for (size_t i = 0; i < n; i++) {                                                          \
+            float x = WIDEN(a[i]), y = WIDEN(b[i]);                                               \
+            dst[i] = NARROW(OP(float, x, y));                                                     \
+        }                                                                                         \
+    }
+
+RED_DEF_BIN16(red_bf16_sum, red_bf2f, red_f2bf, RED_OP_SUM)
+RED_DEF_BIN16(red_bf16_prod, red_bf2f, red_f2bf, RED_OP_PROD)
+RED_DEF_BIN16(red_bf16_max, red_bf2f, red_f2bf, RED_OP_MAX)
+RED_DEF_BIN16(red_bf16_min, red_bf2f, red_f2bf, RED_OP_MIN)
+
+RED_CLONES static void red_h2f_bits(float *restrict dst, const void *src_, size_t n)
 {
-    red_m_u16 *dst = dst_;
     const red_m_u16 *src = src_;
-    float fd = (float)d;
-    for (size_t i = 0; i < n; i++) dst[i] = red_f2h(red_h2f(src[i]) / fd);
+    for (size_t i = 0; i < n; i++) dst[i] = red_h2f(src[i]);
 }
 
-RED_CLONES static void red_bf16_div(void *dst_, const void *src_, int d, size_t n)
+RED_CLONES static void red_f2h_bits(void *dst_, const float *restrict src, size_t n)
 {
     red_m_u16 *dst = dst_;
+    for (size_t i = 0; i < n; i++) dst[i] = red_f2h(src[i]);
+}
+
+RED_CLONES static void red_bf2f_block(float *restrict dst, const void *src_, size_t n)
+{
     const red_m_u16 *src = src_;
-    float fd = (float)d;
-    for (size_t i = 0; i < n; i++) dst[i] = red_f2bf(red_bf2f(src[i]) / fd);
+    for (size_t i = 0; i < n; i++) dst[i] = red_bf2f(src[i]);
+}
+
+RED_CLONES static void red_f2bf_block(void *dst_, const float *restrict src, size_t n)
+{
+    red_m_u16 *dst = dst_;
+    for (size_t i = 0; i < n; i++) dst[i] = red_f2bf(src[i]);
+}
+
+static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
+                           int k, size_t n);
+
+#ifdef RED_X86_DISPATCH
+/* In bit tricks a half conversion is some twenty vector operations per direction, which leaves
+ * half well below memory speed; F16C does it in one instruction. F16C cannot go into a
+ * target_clones body (the baseline copy could not compile it), so these functions get their own
+ * ifuncs below. The hardware rounds to nearest even (immediate rounding mode, not MXCSR), quiets
+ * a NaN keeping its top payload bits and converts subnormals exactly: the same results as the
+ * bit tricks, which also do the tails. */
+__attribute__((target("f16c"))) static void red_h2f_f16c(float *restrict dst, const void *src,
+                                                          size_t n)
+{
+    const char *s = src;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+    for (; i < n; i++) dst[i] = red_h2f(((const red_m_u16 *)src)[i]);
+}
+
+__attribute__((target("f16c"))) static void red_f2h_f16c(void *dst, const float *restrict src,
+                                                          size_t n)
+{
+    char *d = dst;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + 2 * i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) ((red_m_u16 *)dst)[i] = red_f2h(src[i]);
+}
+
+/* _mm256_max_ps(x, y) is x > y ? x : y and _mm256_min_ps(x, y) is x < y ? x : y, as RED_OP_*.
+ * Both inputs of 8 elements are loaded before their 8 results are stored, so exact aliasing is
+ * safe. */
+#define RED_DEF_F16C_BIN(name, VOP, OP)                                                           \
+    __attribute__((target("f16c"))) static void name(void *dst, const void *a, const void *b,     \
+                                                     size_t n)                                    \
+    {                                                                                             \
+        char *d = dst;                                                                            \
+        const char *x = a, *y = b;                                                                \
+        size_t i = 0;                                                                             \
+        for (; i + 8 <= n; i += 8) {                                                              \
+            __m256 fx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i)));           \
+            __m256 fy = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + 2 * i)));           \
+            _mm_storeu_si128((__m128i *)(d + 2 * i),                                              \
+                             _mm256_cvtps_ph(VOP(fx, fy), _MM_FROUND_TO_NEAREST_INT));            \
+        }                                                                                         \
+        const red_m_u16 *ta = a, *tb = b;                                                         \
+        for (; i < n; i++) {                                                                      \
+            float fx = red_h2f(ta[i]), fy = red_h2f(tb[i]);                                       \
+            ((red_m_u16 *)dst)[i] = red_f2h(OP(float, fx, fy));                                   \
+        }                                                                                         \
+    }
+
+RED_DEF_F16C_BIN(red_f16_sum_f16c, _mm256_add_ps, RED_OP_SUM)
+RED_DEF_F16C_BIN(red_f16_prod_f16c, _mm256_mul_ps, RED_OP_PROD)
+RED_DEF_F16C_BIN(red_f16_max_f16c, _mm256_max_ps, RED_OP_MAX)
+RED_DEF_F16C_BIN(red_f16_min_f16c, _mm256_min_ps, RED_OP_MIN)
+
+typedef void (*red_apply2_fn)(red_op_t op, void *dst, const void *a, const void *b, size_t n);
+
+static void red_f16_apply2_f16c(red_op_t op, void *dst, const void *a, const void *b, size_t n)
+{
+    static const red_bin_fn table[RED_NUM_OPS] = {
+        red_f16_sum_f16c, red_f16_prod_f16c, red_f16_max_f16c, red_f16_min_f16c,
+    };
+    table[op](dst, a, b, n);
+}
+
+static void red_f16_apply2_bits(red_op_t op, void *dst, const void *a, const void *b, size_t n)
+{
+    const void *srcs[2] = { a, b };
+    red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
+}
+
+static int red_have_f16c(void)
+{
+    __builtin_cpu_init(); /* resolvers run before constructors */
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}
+
+static red_widen_fn red_resolve_h2f(void)
+{
+    return red_have_f16c() ? red_h2f_f16c : red_h2f_bits;
+}
+
+static red_narrow_fn red_resolve_f2h(void)
+{
+    return red_have_f16c() ? red_f2h_f16c : red_f2h_bits;
+}
+
+static red_apply2_fn red_resolve_f16_apply2(void)
+{
+    return red_have_f16c() ? red_f16_apply2_f16c : red_f16_apply2_bits;
+}
+
+static void red_h2f_block(float *dst, const void *src, size_t n)
+    __attribute__((ifunc("red_resolve_h2f")));
+static void red_f2h_block(void *dst, const float *src, size_t n)
+    __attribute__((ifunc("red_resolve_f2h")));
+static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b, size_t n)
+    __attribute__((ifunc("red_resolve_f16_apply2")));
+#else
+#define red_h2f_block red_h2f_bits
+#define red_f2h_block red_f2h_bits
+
+static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b, size_t n)
+{
+    const void *srcs[2] = { a, b };
+    red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
+}
+#endif
+
+/* k inputs folded in order in float32 and rounded once. Every input of a block is read before
+ * that block of dst is written, so dst may equal any source. */
+static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
+                           int k, size_t n)
+{
+    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
+    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
+    red_bin_fn fn = red_f32_table[op];
+    _Alignas(64) float acc[RED_HBLOCK], in[RED_HBLOCK];
+    for (size_t off = 0; off < n; off += RED_HBLOCK) {
+        size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
+        widen(acc, (const uint16_t *)srcs[0] + off, m);
+        for (int j = 1; j < k; j++) {
+            widen(in, (const uint16_t *)srcs[j] + off, m);
+            fn(acc, acc, in, m);
+        }
+        narrow((uint16_t *)dst + off, acc, m);
+    }
+}
+
+static void red_16_scale(loomDataType_t type, void *dst, const void *src, const void *scalar,
+                         size_t n)
+{
+    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
+    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
+    float s;
+    widen(&s, scalar, 1);
+    _Alignas(64) float acc[RED_HBLOCK];
+    for (size_t off = 0; off < n; off += RED_HBLOCK) {
+        size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
+        widen(acc, (const uint16_t *)src + off, m);
+        red_f32_scale(acc, acc, &s, m);
+        narrow((uint16_t *)dst + off, acc, m);
+    }
+}
+
+static void red_16_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n)
+{
+    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
+    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
+    _Alignas(64) float acc[RED_HBLOCK];
+    for (size_t off = 0; off < n; off += RED_HBLOCK) {
+        size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
+        widen(acc, (const uint16_t *)src + off, m);
+        red_f32_div(acc, acc, divisor, m);
+        narrow((uint16_t *)dst + off, acc, m);
+    }
+}
+
+/* Indexed by loomDataType_t (whose values are fixed, NCCL's numbering) then red_op_t; float16
+ * goes through red_f16_apply2 instead. */
+static const red_bin_fn red_bin_table[loomNumTypes][RED_NUM_OPS] = {
+    [loomInt8] = { red_u8_sum, red_u8_prod, red_i8_max, red_i8_min },
+    [loomUint8] = { red_u8_sum, red_u8_prod, red_u8_max, red_u8_min },
+    [loomInt32] = { red_u32_sum, red_u32_prod, red_i32_max, red_i32_min },
+    [loomUint32] = { red_u32_sum, red_u32_prod, red_u32_max, red_u32_min },
+    [loomInt64] = { red_u64_sum, red_u64_prod, red_i64_max, red_i64_min },
+    [loomUint64] = { red_u64_sum, red_u64_prod, red_u64_max, red_u64_min },
+    [loomFloat32] = { red_f32_sum, red_f32_prod, red_f32_max, red_f32_min },
+    [loomFloat64] = { red_f64_sum, red_f64_prod, red_f64_max, red_f64_min },
+    [loomBfloat16] = { red_bf16_sum, red_bf16_prod, red_bf16_max, red_bf16_min },
+};
+
+static int red_is16(loomDataType_t type)
+{
+    return type == loomFloat16 || type == loomBfloat16;
+}
+
+/* ---- Types ------------------------------------------------------------------------------- */
+
+size_t red_type_size(loomDataType_t type)
+{
+    switch (type) {
+    case loomInt8:
+    case loomUint8: return 1;
+    case loomFloat16:
+    case loomBfloat16: return 2;
+    case loomInt32:
+    case loomUint32:
+    case loomFloat32: return 4;
+    case loomInt64:
+    case loomUint64:
+    case loomFloat64: return 8;
+    default: return 0;
+    }
+}
+
+const char *red_type_name(loomDataType_t type)
+{
+    static const char *const names[loomNumTypes] = {
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+        "bfloat16",
+    };
+    if ((unsigned)type >= loomNumTypes) return "invalid";
+    return names[type];
+}
+
+static int red_valid(loomDataType_t type, red_op_t op)
+{
+    return (unsigned)type < loomNumTypes && (unsigned)op < RED_NUM_OPS;
+}
+
+/* ---- Public entry points ----------------------------------------------------------------- */
+
+/* Invalid type or op: nothing is written (callers validate; this only keeps a bad value from
+ * indexing past the tables). */
+void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, const void *b,
+                    size_t n)
+{
+    if (!red_valid(type, op) || n == 0) return;
+    if (type == loomFloat16) red_f16_apply2(op, dst, a, b, n);
+    else red_bin_table[type][op](dst, a, b, n);
+}
+
+void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
+                      int k, size_t n)
+{
+    if (!red_valid(type, op) || k < 1 || n == 0) return;
+    size_t size = red_type_size(type);
+    if (k == 1) {
+        if (dst != srcs[0]) memmove(dst, srcs[0], n * size);
+        return;
+    }
+    if (k == 2) {
+        red_host_apply(type, op, dst, srcs[0], srcs[1], n);
+        return;
+    }
+    if (red_is16(type)) {
+        red_16_apply_n(type, op, dst, srcs, k, n);
+        return;
+    }
+    red_bin_fn fn = red_bin_table[type][op];
+    /* Folding pass by pass over dst would stream dst through memory k-1 times; a cache-resident
+     * block accumulator reads each input once and writes dst once. The last step writes dst
+     * directly, after every input of the block has been read, so dst may equal any source. */
+    _Alignas(64) unsigned char acc[RED_NBLOCK_BYTES];
+    size_t block = sizeof(acc) / size;
+    for (size_t off = 0; off < n; off += block) {
+        size_t m = n - off < block ? n - off : block;
+        size_t at = off * size;
+        fn(acc, (const char *)srcs[0] + at, (const char *)srcs[1] + at, m);
+        for (int j = 2; j < k - 1; j++) fn(acc, acc, (const char *)srcs[j] + at, m);
+        fn((char *)dst + at, acc, (const char *)srcs[k - 1] + at, m);
+    }
+}
+
+void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n)
+{
+    static const red_scale_fn table[loomNumTypes] = {
+        [loomInt8] = red_u8_scale,   [loomUint8] = red_u8_scale,   [loomInt32] = red_u32_scale,
+        [loomUint32] = red_u32_scale, [loomInt64] = red_u64_scale, [loomUint64] = red_u64_scale,
+        [loomFloat32] = red_f32_scale, [loomFloat64] = red_f64_scale,
+    };
+    if ((unsigned)type >= loomNumTypes || n == 0) return;
+    if (red_is16(type)) red_16_scale(type, dst, src, scalar, n);
+    else table[type](dst, src, scalar, n);
 }
 
 void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n)
 {
-    typedef void (*div_fn)(void *, const void *, int, size_t);
-    static const div_fn table[loomNumTypes] = {
-        [loomInt8] = red_i8_div,       [loomUint8] = red_u8_div,
-        [loomInt32] = red_i32_div,     [loomUint32] = red_u32_div,
-        [loomInt64] = red_i64_div,     [loomUint64] = red_u64_div,
-        [loomFloat16] = red_f16_div,   [loomFloat32] = red_f32_div,
-        [loomFloat64] = red_f64_div,   [loomBfloat16] = red_bf16_div,
+    static const red_div_fn table[loomNumTypes] = {
+        [loomInt8] = red_i8_div,     [loomUint8] = red_u8_div,   [loomInt32] = red_i32_div,
+        [loomUint32] = red_u32_div,  [loomInt64] = red_i64_div,  [loomUint64] = red_u64_div,
+        [loomFloat32] = red_f32_div, [loomFloat64] = red_f64_div,
     };
     if ((unsigned)type >= loomNumTypes || n == 0 || divisor < 1) return;
     if (divisor == 1) {
@@ -553,5 +690,6 @@ void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, 
         if (dst != src) memmove(dst, src, n * red_type_size(type));
         return;
     }
-    table[type](dst, src, divisor, n);
+    if (red_is16(type)) red_16_div(type, dst, src, divisor, n);
+    else table[type](dst, src, divisor, n);
 }

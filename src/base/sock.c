@@ -263,6 +263,20 @@ int sock_connect_done(int fd)
     return (p.revents & POLLOUT) ? 1 : 0;
 }
 
+void sock_drain_close(int fd)
+{
+    char buf[16384];
+    uint64_t end = base_now_ns() + 20000000ull;
+    shutdown(fd, SHUT_WR);
+    while (base_now_ns() < end) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) continue;
+        if (n < 0 && errno == EINTR) continue;
+        break;
+    }
+    close(fd);
+}
+
 void sock_tune(int fd, uint64_t bufsize)
 {
     int one = 1;

@@ -47,6 +47,10 @@ loomResult_t sock_listen(const sock_addr_t *addr, int backlog, int *fd, sock_add
 loomResult_t sock_connect_start(const sock_addr_t *addr, int *fd);
 /* 1 when connected, 0 when still connecting, -1 on failure (errno set). */
 int sock_connect_done(int fd);
+/* Reads and drops what is waiting, then closes. Closing a socket with unread data makes the
+ * kernel reset the connection, and a reset destroys what the peer had not read yet (such as the
+ * reason we aborted), so every data socket is closed this way. Bounded in time. */
+void sock_drain_close(int fd);
 /* TCP_NODELAY and buffer sizes for data sockets. */
 void sock_tune(int fd, uint64_t bufsize);
 

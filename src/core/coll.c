@@ -421,8 +421,10 @@ static loomResult_t run_group(void)
             atomic_fetch_add(&gq[i].comm->active_calls, 1);
         }
     }
-    for (int k = 0; k < njobs; k++)
-        if (job_next(&jobs[k]) != loomSuccess) job_fail(&jobs[k], loomSystemError);
+    for (int k = 0; k < njobs; k++) {
+        loomResult_t r = job_next(&jobs[k]);
+        if (r != loomSuccess) job_fail(&jobs[k], r);
+    }
     uint64_t idle_since = base_now_ns();
     uint64_t spin = jobs[0].comm->spin_ns;
     for (;;) {

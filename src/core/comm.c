@@ -78,18 +78,51 @@ void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
     pthread_mutex_unlock(&comm->lock);
     /* Tell the peers at once, so that they fail now with this reason instead of waiting for
      * LOOM_TIMEOUT; the communicator cannot be used any more. */
-    if (first && comm->tctx) comm->tops->abort(comm->tctx, text);
+    if (first) comm_abort_transports(comm, text);
 }
 
-loomResult_t comm_conn(loomComm_t comm, int peer, transport_conn_t **conn)
+void comm_abort_transports(loomComm_t comm, const char *reason)
 {
-    if (comm->conns[peer]) {
-        *conn = comm->conns[peer];
-        return loomSuccess;
+    for (int t = 0; t < TP_MAX; t++)
+        if (comm->tp[t].ctx) comm->tp[t].ops->abort(comm->tp[t].ctx, reason);
+}
+
+static const char *const tp_names[TP_MAX] = {"tcp", "shm"};
+
+/* Same node: shared memory when started; else TCP; LOOM_TRANSPORT forces one. */
+static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
+{
+    bool local = comm->peers[peer].node_hash == comm->peers[comm->rank].node_hash;
+    if (comm->forced_tp >= 0) {
+        if (comm->forced_tp == TP_SHM && !local)
+            return base_error(loomInvalidUsage, LOG_NET,
+                              "LOOM_TRANSPORT=shm, but rank %d is on another node (%s); shm "
+                              "reaches only ranks of this node",
+                              peer, comm->peers[peer].host);
+        *tp = comm->forced_tp;
+    } else {
+        *tp = local && comm->tp[TP_SHM].ctx && comm->peers[peer].handle[TP_SHM][0] ? TP_SHM
+                                                                                 : TP_TCP;
     }
-    LOOM_CHECK(comm->tops->connect(comm->tctx, peer, comm->peers[peer].handle,
-                                   &comm->conns[peer]));
-    *conn = comm->conns[peer];
+    if (comm->tp[*tp].ctx == NULL || comm->peers[peer].handle[*tp][0] == 0)
+        return base_error(loomInvalidUsage, LOG_NET,
+                          "no common transport with rank %d (%s): it did not offer %s", peer,
+                          comm->peers[peer].host, tp_names[*tp]);
+    return loomSuccess;
+}
+
+loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link)
+{
+    comm_link_t *l = &comm->links[peer];
+    if (l->conn == NULL) {
+        int tp = TP_TCP;
+        LOOM_CHECK(pick_link_transport(comm, peer, &tp));
+        LOOM_CHECK(comm->tp[tp].ops->connect(comm->tp[tp].ctx, peer,
+                                             comm->peers[peer].handle[tp], &l->conn));
+        l->ops = comm->tp[tp].ops;
+        TRACE(LOG_NET, "rank %d reaches rank %d over %s", comm->rank, peer, l->ops->name);
+    }
+    *link = l;
     return loomSuccess;
 }
 
@@ -97,12 +130,13 @@ static void comm_free(loomComm_t comm)
 {
     if (comm == NULL) return;
     if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
-    if (comm->tctx) comm->tops->fini(comm->tctx);
+    for (int t = 0; t < TP_MAX; t++)
+        if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
     if (comm->wake_fd >= 0) close(comm->wake_fd);
     sched_free(&comm->sched);
     free(comm->staging);
     free(comm->peers);
-    free(comm->conns);
+    free(comm->links);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     pthread_mutex_destroy(&comm->lock);
@@ -124,11 +158,12 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     atomic_init(&c->async_error, loomSuccess);
     atomic_init(&c->aborting, 0);
     c->peers = calloc((size_t)nranks, sizeof(*c->peers));
-    c->conns = calloc((size_t)nranks, sizeof(*c->conns));
+    c->links = calloc((size_t)nranks, sizeof(*c->links));
+    c->forced_tp = -1;
     c->p2p_send_seq = calloc((size_t)nranks, sizeof(uint64_t));
     c->p2p_recv_seq = calloc((size_t)nranks, sizeof(uint64_t));
     c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!c->peers || !c->conns || !c->p2p_send_seq || !c->p2p_recv_seq || c->wake_fd < 0) {
+    if (!c->peers || !c->links || !c->p2p_send_seq || !c->p2p_recv_seq || c->wake_fd < 0) {
         comm_free(c);
         return base_error(loomSystemError, LOG_INIT, "out of memory or eventfd failed (%s)",
                           strerror(errno));
@@ -148,39 +183,65 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     return loomSuccess;
 }
 
-static loomResult_t pick_transport(const transport_ops_t **out)
+/* Which transports to start: the one LOOM_TRANSPORT names, or all that this build has. */
+static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 {
     const char *name = param_str(PARAM_TRANSPORT);
-    if (name[0] == '\0') name = "tcp";
-    const transport_ops_t *t = transport_by_name(name);
-    if (t == NULL) {
-        static const char *const later[] = {"shm", "mpi", "ucx", "ibv", "cuda"};
-        for (size_t i = 0; i < LOOM_ARRAY_SIZE(later); i++)
-            if (strcmp(name, later[i]) == 0)
-                return base_error(loomInvalidUsage, LOG_INIT,
-                                  "LOOM_TRANSPORT=%s: this build of loom has no %s transport "
-                                  "(available: tcp)",
-                                  name, name);
-        return base_error(loomInvalidArgument, LOG_INIT,
-                          "LOOM_TRANSPORT=%s: unknown transport (available: tcp)", name);
-    }
-    *out = t;
-    return loomSuccess;
+    for (int t = 0; t < TP_MAX; t++) want[t] = name[0] == '\0';
+    if (name[0] == '\0') return loomSuccess;
+    for (int t = 0; t < TP_MAX; t++)
+        if (strcmp(name, tp_names[t]) == 0) {
+            want[t] = true;
+            comm->forced_tp = t;
+            return loomSuccess;
+        }
+    static const char *const later[] = {"mpi", "ucx", "ibv", "cuda"};
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(later); i++)
+        if (strcmp(name, later[i]) == 0)
+            return base_error(loomInvalidUsage, LOG_INIT,
+                              "LOOM_TRANSPORT=%s: this build of loom has no %s transport "
+                              "(available: tcp, shm)",
+                              name, name);
+    return base_error(loomInvalidArgument, LOG_INIT,
+                      "LOOM_TRANSPORT=%s: unknown transport (available: tcp, shm)", name);
 }
 
-/* Starts the transport for `comm`, writing this rank's connection handle. */
-static loomResult_t comm_start_transport(loomComm_t comm, uint8_t handle[TRANSPORT_HANDLE_BYTES])
+/* Starts the transports for `comm`, writing this rank's connection handles. */
+static loomResult_t comm_start_transport(loomComm_t comm,
+                                         uint8_t handles[TP_MAX][TRANSPORT_HANDLE_BYTES])
 {
-    LOOM_CHECK(pick_transport(&comm->tops));
+    bool want[TP_MAX];
+    LOOM_CHECK(pick_transports(comm, want));
     transport_setup_t setup = {.rank = comm->rank, .nranks = comm->nranks,
-                               .comm_id = comm->comm_id};
+                               .comm_id = comm->comm_id, .max_message = comm->slice_bytes};
     memcpy(setup.secret, comm->secret, 16);
-    sock_addr_t a;
-    char ifname[64];
-    LOOM_CHECK(sock_pick_address(&a, ifname, sizeof(ifname)));
-    setup.bind = a.sa;
-    setup.bind_len = a.len;
-    return comm->tops->init(&setup, &comm->tctx, handle);
+    if (want[TP_TCP]) {
+        sock_addr_t a;
+        char ifname[64];
+        LOOM_CHECK(sock_pick_address(&a, ifname, sizeof(ifname)));
+        setup.bind = a.sa;
+        setup.bind_len = a.len;
+    }
+    for (int t = 0; t < TP_MAX; t++) {
+        memset(handles[t], 0, TRANSPORT_HANDLE_BYTES);
+        if (!want[t]) continue;
+        const transport_ops_t *ops = transport_by_name(tp_names[t]);
+        if (ops == NULL) continue;
+        loomResult_t r = ops->init(&setup, &comm->tp[t].ctx, handles[t]);
+        if (r != loomSuccess) {
+            /* Shared memory is an optimisation: without it, TCP still reaches every peer. */
+            if (t == TP_SHM && comm->forced_tp != TP_SHM) {
+                WARN(LOG_SHM, "shm transport unavailable (%s); same-node peers use tcp",
+                     base_last_error());
+                memset(handles[t], 0, TRANSPORT_HANDLE_BYTES);
+                comm->tp[t].ctx = NULL;
+                continue;
+            }
+            return r;
+        }
+        comm->tp[t].ops = ops;
+    }
+    return loomSuccess;
 }
 
 /* Node layout from the peers' node identities. */
@@ -227,7 +288,9 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "
          "%d channels, slice %llu bytes",
          LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->node, comm->nnodes,
-         comm->local_rank, comm->local_size, comm->tops->name, comm->nchannels,
+         comm->local_rank, comm->local_size,
+         comm->forced_tp >= 0 ? tp_names[comm->forced_tp] : "shm in node, tcp across",
+         comm->nchannels,
          (unsigned long long)comm->slice_bytes);
     return loomSuccess;
 }
@@ -339,8 +402,8 @@ LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int 
                           "loomCommInitAll: comms is NULL or ndev %d < 1", ndev);
     if (devlist)
         for (int i = 0; i < ndev; i++)
-            for (int j = 0; j < i; j++)
-                if (devlist[i] == devlist[j] || devlist[i] < 0)
+            for (int j = 0; j <= i; j++)
+                if (devlist[i] < 0 || (j < i && devlist[i] == devlist[j]))
                     return base_error(loomInvalidArgument, LOG_INIT,
                                       "loomCommInitAll: device %d is listed twice or negative",
                                       devlist[i]);
@@ -424,10 +487,10 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
     if (atomic_load(&comm->active_calls) > 0) {
         WARN(LOG_INIT, "loomCommAbort: a call on this communicator did not return within 10 s; "
                        "leaking the communicator instead of freeing it under that call");
-        if (comm->tctx) comm->tops->abort(comm->tctx, "the communicator was aborted");
+        comm_abort_transports(comm, "the communicator was aborted");
         return loomSuccess;
     }
-    if (comm->tctx) comm->tops->abort(comm->tctx, "the communicator was aborted");
+    comm_abort_transports(comm, "the communicator was aborted");
     comm_free(comm);
     return loomSuccess;
 }
@@ -486,7 +549,7 @@ LOOM_EXPORT loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *st
 
 typedef struct {
     int32_t color, key;
-    uint8_t handle[TRANSPORT_HANDLE_BYTES];
+    uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES];
 } split_rec_t;
 
 loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
@@ -537,7 +600,7 @@ LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loom
                     qr++;
             child->peers[qr] = comm->peers[q];
             child->peers[qr].rank = qr;
-            memcpy(child->peers[qr].handle, all[q].handle, TRANSPORT_HANDLE_BYTES);
+            memcpy(child->peers[qr].handle, all[q].handle, sizeof(all[q].handle));
         }
         comm_layout(child);
         INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);

@@ -18,12 +18,26 @@
 #define ERR_TEXT_MAX 1024
 #define HOST_NAME_LEN 64
 
+/* Transports a communicator may use, by index. */
+enum { TP_TCP = 0, TP_SHM = 1, TP_MAX = 2 };
+
+typedef struct {
+    const transport_ops_t *ops;
+    transport_ctx_t *ctx;
+} comm_tp_t;
+
+/* A peer's connection and the transport that carries it. */
+typedef struct {
+    const transport_ops_t *ops;
+    transport_conn_t *conn;
+} comm_link_t;
+
 /* What every rank tells the others at bootstrap. */
 typedef struct {
     int32_t rank;
     int32_t pad;
     uint64_t node_hash; /* node identity (host + boot id + netns, or LOOM_NODE_ID) */
-    uint8_t handle[TRANSPORT_HANDLE_BYTES];
+    uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES]; /* per transport; empty: not offered */
     char host[HOST_NAME_LEN];
 } peer_info_t;
 
@@ -56,9 +70,9 @@ struct loomComm {
     peer_info_t *peers;
     int node, nnodes, local_rank, local_size;
 
-    const transport_ops_t *tops;
-    transport_ctx_t *tctx;
-    transport_conn_t **conns; /* by peer, NULL until a schedule needs it */
+    comm_tp_t tp[TP_MAX];     /* started transports (ops NULL: not started) */
+    int forced_tp;            /* LOOM_TRANSPORT, or -1 */
+    comm_link_t *links;       /* by peer; conn NULL until a schedule needs it */
 
     uint64_t coll_seq;    /* collectives issued so far */
     uint64_t *p2p_send_seq, *p2p_recv_seq;
@@ -98,8 +112,10 @@ struct loomComm {
 loomResult_t comm_check(loomComm_t comm, const char *fn);
 /* Marks the communicator broken with res/text (first error wins) and tells peers. */
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
-/* The connection to a peer, created on first use. */
-loomResult_t comm_conn(loomComm_t comm, int peer, transport_conn_t **conn);
+/* The connection to a peer, created on first use over the transport chosen for the pair. */
+loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link);
+/* Tells every started transport to abort (peers learn `reason`). */
+void comm_abort_transports(loomComm_t comm, const char *reason);
 
 /* Bootstrap (bootstrap.c). */
 loomResult_t boot_uid_create(loomUniqueId *id);

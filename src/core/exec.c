@@ -83,14 +83,31 @@ static void meta_pack(const sched_desc_t *d, uint8_t meta[TRANSPORT_META_BYTES])
 
 static void desc_str(const sched_desc_t *d, char *buf, size_t len)
 {
-    if (d->kind == OPK_SEND || d->kind == OPK_RECV)
-        snprintf(buf, len, "point-to-point #%llu (count %llu, %s, sender rank %d)",
-                 (unsigned long long)d->seq, (unsigned long long)d->count,
-                 red_type_name((loomDataType_t)d->dtype), d->root);
-    else
-        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s, root %d)", opkind_name(d->kind),
-                 (unsigned long long)d->seq, (unsigned long long)d->count,
-                 red_type_name((loomDataType_t)d->dtype), op_name(d->op), d->root);
+    const char *type = red_type_name((loomDataType_t)d->dtype);
+    unsigned long long seq = (unsigned long long)d->seq, count = (unsigned long long)d->count;
+    switch (d->kind) {
+    case OPK_SEND:
+    case OPK_RECV:
+        snprintf(buf, len, "point-to-point #%llu (count %llu, %s, sender rank %d)", seq, count,
+                 type, d->root);
+        break;
+    case OPK_ALLREDUCE:
+    case OPK_REDUCESCATTER:
+        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", opkind_name(d->kind), seq, count,
+                 type, op_name(d->op));
+        break;
+    case OPK_REDUCE:
+        snprintf(buf, len, "reduce seq %llu (count %llu, %s, %s, root %d)", seq, count, type,
+                 op_name(d->op), d->root);
+        break;
+    case OPK_BROADCAST:
+        snprintf(buf, len, "broadcast seq %llu (count %llu, %s, root %d)", seq, count, type,
+                 d->root);
+        break;
+    default:
+        snprintf(buf, len, "%s seq %llu (count %llu, %s)", opkind_name(d->kind), seq, count, type);
+        break;
+    }
 }
 
 loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
@@ -164,12 +181,12 @@ static bool deps_done(const exec_t *e, const sched_step_t *st)
     return true;
 }
 
-static loomResult_t step_error(exec_t *e, const sched_step_t *st, transport_conn_t *c,
+static loomResult_t step_error(exec_t *e, const sched_step_t *st, const comm_link_t *l,
                                loomResult_t res)
 {
     char d[160];
     desc_str(&e->s->descs[st->desc], d, sizeof(d));
-    const char *why = c ? e->comm->tops->conn_error(c) : base_last_error();
+    const char *why = l && l->conn ? l->ops->conn_error(l->conn) : base_last_error();
     char text[ERR_TEXT_MAX];
     snprintf(text, sizeof(text), "%s: %s", d, why);
     loomResult_t r = base_error(res, LOG_COLL, "%s", text);
@@ -210,22 +227,24 @@ static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
     }
     if (e->ninflight >= EXEC_MAX_INFLIGHT) return loomSuccess;
     if (st->kind == STEP_RECV_REDUCE && e->nfree == 0) return loomSuccess;
-    transport_conn_t *c;
-    loomResult_t r = comm_conn(comm, st->peer, &c);
+    comm_link_t *l;
+    loomResult_t r = comm_conn(comm, st->peer, &l);
     if (r != loomSuccess) return step_error(e, st, NULL, r);
     size_t bytes = st->count * e->esize;
     if (st->kind == STEP_SEND) {
         uint8_t meta[TRANSPORT_META_BYTES];
         meta_pack(&e->s->descs[st->desc], meta);
-        r = comm->tops->isend(c, buf_at(e, st->src_buf, st->src_off), bytes, meta, &e->reqs[i]);
+        r = l->ops->isend(l->conn, buf_at(e, st->src_buf, st->src_off), bytes, meta,
+                          &e->reqs[i]);
     } else if (st->kind == STEP_RECV) {
-        r = comm->tops->irecv(c, buf_at(e, st->dst_buf, st->dst_off), bytes, &e->reqs[i]);
+        r = l->ops->irecv(l->conn, buf_at(e, st->dst_buf, st->dst_off), bytes, &e->reqs[i]);
     } else {
         int slot = e->free_slots[--e->nfree];
         e->slot[i] = slot;
-        r = comm->tops->irecv(c, e->staging + (size_t)slot * e->slot_bytes, bytes, &e->reqs[i]);
+        r = l->ops->irecv(l->conn, e->staging + (size_t)slot * e->slot_bytes, bytes,
+                          &e->reqs[i]);
     }
-    if (r != loomSuccess) return step_error(e, st, c, r);
+    if (r != loomSuccess) return step_error(e, st, l, r);
     e->state[i] = ST_ISSUED;
     e->inflight[e->ninflight++] = (uint32_t)i;
     *issued = true;
@@ -278,16 +297,31 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
 static loomResult_t complete(exec_t *e, bool *progressed)
 {
     loomComm_t comm = e->comm;
+    /* A broken connection fails all its requests; test them all before reporting, because one
+     * of them may carry the metadata that explains the break (a mismatched operation). */
+    const sched_step_t *failed_st = NULL;
+    loomResult_t failed_res = loomSuccess;
     for (int k = 0; k < e->ninflight;) {
         size_t i = e->inflight[k];
         const sched_step_t *st = &e->s->steps[i];
         int done = 0;
         uint8_t meta[TRANSPORT_META_BYTES];
-        loomResult_t r = comm->tops->test(e->reqs[i], &done, meta);
+        const comm_link_t *l = &comm->links[st->peer];
+        loomResult_t r = l->ops->test(e->reqs[i], &done, meta);
         if (r != loomSuccess) {
-            transport_conn_t *c = NULL;
-            comm_conn(comm, st->peer, &c);
-            return step_error(e, st, c, r);
+            if (done) {
+                /* The message arrived but did not fit: say which operations disagree. */
+                e->reqs[i] = NULL;
+                e->inflight[k] = e->inflight[--e->ninflight];
+                if (st->kind != STEP_SEND) LOOM_CHECK(check_meta(e, st, meta));
+            } else {
+                k++;
+            }
+            if (failed_st == NULL) {
+                failed_st = st;
+                failed_res = r;
+            }
+            continue;
         }
         if (!done) {
             k++;
@@ -312,6 +346,7 @@ static loomResult_t complete(exec_t *e, bool *progressed)
         e->inflight[k] = e->inflight[--e->ninflight];
         *progressed = true;
     }
+    if (failed_st) return step_error(e, failed_st, &comm->links[failed_st->peer], failed_res);
     return loomSuccess;
 }
 
@@ -335,13 +370,16 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
         e->dirty = false;
         LOOM_CHECK(issue(e, progressed));
     }
-    bool moved = false;
-    loomResult_t r = comm->tops->progress(comm->tctx, &moved);
-    if (r != loomSuccess) {
-        comm_set_error(comm, r, base_last_error());
-        return r;
+    for (int t = 0; t < TP_MAX; t++) {
+        if (comm->tp[t].ctx == NULL) continue;
+        bool moved = false;
+        loomResult_t r = comm->tp[t].ops->progress(comm->tp[t].ctx, &moved);
+        if (r != loomSuccess) {
+            comm_set_error(comm, r, base_last_error());
+            return r;
+        }
+        if (moved) *progressed = true;
     }
-    if (moved) *progressed = true;
     LOOM_CHECK(complete(e, progressed));
     if (e->ndone == e->s->nsteps) *done = true;
     return loomSuccess;
@@ -352,7 +390,10 @@ int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
     int n = 0;
     if (max > 0 && e->comm->wake_fd >= 0)
         fds[n++] = (struct pollfd){.fd = e->comm->wake_fd, .events = POLLIN};
-    return n + e->comm->tops->pollfds(e->comm->tctx, fds + n, max - n);
+    for (int t = 0; t < TP_MAX; t++)
+        if (e->comm->tp[t].ctx)
+            n += e->comm->tp[t].ops->pollfds(e->comm->tp[t].ctx, fds + n, max - n);
+    return n;
 }
 
 loomResult_t exec_check_timeout(exec_t *e)
@@ -365,10 +406,10 @@ loomResult_t exec_check_timeout(exec_t *e)
     int worst_peer = -1;
     for (int k = 0; k < e->ninflight; k++) {
         const sched_step_t *st = &e->s->steps[e->inflight[k]];
-        transport_conn_t *c = comm->conns[st->peer];
-        if (c == NULL) continue;
+        const comm_link_t *l = &comm->links[st->peer];
+        if (l->conn == NULL) continue;
         bool pending;
-        uint64_t idle = comm->tops->idle_ns(c, &pending);
+        uint64_t idle = l->ops->idle_ns(l->conn, &pending);
         if (pending && idle > worst) {
             worst = idle;
             worst_peer = st->peer;
@@ -384,7 +425,8 @@ loomResult_t exec_check_timeout(exec_t *e)
         loomRemoteError, LOG_COLL,
         "%s: no progress from %s for %.1f s (LOOM_TIMEOUT=%g) while %s it; the peer is stalled "
         "or dead",
-        d, comm->tops->peer_name(comm->conns[worst_peer]), (double)worst * 1e-9, comm->timeout_s,
+        d, comm->links[worst_peer].ops->peer_name(comm->links[worst_peer].conn),
+        (double)worst * 1e-9, comm->timeout_s,
         st->kind == STEP_SEND ? "sending to" : "receiving from");
     comm_set_error(comm, r, base_last_error());
     return r;

@@ -2,7 +2,7 @@
 
 #include "transport.h"
 
-static const transport_ops_t *const transports[] = {&transport_tcp};
+static const transport_ops_t *const transports[] = {&transport_tcp, &transport_shm};
 
 const transport_ops_t *transport_by_name(const char *name)
 {

@@ -41,6 +41,7 @@ typedef struct {
     uint8_t secret[16];           /* the job's secret: peers must prove they know it */
     struct sockaddr_storage bind; /* the address chosen by LOOM_SOCKET_IFNAME (port ignored) */
     socklen_t bind_len;
+    size_t max_message;           /* the largest message this communicator will post */
 } transport_setup_t;
 
 typedef struct {
@@ -60,7 +61,9 @@ typedef struct {
     loomResult_t (*isend)(transport_conn_t *conn, const void *buf, size_t len,
                           const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **req);
     loomResult_t (*irecv)(transport_conn_t *conn, void *buf, size_t len, transport_req_t **req);
-    /* *done = 1 once finished (then req is released and meta, for receives, filled). */
+    /* *done = 1 once finished (then req is released and meta, for receives, filled). A receive
+     * whose message had another length returns an error with *done = 1 and meta filled, so
+     * that the caller can name the operations that disagree. */
     loomResult_t (*test)(transport_req_t *req, int *done, uint8_t meta[TRANSPORT_META_BYTES]);
     /* Moves bytes; *progressed tells whether anything moved or connected. */
     loomResult_t (*progress)(transport_ctx_t *ctx, bool *progressed);
@@ -82,6 +85,7 @@ typedef struct {
 } transport_ops_t;
 
 extern const transport_ops_t transport_tcp;
+extern const transport_ops_t transport_shm;
 
 /* Finds a transport by name ("tcp"); NULL when unknown or not built. */
 const transport_ops_t *transport_by_name(const char *name);

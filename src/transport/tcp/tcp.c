@@ -28,6 +28,7 @@
 #define TCP_MAGIC 0x4c4f4f4du /* "LOOM" */
 #define TCP_FRAME_DATA 1
 #define TCP_FRAME_ABORT 2
+#define TCP_FRAME_PING 3 /* a header alone: "I am alive and inside a call" */
 #define TCP_MAX_SOCKS 16
 #define TCP_ABORT_TEXT_MAX 1024
 
@@ -46,6 +47,7 @@ struct transport_req {
     transport_conn_t *conn;
     bool send;
     bool complete;
+    bool bad_len; /* the peer's message had another length: meta is valid, data is not */
     uint8_t *buf;
     size_t len;
     size_t done; /* bytes of header + payload moved */
@@ -61,6 +63,7 @@ typedef struct {
     transport_req_t *sq_head, *sq_tail;
     transport_req_t *rq_head, *rq_tail;
     uint32_t send_seq, recv_seq;
+    uint64_t last_send_ns; /* for heartbeats */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -72,6 +75,7 @@ struct transport_conn {
     tcp_sock_t socks[TCP_MAX_SOCKS];
     uint64_t nsent, nrecv; /* messages posted, to pick sockets */
     uint64_t last_activity_ns;
+    uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
     int pending;           /* requests not yet complete */
     bool failed;
     loomResult_t fail_code;
@@ -97,6 +101,7 @@ struct transport_ctx {
     tcp_pending_t *pend;
     int npend, pendcap;
     uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
+    uint64_t ping_ns;        /* heartbeat interval */
     bool aborted;
     char abort_reason[TCP_ABORT_TEXT_MAX];
 };
@@ -126,6 +131,10 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     ctx->listen_fd = -1;
     ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
     ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
+    /* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
+     * "stalled": a quarter of the timeout, between 50 ms and 1 s. */
+    double ping_s = LOOM_MAX(0.05, LOOM_MIN(1.0, param_double(PARAM_TIMEOUT) / 4));
+    ctx->ping_ns = (uint64_t)(ping_s * 1e9);
     ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
     ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
     if (ctx->conns == NULL || ctx->active == NULL) {
@@ -270,9 +279,10 @@ static loomResult_t tcp_test(transport_req_t *r, int *done, uint8_t meta[TRANSPO
 {
     if (r->complete) {
         if (meta) memcpy(meta, r->hdr.meta, TRANSPORT_META_BYTES);
+        loomResult_t res = r->bad_len ? r->conn->fail_code : loomSuccess;
         free(r);
         *done = 1;
-        return loomSuccess;
+        return res;
     }
     *done = 0;
     return conn_check(r->conn);
@@ -285,7 +295,7 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
     char text[TCP_ABORT_TEXT_MAX + 1];
     size_t want = LOOM_MIN((size_t)h->len, (size_t)TCP_ABORT_TEXT_MAX);
     size_t got = LOOM_MIN(nhave, want);
-    memcpy(text, have, got);
+    if (got) memcpy(text, have, got);
     /* The rest is already on its way; give it a moment, it is only an error text. */
     uint64_t deadline = base_now_ns() + 200000000ull;
     while (got < want && base_now_ns() < deadline) {
@@ -297,80 +307,167 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
     conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, text);
 }
 
-static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+/* Finishes the head receive of a socket. */
+static void recv_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 {
-    while (s->rq_head && !c->failed) {
-        transport_req_t *r = s->rq_head;
-        const size_t H = sizeof(tcp_frame_t);
-        struct iovec iov[2];
-        int n_iov = 0;
-        if (r->done < H) {
-            iov[n_iov].iov_base = (uint8_t *)&r->hdr + r->done;
-            iov[n_iov++].iov_len = H - r->done;
-            if (r->len > 0) {
-                iov[n_iov].iov_base = r->buf;
-                iov[n_iov++].iov_len = r->len;
-            }
-        } else {
-            iov[n_iov].iov_base = r->buf + (r->done - H);
-            iov[n_iov++].iov_len = r->len - (r->done - H);
-        }
-        ssize_t n = readv(s->fd, iov, n_iov);
+    s->rq_head = r->next;
+    if (s->rq_head == NULL) s->rq_tail = NULL;
+    r->complete = true;
+    c->pending--;
+}
+
+/* Checks a complete header; returns false when the connection failed. */
+static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
+{
+    const tcp_frame_t *h = &r->hdr;
+    if (h->magic != TCP_MAGIC) {
+        conn_fail(c, loomRemoteError,
+                  "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)", c->name,
+                  h->magic, (int)(s - c->socks), s->recv_seq);
+        return false;
+    }
+    if (h->type == TCP_FRAME_ABORT) {
+        read_abort(c, s, h, NULL, 0);
+        return false;
+    }
+    if (h->type != TCP_FRAME_DATA) {
+        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->name,
+                  h->type);
+        return false;
+    }
+    if (h->seq != s->recv_seq) {
+        conn_fail(c, loomRemoteError, "malformed frame from %s: sequence %u where %u was expected",
+                  c->name, h->seq, s->recv_seq);
+        return false;
+    }
+    if (h->len > param_size(PARAM_MAX_MESSAGE)) {
+        conn_fail(c, loomRemoteError,
+                  "malformed frame from %s: %u bytes, more than LOOM_MAX_MESSAGE (frame %u)",
+                  c->name, h->len, h->seq);
+        return false;
+    }
+    if (h->len != r->len) {
+        /* Hand the request back with its metadata, so that the executor can say which
+         * operations disagree; the stream cannot be trusted after this. */
+        conn_fail(c, loomRemoteError,
+                  "%s sent a message of %u bytes where %zu were expected (frame %u): the ranks "
+                  "disagree on the operation",
+                  c->name, h->len, r->len, h->seq);
+        r->bad_len = true;
+        recv_done(c, s, r);
+        return false;
+    }
+    s->recv_seq++;
+    return true;
+}
+
+/* Reads a frame header into r->hdr. Heartbeats are consumed here. Returns 1 when a data header
+ * is complete, 0 when no more bytes are there now, -1 on failure. */
+static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, bool *progressed)
+{
+    const size_t H = sizeof(tcp_frame_t);
+    while (r->done < H) {
+        ssize_t n = recv(s->fd, (uint8_t *)&r->hdr + r->done, H - r->done, 0);
         if (n < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
                       strerror(errno));
-            return;
+            return -1;
         }
+        if (n == 0) {
+            conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
+                      c->name);
+            return -1;
+        }
+        *progressed = true;
+        c->last_activity_ns = base_now_ns();
+        r->done += (size_t)n;
+        if (r->done == H && r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING)
+            r->done = 0; /* a heartbeat: nothing to deliver */
+    }
+    return header_ok(c, s, r) ? 1 : -1;
+}
+
+static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+{
+    const size_t H = sizeof(tcp_frame_t);
+    while (s->rq_head && !c->failed) {
+        transport_req_t *r = s->rq_head;
+        if (r->done < H) {
+            int h = read_header(c, s, r, progressed);
+            if (h <= 0) return;
+        }
+        while (r->done < H + r->len) {
+            ssize_t n = recv(s->fd, r->buf + (r->done - H), r->len - (r->done - H), 0);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+                conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)",
+                          c->name, strerror(errno));
+                return;
+            }
+            if (n == 0) {
+                conn_fail(c, loomRemoteError,
+                          "connection closed by %s (the peer exited or died)", c->name);
+                return;
+            }
+            *progressed = true;
+            c->last_activity_ns = base_now_ns();
+            r->done += (size_t)n;
+        }
+        recv_done(c, s, r);
+    }
+}
+
+/* On a socket nobody reads now, consume heartbeats at its head (they prove the peer alive). */
+static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
+{
+    tcp_frame_t h;
+    for (;;) {
+        ssize_t n = recv(s->fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) {
             conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
                       c->name);
             return;
         }
-        *progressed = true;
+        if (n != (ssize_t)sizeof(h)) return;
+        if (h.magic != TCP_MAGIC) return; /* the next receive will report it */
+        if (h.type == TCP_FRAME_ABORT) {
+            recv(s->fd, &h, sizeof(h), MSG_DONTWAIT);
+            read_abort(c, s, &h, NULL, 0);
+            return;
+        }
+        if (h.type != TCP_FRAME_PING) {
+            c->last_activity_ns = base_now_ns(); /* data is waiting: the peer got this far */
+            return;
+        }
+        if (recv(s->fd, &h, sizeof(h), MSG_DONTWAIT) != (ssize_t)sizeof(h)) return;
         c->last_activity_ns = base_now_ns();
-        size_t before = r->done;
-        r->done += (size_t)n;
-        if (before < H && r->done >= H) {
-            /* The header is complete: check it before trusting what follows. */
-            const tcp_frame_t *h = &r->hdr;
-            if (h->magic != TCP_MAGIC) {
-                conn_fail(c, loomRemoteError,
-                          "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)",
-                          c->name, h->magic, (int)(s - c->socks), s->recv_seq);
-                return;
-            }
-            if (h->type == TCP_FRAME_ABORT) {
-                read_abort(c, s, h, r->buf, r->done - H);
-                return;
-            }
-            if (h->type != TCP_FRAME_DATA) {
-                conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u",
-                          c->name, h->type);
-                return;
-            }
-            if (h->seq != s->recv_seq) {
-                conn_fail(c, loomRemoteError,
-                          "malformed frame from %s: sequence %u where %u was expected", c->name,
-                          h->seq, s->recv_seq);
-                return;
-            }
-            if (h->len > param_size(PARAM_MAX_MESSAGE) || h->len != r->len) {
-                conn_fail(c, loomRemoteError,
-                          "%s sent a message of %u bytes where %zu were expected (frame %u): "
-                          "the ranks disagree on the operation",
-                          c->name, h->len, r->len, h->seq);
-                return;
-            }
-            s->recv_seq++;
+    }
+}
+
+/* Sends a heartbeat on an idle socket (only between frames, never inside one). */
+static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
+{
+    if (s->sq_head || now - s->last_send_ns < c->ctx->ping_ns) return;
+    tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_PING};
+    ssize_t n = send(s->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)sizeof(h)) {
+        s->last_send_ns = now;
+    } else if (n > 0) {
+        /* A partial header would desynchronise the stream: finish it as a frame. */
+        transport_req_t *r = calloc(1, sizeof(*r));
+        if (r == NULL) {
+            conn_fail(c, loomSystemError, "out of memory (heartbeat)");
+            return;
         }
-        if (r->done >= H + r->len) {
-            s->rq_head = r->next;
-            if (s->rq_head == NULL) s->rq_tail = NULL;
-            r->complete = true;
-            c->pending--;
-        }
+        r->conn = c;
+        r->send = true;
+        r->hdr = h;
+        r->done = (size_t)n;
+        r->complete = true; /* nobody tests it: freed when sent */
+        s->sq_head = s->sq_tail = r;
     }
 }
 
@@ -397,16 +494,23 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            /* The peer may have said why it left before closing: look for that first. */
+            int e = errno;
+            if (s->rq_head == NULL || s->rq_head->done == 0) peek_heartbeats(c, s);
             conn_fail(c, loomRemoteError, "send to %s failed: %s (the peer died?)", c->name,
-                      strerror(errno));
+                      strerror(e));
             return;
         }
         *progressed = true;
-        c->last_activity_ns = base_now_ns();
+        c->last_activity_ns = s->last_send_ns = base_now_ns();
         r->done += (size_t)n;
         if (r->done >= H + r->len) {
             s->sq_head = r->next;
             if (s->sq_head == NULL) s->sq_tail = NULL;
+            if (r->complete) {
+                free(r); /* the rest of a heartbeat */
+                continue;
+            }
             r->complete = true;
             c->pending--;
         }
@@ -526,6 +630,15 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
         if (s->sq_head) sock_progress_send(c, s, progressed);
         if (s->rq_head) sock_progress_recv(c, s, progressed);
     }
+    uint64_t now = base_now_ns();
+    for (int i = 0; i < c->nsocks && !c->failed; i++)
+        if (c->socks[i].state == SK_READY) maybe_ping(c, &c->socks[i], now);
+    if (now >= c->next_peek_ns) {
+        c->next_peek_ns = now + c->ctx->ping_ns / 4;
+        for (int i = 0; i < c->nsocks && !c->failed; i++)
+            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL)
+                peek_heartbeats(c, &c->socks[i]);
+    }
 }
 
 static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
@@ -544,7 +657,7 @@ static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
     }
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (!c->failed && (c->pending > 0 || c->nready < c->nsocks)) conn_progress(c, progressed);
+        if (!c->failed) conn_progress(c, progressed);
     }
     return loomSuccess;
 }
@@ -578,9 +691,49 @@ static uint64_t tcp_idle_ns(transport_conn_t *c, bool *pending)
     return now > c->last_activity_ns ? now - c->last_activity_ns : 0;
 }
 
+#define ABORT_GRACE_NS 250000000ull
+
+/* Before telling peers why we abort, give connections still being set up, and frames half
+ * sent, a short moment to finish: otherwise a peer that was just connecting sees only a refused
+ * connection or a truncated stream instead of the reason. */
+static void abort_grace(transport_ctx_t *ctx)
+{
+    uint64_t end = base_now_ns() + ABORT_GRACE_NS;
+    while (base_now_ns() < end) {
+        bool busy = false, prog = false;
+        if (accept_progress(ctx, &prog) != loomSuccess) break;
+        busy = ctx->npend > 0;
+        for (int i = 0; i < ctx->nactive; i++) {
+            transport_conn_t *c = ctx->active[i];
+            for (int k = 0; k < c->nsocks && !c->failed; k++) {
+                tcp_sock_t *s = &c->socks[k];
+                if (s->state == SK_HANDSHAKE) {
+                    if (hs_progress(&s->hs, &prog) != loomSuccess) {
+                        s->state = SK_CLOSED;
+                        continue;
+                    }
+                    if (s->hs.state == HS_DONE) {
+                        s->state = SK_READY;
+                        c->nready++;
+                    } else {
+                        busy = true;
+                    }
+                }
+                if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
+                    sock_progress_send(c, s, &prog);
+                    if (s->sq_head && s->sq_head->done > 0) busy = true;
+                }
+            }
+        }
+        if (!busy) break;
+        if (!prog) usleep(2000);
+    }
+}
+
 static void tcp_abort(transport_ctx_t *ctx, const char *reason)
 {
     if (ctx->aborted) return;
+    abort_grace(ctx);
     ctx->aborted = true;
     snprintf(ctx->abort_reason, sizeof(ctx->abort_reason), "%s", reason);
     size_t rl = LOOM_MIN(strlen(reason), (size_t)TCP_ABORT_TEXT_MAX);
@@ -592,7 +745,7 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
             /* Tell the peer why, unless a frame is half sent (the peer would read our header
              * as payload): then closing the socket must say it. */
             bool mid_frame = s->sq_head && s->sq_head->done > 0;
-            if (s->state == SK_READY && !mid_frame && !c->failed) {
+            if (s->state == SK_READY && !mid_frame) {
                 tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ABORT,
                                  .seq = s->send_seq, .len = (uint32_t)rl};
                 struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)reason, rl}};
@@ -612,7 +765,7 @@ static void tcp_fini(transport_ctx_t *ctx)
         transport_conn_t *c = ctx->active[i];
         for (int k = 0; k < TCP_MAX_SOCKS; k++) {
             tcp_sock_t *s = &c->socks[k];
-            if (s->fd >= 0) close(s->fd);
+            if (s->fd >= 0) sock_drain_close(s->fd);
             /* Requests still queued were abandoned by their owner with the communicator. */
             for (transport_req_t *r = s->sq_head, *n; r; r = n) {
                 n = r->next;

@@ -1,0 +1,731 @@
+/*
+ * Network-level tests: interface selection (LOOM_SOCKET_IFNAME), IPv6, listeners bound to the
+ * chosen address only, the authenticated handshake as a unit, and several sockets per peer.
+ * Loopback only. Ranks are threads of this process.
+ *
+ * Rank bodies never call ck_assert (Check's failure path is not meant for other threads); they
+ * print what went wrong and return non-zero.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "harness.h"
+#include "param.h"
+#include "sock.h"
+
+#define RCHECK(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,      \
+                    #cond);                                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            rc = 1;                                                                               \
+            goto out;                                                                             \
+        }                                                                                         \
+    } while (0)
+
+#define RCALL(call)                                                                               \
+    do {                                                                                          \
+        loomResult_t r_ = (call);                                                                 \
+        RCHECK(r_ == loomSuccess, "%s returned %d (%s): %s", #call, (int)r_,                      \
+               loomGetErrorString(r_), loomGetLastError(NULL));                                   \
+    } while (0)
+
+/* Changes a parameter for the rest of this test (each test runs in its own process unless
+ * CK_FORK=no, so tests restore what they change anyway). */
+static void set_param(const char *name, const char *value)
+{
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    param_reset_cache();
+}
+
+/* ---- A barrier that gives up, so that a failed rank cannot wedge the others ---------------- */
+
+typedef struct {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int n, count;
+    unsigned gen;
+} tbar_t;
+
+static void tbar_init(tbar_t *b, int n)
+{
+    pthread_mutex_init(&b->m, NULL);
+    pthread_cond_init(&b->c, NULL);
+    b->n = n;
+    b->count = 0;
+    b->gen = 0;
+}
+
+static int tbar_wait(tbar_t *b)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 30;
+    pthread_mutex_lock(&b->m);
+    unsigned g = b->gen;
+    if (++b->count == b->n) {
+        b->count = 0;
+        b->gen++;
+        pthread_cond_broadcast(&b->c);
+        pthread_mutex_unlock(&b->m);
+        return 0;
+    }
+    int e = 0;
+    while (g == b->gen && e != ETIMEDOUT) e = pthread_cond_timedwait(&b->c, &b->m, &dl);
+    int ok = g != b->gen;
+    pthread_mutex_unlock(&b->m);
+    return ok ? 0 : -1;
+}
+
+/* ---- A runner whose ranks make their own communicators, from a given unique id ------------ */
+
+typedef int (*raw_fn)(const loomUniqueId *id, int rank, int nranks, void *arg);
+
+typedef struct {
+    const loomUniqueId *id;
+    int rank, nranks;
+    raw_fn fn;
+    void *arg;
+    int rc;
+} raw_rank_t;
+
+static void *raw_main(void *p)
+{
+    raw_rank_t *t = p;
+    t->rc = t->fn(t->id, t->rank, t->nranks, t->arg);
+    return NULL;
+}
+
+static int run_raw(int nranks, const loomUniqueId *id, raw_fn fn, void *arg)
+{
+    raw_rank_t t[16];
+    pthread_t th[16];
+    for (int r = 0; r < nranks; r++) {
+        t[r] = (raw_rank_t){.id = id, .rank = r, .nranks = nranks, .fn = fn, .arg = arg};
+        pthread_create(&th[r], NULL, raw_main, &t[r]);
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        pthread_join(th[r], NULL);
+        if (t[r].rc) bad++;
+    }
+    return bad;
+}
+
+/* ---- What this machine has ---------------------------------------------------------------- */
+
+static bool has_ipv6_loopback(void)
+{
+    struct ifaddrs *ifs = NULL;
+    bool found = false;
+    if (getifaddrs(&ifs) != 0) return false;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || i->ifa_addr->sa_family != AF_INET6)
+            continue;
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)i->ifa_addr;
+        if (strcmp(i->ifa_name, "lo") == 0 && IN6_IS_ADDR_LOOPBACK(&s->sin6_addr)) found = true;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* An up interface with an IPv4/IPv6 address whose name does not start with "lo" (what "^lo"
+ * may pick). */
+static bool has_non_lo_interface(void)
+{
+    struct ifaddrs *ifs = NULL;
+    bool found = false;
+    if (getifaddrs(&ifs) != 0) return false;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
+        int f = i->ifa_addr->sa_family;
+        if ((f == AF_INET || f == AF_INET6) && strncmp(i->ifa_name, "lo", 2) != 0) found = true;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* A non-loopback IPv4 address of this machine, to show that a listener on 127.0.0.1 does not
+ * answer there. */
+static bool other_ipv4(struct in_addr *out)
+{
+    struct ifaddrs *ifs = NULL;
+    bool found = false;
+    if (getifaddrs(&ifs) != 0) return false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+        if (i->ifa_addr->sa_family != AF_INET) continue;
+        *out = ((const struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        found = true;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* 1 when a TCP connection to addr:port is accepted by the kernel within 2 s, else 0. */
+static int can_connect_v4(struct in_addr addr, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr = addr};
+    int ok = 0;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        ok = 1;
+    } else if (errno == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 2000) == 1) {
+            int err = 0;
+            socklen_t l = sizeof(err);
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+            ok = err == 0;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+static bool is_v4(const sock_addr_t *a, uint32_t host_order_addr)
+{
+    const struct sockaddr_in *s = (const struct sockaddr_in *)&a->sa;
+    return a->sa.ss_family == AF_INET && s->sin_addr.s_addr == htonl(host_order_addr);
+}
+
+static bool is_v6_loopback(const sock_addr_t *a)
+{
+    const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)&a->sa;
+    return a->sa.ss_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&s->sin6_addr);
+}
+
+/* ---- 1. LOOM_SOCKET_IFNAME ---------------------------------------------------------------- */
+
+START_TEST(test_ifname)
+{
+    sock_addr_t a;
+    char ifn[64];
+
+    /* A prefix that names lo. */
+    ck_assert_int_eq(sock_pick_address_spec("lo", 0, &a, ifn, sizeof(ifn)), loomSuccess);
+    ck_assert_str_eq(ifn, "lo");
+    ck_assert_msg(is_v4(&a, INADDR_LOOPBACK) || is_v6_loopback(&a), "lo gave a non-loopback");
+    ck_assert_int_eq(sock_pick_address_spec("lo", 4, &a, ifn, sizeof(ifn)), loomSuccess);
+    ck_assert_str_eq(ifn, "lo");
+    ck_assert(is_v4(&a, INADDR_LOOPBACK));
+    if (has_ipv6_loopback()) {
+        ck_assert_int_eq(sock_pick_address_spec("lo", 6, &a, ifn, sizeof(ifn)), loomSuccess);
+        ck_assert_str_eq(ifn, "lo");
+        ck_assert(is_v6_loopback(&a));
+    }
+
+    /* Exact names: "=lo" is lo, "=l" is nothing (no prefix match). */
+    ck_assert_int_eq(sock_pick_address_spec("=lo", 0, &a, ifn, sizeof(ifn)), loomSuccess);
+    ck_assert_str_eq(ifn, "lo");
+    ck_assert_int_eq(sock_pick_address_spec("=l", 0, &a, ifn, sizeof(ifn)), loomInvalidUsage);
+
+    /* A list: the entry that matches wins. */
+    ck_assert_int_eq(sock_pick_address_spec("nosuchif,=lo", 4, &a, ifn, sizeof(ifn)),
+                     loomSuccess);
+    ck_assert_str_eq(ifn, "lo");
+
+    /* Exclusion. */
+    strcpy(ifn, "unset");
+    loomResult_t r = sock_pick_address_spec("^lo", 0, &a, ifn, sizeof(ifn));
+    if (has_non_lo_interface()) {
+        ck_assert_msg(r == loomSuccess, "'^lo' found nothing: %s", base_last_error());
+        ck_assert_msg(strncmp(ifn, "lo", 2) != 0, "'^lo' picked %s", ifn);
+        ck_assert(!is_v4(&a, INADDR_LOOPBACK) && !is_v6_loopback(&a));
+    } else {
+        ck_assert_int_eq(r, loomInvalidUsage);
+    }
+
+    /* Nothing matches: invalid usage, with a text that lists what exists. */
+    ck_assert_int_eq(sock_pick_address_spec("nosuchif", 0, &a, ifn, sizeof(ifn)),
+                     loomInvalidUsage);
+    const char *e = base_last_error();
+    ck_assert_msg(strstr(e, "nosuchif") != NULL, "error does not name the spec: '%s'", e);
+    ck_assert_msg(strstr(e, "lo") != NULL, "error does not list lo: '%s'", e);
+    ck_assert_str_eq(loomGetLastError(NULL), e);
+    ck_assert_msg(strstr(loomGetLastError(NULL), "interfaces found") != NULL, "'%s'",
+                  loomGetLastError(NULL));
+
+    /* The same through the environment, as loomGetUniqueId reads it. */
+    set_param("LOOM_SOCKET_IFNAME", "nosuchif");
+    loomUniqueId id;
+    ck_assert_int_eq(loomGetUniqueId(&id), loomInvalidUsage);
+    ck_assert_msg(strstr(loomGetLastError(NULL), "lo") != NULL, "'%s'", loomGetLastError(NULL));
+    set_param("LOOM_SOCKET_IFNAME", "lo");
+}
+END_TEST
+
+/* ---- 2. IPv6 ------------------------------------------------------------------------------- */
+
+static int ipv6_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    int rc = 0;
+    loomComm_t comm = NULL;
+    enum { N = 100003 };
+    double *in = malloc(N * sizeof(double)), *out = malloc(N * sizeof(double));
+    RCHECK(in && out, "out of memory");
+    RCALL(loomCommInitRank(&comm, nranks, *id, rank));
+    for (int q = 0; q < nranks; q++) {
+        sock_addr_t a;
+        char as[SOCK_ADDR_STRLEN];
+        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a), "rank %d's handle is not an address",
+               q);
+        RCHECK(a.sa.ss_family == AF_INET6, "rank %d listens on %s, not IPv6", q,
+               sock_addr_str(&a, as, sizeof(as)));
+        RCHECK(is_v6_loopback(&a), "rank %d listens on %s, not ::1", q,
+               sock_addr_str(&a, as, sizeof(as)));
+        RCHECK(sock_addr_port(&a) > 0, "rank %d: port 0", q);
+    }
+    for (int i = 0; i < N; i++) in[i] = (double)(rank * 1000003 + i);
+    RCALL(loomAllReduce(in, out, N, loomDouble, loomSum, comm, NULL));
+    for (int i = 0; i < N; i++) {
+        double want = 1000003.0 * (nranks * (nranks - 1) / 2) + (double)nranks * i;
+        RCHECK(out[i] == want, "[%d] = %.17g, expected %.17g", i, out[i], want);
+    }
+out:
+    if (comm) loomCommDestroy(comm);
+    free(in);
+    free(out);
+    return rc;
+}
+
+START_TEST(test_ipv6)
+{
+    if (!has_ipv6_loopback()) {
+        fprintf(stderr, "test_ipv6: no ::1 on lo here; skipped\n");
+        return;
+    }
+    set_param("LOOM_SOCKET_FAMILY", "6");
+    loomUniqueId id;
+    ck_assert_msg(loomGetUniqueId(&id) == loomSuccess, "%s", loomGetLastError(NULL));
+    uid_layout_t u;
+    memcpy(&u, &id, sizeof(u));
+    sock_addr_t root;
+    ck_assert(sock_addr_unpack(u.root_addr, &root));
+    ck_assert_msg(is_v6_loopback(&root), "the bootstrap root is not on ::1");
+    ck_assert_int_eq(run_raw(3, &id, ipv6_rank, NULL), 0);
+    set_param("LOOM_SOCKET_FAMILY", NULL);
+}
+END_TEST
+
+/* ---- 3. listeners bind to the chosen address only ------------------------------------------ */
+
+typedef struct {
+    bool have_other;
+    struct in_addr other;
+} bind_arg_t;
+
+static int bind_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
+{
+    const bind_arg_t *b = arg;
+    int rc = 0;
+    loomComm_t comm = NULL;
+    char as[SOCK_ADDR_STRLEN];
+    RCALL(loomCommInitRank(&comm, nranks, *id, rank));
+    for (int q = 0; q < nranks; q++) {
+        sock_addr_t a;
+        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a), "rank %d: no address", q);
+        RCHECK(is_v4(&a, INADDR_LOOPBACK), "rank %d's data listener is %s, not 127.0.0.1", q,
+               sock_addr_str(&a, as, sizeof(as)));
+        RCHECK(sock_addr_port(&a) > 0, "rank %d: port 0", q);
+    }
+    sock_addr_t mine;
+    sock_addr_unpack(comm->peers[rank].handle[TP_TCP], &mine);
+    /* A wildcard bind would answer on every address of the machine. */
+    if (b->have_other)
+        RCHECK(!can_connect_v4(b->other, sock_addr_port(&mine)),
+               "the data listener of rank %d answers on another interface's address", rank);
+    int32_t one = 1, n = 0;
+    RCALL(loomAllReduce(&one, &n, 1, loomInt32, loomSum, comm, NULL));
+    RCHECK(n == nranks, "sum %d", n);
+out:
+    if (comm) loomCommDestroy(comm);
+    return rc;
+}
+
+START_TEST(test_bind_address)
+{
+    set_param("LOOM_SOCKET_IFNAME", "lo");
+    set_param("LOOM_SOCKET_FAMILY", NULL);
+    bind_arg_t b = {0};
+    b.have_other = other_ipv4(&b.other);
+    loomUniqueId id;
+    ck_assert_msg(loomGetUniqueId(&id) == loomSuccess, "%s", loomGetLastError(NULL));
+    uid_layout_t u;
+    memcpy(&u, &id, sizeof(u));
+    sock_addr_t root;
+    char as[SOCK_ADDR_STRLEN];
+    ck_assert(sock_addr_unpack(u.root_addr, &root));
+    ck_assert_msg(is_v4(&root, INADDR_LOOPBACK), "the bootstrap root listens on %s",
+                  sock_addr_str(&root, as, sizeof(as)));
+    ck_assert_int_gt(sock_addr_port(&root), 0);
+    /* The root answers on 127.0.0.1 (it is live) but not on the machine's other address. The
+     * probe connection closes without a handshake, which the root logs and drops. */
+    struct in_addr lo4 = {.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_msg(can_connect_v4(lo4, sock_addr_port(&root)), "the root does not answer");
+    if (b.have_other)
+        ck_assert_msg(!can_connect_v4(b.other, sock_addr_port(&root)),
+                      "the bootstrap root answers on another interface's address");
+    else
+        fprintf(stderr, "test_bind_address: no non-loopback IPv4 address; connect probe "
+                        "skipped\n");
+    ck_assert_int_eq(run_raw(3, &id, bind_rank, &b), 0);
+}
+END_TEST
+
+/* ---- 4. the handshake ---------------------------------------------------------------------- */
+
+/* The wire constants of sock.c (private there): a fake peer has to speak them. */
+#define T_MAGIC_CHALLENGE 0x4c4d4348u
+#define T_MAGIC_WELCOME 0x4c4d5745u
+#define T_VERSION 1u
+
+/* A connected loopback pair: cfd from sock_connect_start, afd from accept. */
+static void make_pair(int *cfd, int *afd, sock_addr_t *srv, sock_addr_t *cli)
+{
+    sock_addr_t lo;
+    memset(&lo, 0, sizeof(lo));
+    struct sockaddr_in *s = (struct sockaddr_in *)&lo.sa;
+    s->sin_family = AF_INET;
+    s->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    lo.len = sizeof(*s);
+    int lfd = -1;
+    ck_assert_int_eq(sock_listen(&lo, 4, &lfd, srv), loomSuccess);
+    ck_assert_int_eq(sock_connect_start(srv, cfd), loomSuccess);
+    struct pollfd p = {.fd = lfd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 2000), 1);
+    cli->len = sizeof(cli->sa);
+    *afd = accept4(lfd, (struct sockaddr *)&cli->sa, &cli->len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    ck_assert_int_ge(*afd, 0);
+    close(lfd);
+}
+
+/* Runs both ends until each is done or failed. A side that fails closes its socket, as the
+ * transport and the bootstrap do, so the other side learns of it. */
+static void drive_pair(hs_t *c, hs_t *a, loomResult_t *rc, loomResult_t *ra)
+{
+    uint64_t end = base_now_ns() + 8000000000ull;
+    bool cfin = false, afin = false;
+    *rc = *ra = loomSuccess;
+    while (!(cfin && afin) && base_now_ns() < end) {
+        bool prog = false;
+        if (!cfin) {
+            *rc = hs_progress(c, &prog);
+            if (*rc != loomSuccess) {
+                close(c->fd);
+                c->fd = -1;
+            }
+            cfin = *rc != loomSuccess || c->state == HS_DONE;
+        }
+        if (!afin) {
+            *ra = hs_progress(a, &prog);
+            if (*ra != loomSuccess) {
+                close(a->fd);
+                a->fd = -1;
+            }
+            afin = *ra != loomSuccess || a->state == HS_DONE;
+        }
+        if (!prog) {
+            struct pollfd p[2];
+            int n = 0;
+            if (!cfin) p[n++] = (struct pollfd){.fd = c->fd, .events = hs_events(c)};
+            if (!afin) p[n++] = (struct pollfd){.fd = a->fd, .events = hs_events(a)};
+            poll(p, (nfds_t)n, 20);
+        }
+    }
+    if (c->fd >= 0) close(c->fd);
+    if (a->fd >= 0) close(a->fd);
+    c->fd = a->fd = -1;
+}
+
+static const uint8_t key_a[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const uint8_t key_b[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17};
+
+START_TEST(test_handshake_ok)
+{
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    make_pair(&cfd, &afd, &srv, &cli);
+    static hs_t c, a;
+    hs_hello_t hello = {.comm_id = 0x1122334455667788ull, .from_rank = 3, .to_rank = 5,
+                        .chan = 2, .nchan = 4};
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_a), loomSuccess);
+    loomResult_t rc, ra;
+    drive_pair(&c, &a, &rc, &ra);
+    ck_assert_msg(rc == loomSuccess && c.state == HS_DONE, "connector: %d state %d: %s", (int)rc,
+                  (int)c.state, c.err);
+    ck_assert_msg(ra == loomSuccess && a.state == HS_DONE, "acceptor: %d state %d: %s", (int)ra,
+                  (int)a.state, a.err);
+    /* The acceptor learnt who is calling. */
+    ck_assert(a.hello.comm_id == hello.comm_id);
+    ck_assert_int_eq(a.hello.from_rank, 3);
+    ck_assert_int_eq(a.hello.to_rank, 5);
+    ck_assert_uint_eq(a.hello.chan, 2);
+    ck_assert_uint_eq(a.hello.nchan, 4);
+}
+END_TEST
+
+START_TEST(test_handshake_wrong_secret)
+{
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    make_pair(&cfd, &afd, &srv, &cli);
+    static hs_t c, a;
+    hs_hello_t hello = {.comm_id = 7, .from_rank = 0, .to_rank = 1, .chan = 0, .nchan = 1};
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_b), loomSuccess);
+    loomResult_t rc, ra;
+    drive_pair(&c, &a, &rc, &ra);
+    ck_assert_msg(ra != loomSuccess && a.state == HS_FAILED, "acceptor accepted a wrong secret");
+    ck_assert_msg(strstr(a.err, "authentication") != NULL, "acceptor: '%s'", a.err);
+    ck_assert_msg(rc != loomSuccess && c.state == HS_FAILED, "connector: %d state %d", (int)rc,
+                  (int)c.state);
+    ck_assert(c.err[0] != '\0');
+
+    /* A listener that skips the check and answers WELCOME without knowing the secret: the
+     * connector must refuse it on its own. */
+    make_pair(&cfd, &afd, &srv, &cli);
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    uint8_t msg[24];
+    uint32_t v = T_MAGIC_CHALLENGE;
+    memcpy(msg, &v, 4);
+    v = T_VERSION;
+    memcpy(msg + 4, &v, 4);
+    memset(msg + 8, 0x77, 16);
+    uint64_t dl = base_now_ns() + 5000000000ull;
+    ck_assert_int_eq(sock_send_all(afd, msg, sizeof(msg), dl, "fake challenge"), loomSuccess);
+    while (c.state != HS_RECV_WELCOME && c.state != HS_FAILED && base_now_ns() < dl) {
+        bool prog = false;
+        ck_assert_int_eq(hs_progress(&c, &prog), loomSuccess);
+        if (!prog) usleep(1000);
+    }
+    ck_assert_int_eq(c.state, HS_RECV_WELCOME);
+    uint8_t hello_wire[48];
+    ck_assert_int_eq(sock_recv_all(afd, hello_wire, sizeof(hello_wire), dl, "fake hello"),
+                     loomSuccess);
+    v = T_MAGIC_WELCOME;
+    memcpy(msg, &v, 4);
+    memset(msg + 4, 0, 20); /* status 0, and a MAC that proves nothing */
+    ck_assert_int_eq(sock_send_all(afd, msg, sizeof(msg), dl, "fake welcome"), loomSuccess);
+    ck_assert_int_ne(hs_run_blocking(&c), loomSuccess);
+    ck_assert_msg(strstr(c.err, "secret") != NULL, "connector: '%s'", c.err);
+    close(cfd);
+    close(afd);
+}
+END_TEST
+
+START_TEST(test_handshake_not_loom)
+{
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    static hs_t c, a;
+    hs_hello_t hello = {.comm_id = 7, .from_rank = 0, .to_rank = 1, .chan = 0, .nchan = 1};
+    uint64_t dl = base_now_ns() + 5000000000ull;
+
+    /* Connector meets an HTTP server. */
+    make_pair(&cfd, &afd, &srv, &cli);
+    static const char http[] = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n"
+                               "Content-Length: 5\r\n\r\nhello";
+    ck_assert_int_eq(sock_send_all(afd, http, sizeof(http) - 1, dl, "http reply"), loomSuccess);
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    ck_assert_int_eq(hs_run_blocking(&c), loomRemoteError);
+    ck_assert_int_eq(c.state, HS_FAILED);
+    ck_assert_msg(strstr(c.err, "not a loom peer") != NULL, "connector: '%s'", c.err);
+    close(cfd);
+    close(afd);
+
+    /* Acceptor meets an HTTP client. */
+    make_pair(&cfd, &afd, &srv, &cli);
+    static const char get[] = "GET / HTTP/1.0\r\nHost: localhost\r\nUser-Agent: loom-test\r\n"
+                              "Accept: */*\r\n\r\n";
+    ck_assert_int_eq(sock_send_all(cfd, get, sizeof(get) - 1, dl, "http request"), loomSuccess);
+    ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_a), loomSuccess);
+    loomResult_t ra = loomSuccess;
+    while (a.state != HS_FAILED && a.state != HS_DONE && base_now_ns() < dl) {
+        bool prog = false;
+        ra = hs_progress(&a, &prog);
+        if (!prog && ra == loomSuccess) usleep(1000);
+    }
+    ck_assert_int_eq(ra, loomRemoteError);
+    ck_assert_msg(strstr(a.err, "not a loom peer") != NULL, "acceptor: '%s'", a.err);
+    close(cfd);
+    close(afd);
+}
+END_TEST
+
+START_TEST(test_handshake_timeout)
+{
+    /* A peer that accepts and says nothing is dropped after LOOM_HANDSHAKE_TIMEOUT. */
+    set_param("LOOM_HANDSHAKE_TIMEOUT", "1");
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    static hs_t c;
+    hs_hello_t hello = {.comm_id = 7, .from_rank = 0, .to_rank = 1, .chan = 0, .nchan = 1};
+    make_pair(&cfd, &afd, &srv, &cli);
+    uint64_t t0 = base_now_ns();
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    ck_assert_int_eq(hs_run_blocking(&c), loomRemoteError);
+    double s = (double)(base_now_ns() - t0) * 1e-9;
+    ck_assert_msg(s >= 0.9 && s < 4, "gave up after %.2f s", s);
+    ck_assert_msg(strstr(c.err, "LOOM_HANDSHAKE_TIMEOUT") != NULL, "'%s'", c.err);
+    close(cfd);
+    close(afd);
+    set_param("LOOM_HANDSHAKE_TIMEOUT", NULL);
+}
+END_TEST
+
+/* ---- 5. several sockets per peer ----------------------------------------------------------- */
+
+#define NSOCKS 4
+
+typedef struct {
+    tbar_t bar;
+    int sockets; /* socket descriptors open in the process while all ranks were connected */
+} many_arg_t;
+
+static int count_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], target[128];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t l = readlink(path, target, sizeof(target) - 1);
+        if (l <= 0) continue;
+        target[l] = '\0';
+        if (strncmp(target, "socket:", 7) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static float many_val(int r, size_t i) { return (float)((i * 13 + (size_t)r * 7) % 1024) - 512; }
+
+static int many_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
+{
+    many_arg_t *m = arg;
+    int rc = 0;
+    loomComm_t comm = NULL;
+    const size_t n = 3u * 1024 * 1024 / sizeof(float) + 7;
+    float *in = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
+    RCHECK(in && out, "out of memory");
+    RCALL(loomCommInitRank(&comm, nranks, *id, rank));
+    RCHECK(comm->nchannels == 3, "%d channels, LOOM_NCHANNELS=3", comm->nchannels);
+    for (size_t i = 0; i < n; i++) in[i] = many_val(rank, i);
+    RCALL(loomAllReduce(in, out, n, loomFloat, loomSum, comm, NULL));
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int q = 0; q < nranks; q++) want += many_val(q, i);
+        RCHECK(out[i] == want, "[%zu] = %g, expected %g", i, (double)out[i], (double)want);
+    }
+    /* In place, a second time over the same connections. */
+    RCALL(loomAllReduce(out, out, n, loomFloat, loomSum, comm, NULL));
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int q = 0; q < nranks; q++) want += many_val(q, i);
+        want *= (float)nranks;
+        RCHECK(out[i] == want, "in place [%zu] = %g, expected %g", i, (double)out[i],
+               (double)want);
+    }
+    /* Count the sockets while every rank still holds its connections. */
+    RCHECK(tbar_wait(&m->bar) == 0, "barrier timed out");
+    if (rank == 0) m->sockets = count_sockets();
+    RCHECK(tbar_wait(&m->bar) == 0, "barrier timed out");
+out:
+    if (comm) loomCommDestroy(comm);
+    free(in);
+    free(out);
+    return rc;
+}
+
+START_TEST(test_many_sockets)
+{
+    set_param("LOOM_NSOCKS_PERPEER", "4");
+    set_param("LOOM_NCHANNELS", "3");
+    /* Same-node peers would use shared memory: force TCP, whose sockets are counted. */
+    set_param("LOOM_TRANSPORT", "tcp");
+    for (int nranks = 2; nranks <= 3; nranks++) {
+        many_arg_t m;
+        tbar_init(&m.bar, nranks);
+        m.sockets = -1;
+        loomUniqueId id;
+        ck_assert_msg(loomGetUniqueId(&id) == loomSuccess, "%s", loomGetLastError(NULL));
+        ck_assert_msg(run_raw(nranks, &id, many_rank, &m) == 0, "%d ranks", nranks);
+        /* With 2 or 3 ranks every pair is a ring neighbour: each pair's connection has NSOCKS
+         * sockets, two descriptors each (both ends live in this process). */
+        int pairs = nranks * (nranks - 1) / 2;
+        ck_assert_msg(m.sockets >= 2 * NSOCKS * pairs,
+                      "%d ranks: %d sockets open, expected at least %d", nranks, m.sockets,
+                      2 * NSOCKS * pairs);
+    }
+    set_param("LOOM_NSOCKS_PERPEER", NULL);
+    set_param("LOOM_NCHANNELS", NULL);
+    set_param("LOOM_TRANSPORT", NULL);
+}
+END_TEST
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static Suite *net_suite(void)
+{
+    Suite *s = suite_create("net");
+    struct {
+        const char *name;
+        const TTest *test;
+    } tests[] = {
+        {"ifname", test_ifname},
+        {"ipv6", test_ipv6},
+        {"bind_address", test_bind_address},
+        {"handshake_ok", test_handshake_ok},
+        {"handshake_wrong_secret", test_handshake_wrong_secret},
+        {"handshake_not_loom", test_handshake_not_loom},
+        {"handshake_timeout", test_handshake_timeout},
+        {"many_sockets", test_many_sockets},
+    };
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        TCase *tc = tcase_create(tests[i].name);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, tests[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    setenv("LOOM_SOCKET_IFNAME", "lo", 1);
+    setenv("LOOM_TIMEOUT", "10", 1);
+    unsetenv("LOOM_SOCKET_FAMILY");
+    unsetenv("LOOM_NSOCKS_PERPEER");
+    unsetenv("LOOM_NCHANNELS");
+    unsetenv("LOOM_HANDSHAKE_TIMEOUT");
+    SRunner *sr = srunner_create(net_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
