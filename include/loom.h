@@ -257,6 +257,15 @@ loomResult_t loomCommDeregister(const loomComm_t comm, void *handle);
 
 /* ---- Extensions ------------------------------------------------------------------------- */
 
+/*
+ * Creates this process's rank of a job started the way torchrun starts one: RANK, WORLD_SIZE,
+ * MASTER_ADDR and MASTER_PORT (LOCAL_RANK and LOCAL_WORLD_SIZE are not needed: loom finds the
+ * node layout itself). Rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT. The job's secret
+ * is LOOM_JOB_SECRET (any text the launcher exports to every rank); without it the rendezvous
+ * trusts whoever reaches the port first, and rank 0 logs a warning saying so.
+ */
+loomResult_t loomCommInitFromEnv(loomComm_t *comm, loomConfig_t *config);
+
 /* Per-communicator statistics. */
 typedef struct {
     uint64_t collectives;   /* operations completed */

@@ -463,8 +463,9 @@ static void usage(void)
            "[allreduce]\n"
            "  --mem host|device  buffer memory [device where a GPU is found, else host]\n"
            "  --csv FILE, --json FILE  write the results beside the table\n"
-           "Launched by another tool: set LOOM_RANK, LOOM_WORLD_SIZE and LOOM_ID_FILE (rank 0\n"
-           "writes the unique id there, the others read it).\n");
+           "Launched one process per rank: torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,\n"
+           "MASTER_PORT; LOOM_JOB_SECRET for the secret), or LOOM_RANK, LOOM_WORLD_SIZE and\n"
+           "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it).\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -559,6 +560,17 @@ int main(int argc, char **argv)
     }
     /* loom-perf's own local launch stays on loopback unless told otherwise. */
     if (o.nranks_local > 0) setenv("LOOM_SOCKET_IFNAME", "lo", 0);
+    if (o.nranks_local == 0 && getenv("RANK") && getenv("WORLD_SIZE") && getenv("MASTER_ADDR")) {
+        /* Started the way torchrun starts ranks: one process per rank. */
+        ctx_t x = {.o = &o};
+        int rank = atoi(getenv("RANK"));
+        CHECK(rank, NULL, loomCommInitFromEnv(&x.comm, NULL));
+        loomCommUserRank(x.comm, &x.rank);
+        loomCommCount(x.comm, &x.nranks);
+        int rc = run_rank(&x);
+        loomCommDestroy(x.comm);
+        return rc;
+    }
     const char *er = getenv("LOOM_RANK"), *ew = getenv("LOOM_WORLD_SIZE");
     if (o.nranks_local == 0 && er && ew) {
         int rank = atoi(er), n = atoi(ew);

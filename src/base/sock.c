@@ -207,8 +207,11 @@ loomResult_t sock_listen(const sock_addr_t *addr, int backlog, int *fdp, sock_ad
         return base_error(loomSystemError, LOG_NET, "socket() for a listener failed: %s",
                           strerror(errno));
     sock_addr_t a = *addr;
-    if (a.sa.ss_family == AF_INET) ((struct sockaddr_in *)&a.sa)->sin_port = 0;
-    else ((struct sockaddr_in6 *)&a.sa)->sin6_port = 0;
+    if (sock_addr_port(&a) != 0) {
+        /* A well-known port (MASTER_PORT) may still hold connections of a previous job. */
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    }
     if (bind(fd, (struct sockaddr *)&a.sa, a.len) != 0) {
         int e = errno;
         close(fd);

@@ -41,7 +41,7 @@ loomResult_t sock_pick_address(sock_addr_t *out, char *ifname, size_t ifname_len
 loomResult_t sock_pick_address_spec(const char *spec, int family, sock_addr_t *out, char *ifname,
                                     size_t ifname_len);
 
-/* A non-blocking listening socket on addr (port 0: any); writes the bound address. */
+/* A non-blocking listening socket on addr (its port; 0: any); writes the bound address. */
 loomResult_t sock_listen(const sock_addr_t *addr, int backlog, int *fd, sock_addr_t *bound);
 /* Starts a non-blocking connect; completion shows as POLLOUT (check with sock_connect_done). */
 loomResult_t sock_connect_start(const sock_addr_t *addr, int *fd);

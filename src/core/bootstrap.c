@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -230,28 +231,21 @@ out:
     return NULL;
 }
 
-loomResult_t boot_uid_create(loomUniqueId *id)
+/* Listens at addr (its port, or any when 0) and starts the root thread there. */
+static loomResult_t boot_root_start(const sock_addr_t *addr, const uint8_t secret[16],
+                                    uint64_t job_id, sock_addr_t *bound)
 {
-    uid_layout_t u;
-    memset(&u, 0, sizeof(u));
-    u.magic = UID_MAGIC;
-    u.version = UID_VERSION;
-    LOOM_CHECK(base_random(u.secret, sizeof(u.secret)));
-    LOOM_CHECK(base_random(&u.job_id, sizeof(u.job_id)));
-    sock_addr_t addr, bound;
-    char ifname[64];
-    LOOM_CHECK(sock_pick_address(&addr, ifname, sizeof(ifname)));
     int fd;
-    LOOM_CHECK(sock_listen(&addr, 4096, &fd, &bound));
+    LOOM_CHECK(sock_listen(addr, 4096, &fd, bound));
     boot_root_args_t *a = malloc(sizeof(*a));
     if (a == NULL) {
         close(fd);
         return base_error(loomSystemError, LOG_BOOT, "out of memory");
     }
     a->listen_fd = fd;
-    memcpy(a->secret, u.secret, 16);
-    a->job_id = u.job_id;
-    a->addr = bound;
+    memcpy(a->secret, secret, 16);
+    a->job_id = job_id;
+    a->addr = *bound;
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -264,9 +258,90 @@ loomResult_t boot_uid_create(loomUniqueId *id)
         return base_error(loomSystemError, LOG_BOOT, "pthread_create (bootstrap root): %s",
                           strerror(e));
     }
+    return loomSuccess;
+}
+
+loomResult_t boot_uid_create(loomUniqueId *id)
+{
+    uid_layout_t u;
+    memset(&u, 0, sizeof(u));
+    u.magic = UID_MAGIC;
+    u.version = UID_VERSION;
+    LOOM_CHECK(base_random(u.secret, sizeof(u.secret)));
+    LOOM_CHECK(base_random(&u.job_id, sizeof(u.job_id)));
+    sock_addr_t addr, bound;
+    char ifname[64];
+    LOOM_CHECK(sock_pick_address(&addr, ifname, sizeof(ifname)));
+    LOOM_CHECK(boot_root_start(&addr, u.secret, u.job_id, &bound));
     sock_addr_pack(&bound, u.root_addr);
     char as[SOCK_ADDR_STRLEN];
     INFO(LOG_BOOT, "unique id: root %s on %s", sock_addr_str(&bound, as, sizeof(as)), ifname);
+    memcpy(id, &u, sizeof(u));
+    return loomSuccess;
+}
+
+static bool env_int(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0') return false;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > INT32_MAX) return false;
+    *out = (int)x;
+    return true;
+}
+
+loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
+{
+    const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
+    int port = 0;
+    if (!env_int("RANK", rank) || !env_int("WORLD_SIZE", nranks) || maddr == NULL ||
+        !env_int("MASTER_PORT", &port) || port == 0 || port > 65535)
+        return base_error(loomInvalidUsage, LOG_BOOT,
+                          "init from the environment needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                          "MASTER_PORT (as torchrun sets them); found RANK=%s WORLD_SIZE=%s "
+                          "MASTER_ADDR=%s MASTER_PORT=%s",
+                          getenv("RANK") ? getenv("RANK") : "(unset)",
+                          getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)",
+                          maddr ? maddr : "(unset)", mport ? mport : "(unset)");
+    if (*rank >= *nranks)
+        return base_error(loomInvalidUsage, LOG_BOOT, "RANK=%d is not below WORLD_SIZE=%d",
+                          *rank, *nranks);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int g = getaddrinfo(maddr, mport, &hints, &res);
+    if (g != 0 || res == NULL)
+        return base_error(loomInvalidUsage, LOG_BOOT, "MASTER_ADDR=%s MASTER_PORT=%s: %s", maddr,
+                          mport, gai_strerror(g));
+    sock_addr_t root;
+    memset(&root, 0, sizeof(root));
+    memcpy(&root.sa, res->ai_addr, res->ai_addrlen);
+    root.len = res->ai_addrlen;
+    freeaddrinfo(res);
+    uid_layout_t u;
+    memset(&u, 0, sizeof(u));
+    u.magic = UID_MAGIC;
+    u.version = UID_VERSION;
+    const char *secret = param_str(PARAM_JOB_SECRET);
+    if (secret[0]) {
+        static const uint8_t zero[16];
+        base_siphash128(zero, secret, strlen(secret), u.secret);
+    } else if (*rank == 0) {
+        WARN(LOG_BOOT,
+             "no LOOM_JOB_SECRET: the rendezvous at %s:%s trusts whoever reaches it first; a "
+             "launcher should export one random value to every rank",
+             maddr, mport);
+    }
+    char ident[300];
+    int n = snprintf(ident, sizeof(ident), "%s:%s/%d", maddr, mport, *nranks);
+    u.job_id = base_hash64(ident, (size_t)n, base_hash64(u.secret, 16, 0x746f726368));
+    sock_addr_pack(&root, u.root_addr);
+    if (*rank == 0) {
+        sock_addr_t bound;
+        LOOM_CHECK(boot_root_start(&root, u.secret, u.job_id, &bound));
+        char as[SOCK_ADDR_STRLEN];
+        INFO(LOG_BOOT, "rank 0 serves the rendezvous at %s (from MASTER_ADDR/MASTER_PORT)",
+             sock_addr_str(&bound, as, sizeof(as)));
+    }
     memcpy(id, &u, sizeof(u));
     return loomSuccess;
 }

@@ -373,6 +373,15 @@ LOOM_EXPORT loomResult_t loomCommInitRankConfig(loomComm_t *out, int nranks, loo
     return loomSuccess;
 }
 
+LOOM_EXPORT loomResult_t loomCommInitFromEnv(loomComm_t *comm, loomConfig_t *config)
+{
+    base_clear_error();
+    loomUniqueId id;
+    int rank, nranks;
+    LOOM_CHECK(boot_uid_from_env(&id, &rank, &nranks));
+    return loomCommInitRankConfig(comm, nranks, id, rank, config);
+}
+
 LOOM_EXPORT loomResult_t loomCommInitRank(loomComm_t *comm, int nranks, loomUniqueId id, int rank)
 {
     return loomCommInitRankConfig(comm, nranks, id, rank, NULL);
