@@ -215,9 +215,14 @@ static void *root_main(void *arg)
             }
             done = true;
         } else if (timeout && base_now_ns() - last_join > timeout) {
-            WARN(LOG_BOOT,
-                 "bootstrap root %s gives up: %d of %d ranks joined, none for LOOM_TIMEOUT=%g s",
-                 as, joined, nranks, param_double(PARAM_TIMEOUT));
+            if (nranks < 0)
+                INFO(LOG_BOOT, "bootstrap root %s closes: no rank used this id for "
+                               "LOOM_TIMEOUT=%g s", as, param_double(PARAM_TIMEOUT));
+            else
+                WARN(LOG_BOOT,
+                     "bootstrap root %s gives up: %d of %d ranks joined, none for the last "
+                     "LOOM_TIMEOUT=%g s",
+                     as, joined, nranks, param_double(PARAM_TIMEOUT));
             break;
         }
     }

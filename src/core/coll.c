@@ -600,6 +600,7 @@ LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size
     const char *fn = "loomAlltoAll";
     size_t total = 0;
     base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &total));
     LOOM_CHECK(check_common(comm, fn, type, count, (size_t)comm->nranks, &total));
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
