@@ -13,10 +13,14 @@
  * a wrong result under some order even when schedule order happens to hide it.
  *
  * What a pass proves for a configuration: no deadlock, no message of the wrong size, no send
- * without its receive, no race between steps in flight at once (event policies), STEP_F_AVG on
- * exactly the reduction that completes each output element, and the exact expected content of
- * every output element (every rank exactly once and the right index, or the right rank's
- * element at the right place).
+ * without its receive, every two steps that touch one element (one writing) ordered by the
+ * dependencies (an element-wise proof over every order, plus race marks while steps are in
+ * flight under the concurrent policies), STEP_F_AVG on exactly the reduction that completes each
+ * output element, and the exact expected content of every output element (every rank exactly
+ * once and the right index, or the right rank's element at the right place).
+ *
+ * Knobs: SCHED_TIMES=1 prints each grid test's time; SCHED_EXTRA_SEEDS=n adds n random orders
+ * per grid case for a deeper search by hand.
  */
 #include <check.h>
 #include <stdarg.h>
@@ -134,14 +138,9 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
             for (int q = 0; q <= r; q++) sched_free(&s[q]);
             return false;
         }
-        /* The region tables only serve the builder; at 1024 ranks they would hold more memory
-         * than the schedules themselves. sched_free tolerates the NULLs. */
-        free(s[r].regions);
-        s[r].regions = NULL;
-        s[r].region_cap = s[r].region_used = 0;
-        free(s[r].readers);
-        s[r].readers = NULL;
-        s[r].readercap = s[r].nreaders = 0;
+        /* The range tables only serve the builder; at 1024 ranks they would hold more memory
+         * than the schedules themselves. */
+        sched_drop_tracking(&s[r]);
     }
     return true;
 }
@@ -478,7 +477,7 @@ static uint8_t *scratch(sim_t *m, uint64_t count)
 }
 
 /* The caller-visible sizes of one rank's buffers for this operation. */
-static void buffer_sizes(const cfg_t *c, int r, uint64_t v[2])
+static void buffer_sizes(const cfg_t *c, int r, uint64_t *v)
 {
     uint64_t n = c->count, pn = n * (uint64_t)c->p;
     switch (c->alg) {
@@ -1138,7 +1137,11 @@ static void prove_ordered(sim_t *m, int r)
             }
             for (uint64_t e = off; e < off + st->count && other < 0; e++) {
                 int32_t w = lastw[b][e];
-                if (w >= 0 && !happens_before(&h, (uint32_t)w, me)) other = w, cb = b, ce = e;
+                if (w >= 0 && !happens_before(&h, (uint32_t)w, me)) {
+                    other = w;
+                    cb = b;
+                    ce = e;
+                }
                 pool[npool] = me;
                 pool[npool + 1] = (uint32_t)rhead[b][e];
                 rhead[b][e] = (int32_t)npool;
@@ -1151,11 +1154,17 @@ static void prove_ordered(sim_t *m, int r)
             resolve(s, &b, &off);
             for (uint64_t e = off; e < off + st->count && other < 0; e++) {
                 int32_t w = lastw[b][e];
-                if (w >= 0 && w != (int32_t)me && !happens_before(&h, (uint32_t)w, me))
-                    other = w, cb = b, ce = e;
+                if (w >= 0 && w != (int32_t)me && !happens_before(&h, (uint32_t)w, me)) {
+                    other = w;
+                    cb = b;
+                    ce = e;
+                }
                 for (int32_t x = rhead[b][e]; x >= 0 && other < 0; x = (int32_t)pool[x + 1])
-                    if (pool[x] != me && !happens_before(&h, pool[x], me))
-                        other = (int32_t)pool[x], cb = b, ce = e;
+                    if (pool[x] != me && !happens_before(&h, pool[x], me)) {
+                        other = (int32_t)pool[x];
+                        cb = b;
+                        ce = e;
+                    }
                 lastw[b][e] = (int32_t)me;
                 rhead[b][e] = -1;
             }
@@ -1315,6 +1324,19 @@ static void run_case(const cfg_t *c, tally_t *t)
         if (t->failed++ == 0) snprintf(t->first, sizeof(t->first), "%s [%s]: %s", cs, ps, err);
         break;
     }
+    /* SCHED_EXTRA_SEEDS=n: n more random orders per case, for a deeper search by hand. */
+    const char *extra = getenv("SCHED_EXTRA_SEEDS");
+    for (long j = 0; extra && j < atol(extra) && t->failed == 0; j++) {
+        policy_t pol = {POL_RANDOM, 100 + (uint64_t)j, (j & 1) != 0, 0};
+        if (j % 3 == 2) pol = (policy_t){POL_EXEC, 100 + (uint64_t)j, true, slots};
+        t->runs++;
+        if (verify(c, s, &pol, VAL_VEC, err, sizeof(err))) continue;
+        char ps[80];
+        cfg_str(c, cs, sizeof(cs));
+        policy_str(&pol, ps, sizeof(ps));
+        if (t->failed < 12) fprintf(stderr, "FAIL %s [%s]: %s\n", cs, ps, err);
+        if (t->failed++ == 0) snprintf(t->first, sizeof(t->first), "%s [%s]: %s", cs, ps, err);
+    }
     /* The compact representation must agree with the exact one (it backs the scale tests). */
     policy_t order = {POL_ORDER, 0, false, 0};
     if (steps <= 40000) {
@@ -1401,6 +1423,25 @@ START_TEST(test_scale_128)
     scale_case(128, VAL_IVL, false);
     scale_case(128, VAL_IVL, true);
     scale_case(128, VAL_VEC, false); /* cross-check of the compact values */
+}
+END_TEST
+
+/* Every generator at 128 ranks, schedule order, interval values. */
+START_TEST(test_scale_all_128)
+{
+    for (int a = 0; a < ALG_COUNT; a++) {
+        bool per_rank = a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
+        cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77};
+        policy_t pol = {POL_ORDER, 0, false, 0};
+        char err[768], cs[160];
+        sched_t *s = xcalloc(128, sizeof(sched_t));
+        cfg_str(&c, cs, sizeof(cs));
+        ck_assert_msg(build_scheds(&c, s, err, sizeof(err)), "%s: %s", cs, err);
+        bool ok = verify(&c, s, &pol, VAL_IVL, err, sizeof(err));
+        free_scheds(s, 128);
+        free(s);
+        ck_assert_msg(ok, "%s: %s", cs, err);
+    }
 }
 END_TEST
 
@@ -1558,6 +1599,82 @@ START_TEST(test_broken)
 }
 END_TEST
 
+/* The builder on its own: random steps over random, unaligned ranges of three buffers (with
+ * and without an alias), as composed generators may produce. Every two conflicting steps must
+ * be ordered (the ordering proof), and every dependency recorded must be a real conflict: the
+ * builder may not serialize what could run at once. */
+static bool overlaps(const sched_t *s, uint32_t b1, uint64_t o1, uint32_t b2, uint64_t o2,
+                     uint64_t n1, uint64_t n2)
+{
+    resolve(s, &b1, &o1);
+    resolve(s, &b2, &o2);
+    return b1 == b2 && o1 < o2 + n2 && o2 < o1 + n1;
+}
+
+static bool conflict(const sched_t *s, const sched_step_t *x, const sched_step_t *y)
+{
+    bool c = false;
+    if (writes_dst(x) && writes_dst(y))
+        c |= overlaps(s, x->dst_buf, x->dst_off, y->dst_buf, y->dst_off, x->count, y->count);
+    if (writes_dst(x) && reads_src(y))
+        c |= overlaps(s, x->dst_buf, x->dst_off, y->src_buf, y->src_off, x->count, y->count);
+    if (reads_src(x) && writes_dst(y))
+        c |= overlaps(s, x->src_buf, x->src_off, y->dst_buf, y->dst_off, x->count, y->count);
+    return c;
+}
+
+START_TEST(test_builder_random)
+{
+    uint64_t rng = 0x1234567u + (uint64_t)_i * 0x9e3779b97f4a7c15ull;
+#define RND(n) (rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, rng % (uint64_t)(n))
+    sched_t s;
+    sched_init(&s, 0, 2);
+    for (int round = 0; round < 200; round++) {
+        /* reuse, as comm.c does between collectives */
+        sched_reset(&s, 0, 2);
+        bool alias = round % 2;
+        uint64_t vsize[3] = {alias ? 24 : 64, 64, 64};
+        if (alias) sched_set_alias(&s, SCHED_BUF_SEND, SCHED_BUF_RECV, 17);
+        int nsteps = 1 + (int)RND(60);
+        for (int j = 0; j < nsteps; j++) {
+            int kind = (int)RND(4);
+            uint32_t sb = (uint32_t)RND(3), db = 1 + (uint32_t)RND(2);
+            uint64_t n = 1 + RND(12);
+            uint64_t lim = vsize[sb] < vsize[db] ? vsize[sb] : vsize[db];
+            if (n > lim) n = lim;
+            uint64_t so = RND(vsize[sb] - n + 1), dof = RND(vsize[db] - n + 1);
+            switch (kind) {
+            case STEP_SEND: sched_send(&s, 0, 1, sb, so, n); break;
+            case STEP_RECV: sched_recv(&s, 0, 1, db, dof, n); break;
+            case STEP_RECV_REDUCE: sched_recv_reduce(&s, 0, 1, sb, so, db, dof, n, 0); break;
+            default: sched_copy(&s, 0, sb, so, db, dof, n, 0); break;
+            }
+        }
+        ck_assert(sched_status(&s) == loomSuccess);
+        ck_assert_int_eq(s.nsteps, nsteps);
+        for (size_t i = 0; i < s.nsteps; i++) {
+            const sched_step_t *st = &s.steps[i];
+            for (uint32_t j = 0; j < st->ndeps; j++) {
+                uint32_t d = s.deps[st->dep_first + j];
+                char a[200], b[200];
+                step_str(st, i, a, sizeof(a));
+                step_str(&s.steps[d < s.nsteps ? d : 0], d, b, sizeof(b));
+                ck_assert_msg(d < i && conflict(&s, &s.steps[d], st),
+                              "round %d: %s depends on %s without a conflict", round, a, b);
+            }
+        }
+        sim_t m = {.p = 1};
+        rank_t k = {.s = &s};
+        memcpy(k.vsize, vsize, sizeof(vsize));
+        m.rk = &k;
+        prove_ordered(&m, 0);
+        ck_assert_msg(!m.failed, "round %d%s: %s", round, alias ? " (alias)" : "", m.err);
+    }
+#undef RND
+    sched_free(&s);
+}
+END_TEST
+
 /* The interval values refuse what they cannot represent exactly. */
 START_TEST(test_interval_values)
 {
@@ -1602,6 +1719,7 @@ static Suite *sched_suite(void)
     TCase *chk = tcase_create("checker");
     tcase_add_loop_test(chk, test_broken, 0, BREAK_COUNT);
     tcase_add_test(chk, test_interval_values);
+    tcase_add_loop_test(chk, test_builder_random, 0, 20);
     suite_add_tcase(s, chk);
 
     TCase *grid = tcase_create("grid");
@@ -1612,6 +1730,7 @@ static Suite *sched_suite(void)
     TCase *scale = tcase_create("scale");
     tcase_set_timeout(scale, 120);
     tcase_add_test(scale, test_scale_128);
+    tcase_add_test(scale, test_scale_all_128);
     tcase_add_test(scale, test_scale_512);
     tcase_add_test(scale, test_scale_1024);
     suite_add_tcase(s, scale);

@@ -6,12 +6,17 @@
 
 #include "base.h"
 
-struct sched_region_slot {
-    uint32_t buf;
-    uint32_t used;
-    int64_t off;
+/* One interval of a buffer: who wrote it last, and who read it since. */
+typedef struct {
+    int64_t start, end;
     int64_t last_writer; /* step index, -1: none */
-    int64_t readers;     /* head of a list in s->readers (pairs: step, next), -1: none */
+    int64_t readers;     /* head of a list in s->readers, -1: none */
+} sched_ival_t;
+
+/* Disjoint intervals sorted by start; only ranges that steps touched are present. */
+struct sched_imap {
+    sched_ival_t *iv;
+    size_t n, cap;
 };
 
 void sched_init(sched_t *s, int rank, int nranks)
@@ -31,8 +36,7 @@ void sched_reset(sched_t *s, int rank, int nranks)
     s->tmp_elems = 0;
     s->alias_from = s->alias_to = 0;
     s->alias_delta = 0;
-    if (s->regions) memset(s->regions, 0, s->region_cap * sizeof(*s->regions));
-    s->region_used = 0;
+    for (size_t i = 0; i < s->nimaps; i++) s->imaps[i].n = 0;
     s->nreaders = 0;
     s->oom = false;
 }
@@ -42,12 +46,24 @@ void sched_free(sched_t *s)
     free(s->steps);
     free(s->deps);
     free(s->descs);
-    free(s->regions);
+    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].iv);
+    free(s->imaps);
     free(s->readers);
     memset(s, 0, sizeof(*s));
 }
 
 uint32_t sched_add_buf(sched_t *s) { return s->nbufs++; }
+
+void sched_drop_tracking(sched_t *s)
+{
+    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].iv);
+    free(s->imaps);
+    s->imaps = NULL;
+    s->nimaps = 0;
+    free(s->readers);
+    s->readers = NULL;
+    s->readercap = s->nreaders = 0;
+}
 
 void sched_set_alias(sched_t *s, uint32_t from, uint32_t to, int64_t delta)
 {
@@ -86,53 +102,6 @@ loomResult_t sched_status(const sched_t *s)
     return loomSuccess;
 }
 
-static uint64_t region_hash(uint32_t buf, int64_t off)
-{
-    uint64_t h = (uint64_t)off * 0x9e3779b97f4a7c15ull ^ ((uint64_t)buf << 48);
-    return h ^ (h >> 29);
-}
-
-static bool region_rehash(sched_t *s)
-{
-    size_t ncap = s->region_cap ? s->region_cap * 2 : 256;
-    sched_region_slot_t *n = calloc(ncap, sizeof(*n));
-    if (n == NULL) return false;
-    for (size_t i = 0; i < s->region_cap; i++) {
-        sched_region_slot_t *o = &s->regions[i];
-        if (!o->used) continue;
-        size_t h = region_hash(o->buf, o->off) & (ncap - 1);
-        while (n[h].used) h = (h + 1) & (ncap - 1);
-        n[h] = *o;
-    }
-    free(s->regions);
-    s->regions = n;
-    s->region_cap = ncap;
-    return true;
-}
-
-static sched_region_slot_t *region_get(sched_t *s, uint32_t buf, uint64_t off)
-{
-    int64_t o = (int64_t)off;
-    if (buf == s->alias_from && s->alias_from != s->alias_to) {
-        buf = s->alias_to;
-        o += s->alias_delta;
-    }
-    if ((s->region_used + 1) * 2 > s->region_cap && !region_rehash(s)) return NULL;
-    size_t h = region_hash(buf, o) & (s->region_cap - 1);
-    while (s->regions[h].used) {
-        if (s->regions[h].buf == buf && s->regions[h].off == o) return &s->regions[h];
-        h = (h + 1) & (s->region_cap - 1);
-    }
-    sched_region_slot_t *r = &s->regions[h];
-    r->used = 1;
-    r->buf = buf;
-    r->off = o;
-    r->last_writer = -1;
-    r->readers = -1;
-    s->region_used++;
-    return r;
-}
-
 static void add_dep(sched_t *s, sched_step_t *st, int64_t dep)
 {
     if (dep < 0) return;
@@ -146,33 +115,151 @@ static void add_dep(sched_t *s, sched_step_t *st, int64_t dep)
     st->ndeps++;
 }
 
-static void region_read(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off)
+static sched_imap_t *imap_of(sched_t *s, uint32_t buf)
 {
-    sched_region_slot_t *r = region_get(s, buf, off);
-    if (r == NULL || !grow((void **)&s->readers, &s->readercap, s->nreaders + 2,
-                           sizeof(uint32_t))) {
+    if (buf >= s->nimaps) {
+        size_t n = LOOM_MAX((size_t)buf + 1, s->nimaps * 2);
+        sched_imap_t *m = realloc(s->imaps, n * sizeof(*m));
+        if (m == NULL) return NULL;
+        memset(m + s->nimaps, 0, (n - s->nimaps) * sizeof(*m));
+        s->imaps = m;
+        s->nimaps = n;
+    }
+    return &s->imaps[buf];
+}
+
+/* Copies a reader list (intervals that split share their history). */
+static int64_t readers_copy(sched_t *s, int64_t head)
+{
+    int64_t out = -1;
+    for (int64_t i = head; i >= 0; i = (int32_t)s->readers[i + 1]) {
+        if (!grow((void **)&s->readers, &s->readercap, s->nreaders + 2, sizeof(uint32_t))) {
+            s->oom = true;
+            return out;
+        }
+        s->readers[s->nreaders] = s->readers[i];
+        s->readers[s->nreaders + 1] = (uint32_t)out;
+        out = (int64_t)s->nreaders;
+        s->nreaders += 2;
+    }
+    return out;
+}
+
+/* Index of the first interval with end > x. */
+static size_t imap_find(const sched_imap_t *m, int64_t x)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->iv[mid].end <= x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static bool imap_insert(sched_t *s, sched_imap_t *m, size_t at, sched_ival_t v)
+{
+    if (!grow((void **)&m->iv, &m->cap, m->n + 1, sizeof(*m->iv))) {
+        s->oom = true;
+        return false;
+    }
+    memmove(m->iv + at + 1, m->iv + at, (m->n - at) * sizeof(*m->iv));
+    m->iv[at] = v;
+    m->n++;
+    return true;
+}
+
+/* Makes [a, b) exactly covered by intervals (splitting and filling gaps); returns the index of
+ * the first one, and in *last one past the final one. */
+static size_t imap_cover(sched_t *s, sched_imap_t *m, int64_t a, int64_t b, size_t *last)
+{
+    size_t i = imap_find(m, a);
+    int64_t x = a;
+    size_t first = i;
+    while (x < b && !s->oom) {
+        if (i == m->n || m->iv[i].start >= b) {
+            sched_ival_t v = {x, b, -1, -1};
+            imap_insert(s, m, i, v);
+            i++;
+            break;
+        }
+        sched_ival_t *iv = &m->iv[i];
+        if (iv->start > x) { /* a gap before this interval */
+            sched_ival_t v = {x, iv->start, -1, -1};
+            if (!imap_insert(s, m, i, v)) break;
+            x = m->iv[i].end;
+            i++;
+            continue;
+        }
+        if (iv->start < x) { /* split off the part before a */
+            sched_ival_t left = *iv;
+            left.end = x;
+            m->iv[i].start = x;
+            m->iv[i].readers = readers_copy(s, left.readers);
+            if (!imap_insert(s, m, i, left)) break;
+            i++;
+            if (i == first + 1) first = i;
+            continue;
+        }
+        if (iv->end > b) { /* split off the part after b */
+            sched_ival_t right = *iv;
+            right.start = b;
+            right.readers = readers_copy(s, iv->readers);
+            m->iv[i].end = b;
+            if (!imap_insert(s, m, i + 1, right)) break;
+        }
+        x = m->iv[i].end;
+        i++;
+    }
+    *last = i;
+    return imap_find(m, a);
+}
+
+static void region_access(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off,
+                          bool write)
+{
+    int64_t a = (int64_t)off;
+    if (buf == s->alias_from && s->alias_from != s->alias_to) {
+        buf = s->alias_to;
+        a += s->alias_delta;
+    }
+    int64_t b = a + (int64_t)st->count;
+    sched_imap_t *m = imap_of(s, buf);
+    if (m == NULL) {
         s->oom = true;
         return;
     }
-    add_dep(s, st, r->last_writer);
-    s->readers[s->nreaders] = (uint32_t)idx;
-    s->readers[s->nreaders + 1] = (uint32_t)r->readers;
-    r->readers = (int64_t)s->nreaders;
-    s->nreaders += 2;
+    size_t last;
+    size_t i = imap_cover(s, m, a, b, &last);
+    for (; i < m->n && m->iv[i].start < b && !s->oom; i++) {
+        sched_ival_t *iv = &m->iv[i];
+        add_dep(s, st, iv->last_writer);
+        if (write) {
+            for (int64_t r = iv->readers; r >= 0; r = (int32_t)s->readers[r + 1])
+                if ((int64_t)s->readers[r] != idx) add_dep(s, st, s->readers[r]);
+            iv->readers = -1;
+            iv->last_writer = idx;
+        } else {
+            if (!grow((void **)&s->readers, &s->readercap, s->nreaders + 2, sizeof(uint32_t))) {
+                s->oom = true;
+                return;
+            }
+            s->readers[s->nreaders] = (uint32_t)idx;
+            s->readers[s->nreaders + 1] = (uint32_t)iv->readers;
+            iv->readers = (int64_t)s->nreaders;
+            s->nreaders += 2;
+        }
+    }
+}
+
+static void region_read(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off)
+{
+    region_access(s, st, idx, buf, off, false);
 }
 
 static void region_write(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off)
 {
-    sched_region_slot_t *r = region_get(s, buf, off);
-    if (r == NULL) {
-        s->oom = true;
-        return;
-    }
-    add_dep(s, st, r->last_writer);
-    for (int64_t i = r->readers; i >= 0; i = (int32_t)s->readers[i + 1])
-        if ((int64_t)s->readers[i] != idx) add_dep(s, st, s->readers[i]);
-    r->readers = -1;
-    r->last_writer = idx;
+    region_access(s, st, idx, buf, off, true);
 }
 
 static void add_step(sched_t *s, sched_step_t st, bool reads, bool writes)

@@ -5,9 +5,10 @@
  *
  * Buffers are named by small integers (SCHED_BUF_SEND, SCHED_BUF_RECV, SCHED_BUF_TMP, then any
  * added with sched_add_buf); offsets and counts are in elements. The builder derives each step's
- * dependencies from the regions it reads and writes (read after write, write after read, write
- * after write), keyed by (buffer, start offset): generators cut every buffer into fixed slices
- * that start at the same offsets whenever a region is touched again, which makes the key exact.
+ * dependencies from the element ranges it reads and writes (read after write, write after read,
+ * write after write), with an interval map per buffer, so that generators composed one after
+ * another (a node-local phase, then a cross-node one on part of the same buffer) may slice the
+ * buffer differently and still get exact dependencies.
  *
  * Matching: the k-th send from rank a to rank b meets the k-th receive of b from a. A generator
  * must emit them in the same order on both sides; the symbolic checker (tests) proves it.
@@ -71,7 +72,7 @@ typedef struct {
     uint64_t seq;  /* collective sequence number, or per-pair p2p sequence */
 } sched_desc_t;
 
-typedef struct sched_region_slot sched_region_slot_t;
+typedef struct sched_imap sched_imap_t;
 
 typedef struct {
     int rank, nranks;
@@ -87,10 +88,10 @@ typedef struct {
      * x + alias_delta (alias_from == alias_to means none). */
     uint32_t alias_from, alias_to;
     int64_t alias_delta;
-    /* region tracking used while building */
-    sched_region_slot_t *regions;
-    size_t region_cap, region_used;
-    uint32_t *readers; /* pool of reader lists */
+    /* range tracking used while building: one interval map per buffer */
+    sched_imap_t *imaps;
+    size_t nimaps;
+    uint32_t *readers; /* pool of reader lists: (step, next) pairs */
     size_t nreaders, readercap;
     bool oom;
 } sched_t;
@@ -100,6 +101,8 @@ void sched_free(sched_t *s);
 /* Forget all steps, keep the allocations (for reuse). */
 void sched_reset(sched_t *s, int rank, int nranks);
 uint32_t sched_add_buf(sched_t *s);
+/* Frees what only building needs (the range tables); the steps stay valid. */
+void sched_drop_tracking(sched_t *s);
 void sched_set_alias(sched_t *s, uint32_t from, uint32_t to, int64_t delta);
 /* Adds an operation descriptor; returns its index. */
 uint16_t sched_add_desc(sched_t *s, const sched_desc_t *d);
@@ -115,8 +118,7 @@ void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, u
 loomResult_t sched_status(const sched_t *s);
 
 /* Cuts [0, len) into fixed slices of `slice` elements starting at 0: the number of slices, and
- * the offset and length of slice j. Every generator slices with these, so that regions touched
- * twice start at the same offsets. */
+ * the offset and length of slice j. */
 static inline uint64_t sched_nslices(uint64_t len, uint64_t slice)
 {
     return len == 0 ? 0 : (len + slice - 1) / slice;

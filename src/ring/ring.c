@@ -16,6 +16,20 @@
 
 static inline int mod(int a, int p) { return ((a % p) + p) % p; }
 
+/* The whole communicator as a group. */
+static ring_group_t whole(const sched_t *s)
+{
+    ring_group_t g = {.n = s->nranks, .me = s->rank, .ranks = NULL};
+    return g;
+}
+
+/* Global rank of group member i (any integer: taken modulo the group size). */
+static inline int g_rank(const ring_group_t *g, int i)
+{
+    int k = mod(i, g->n);
+    return g->ranks ? g->ranks[k] : k;
+}
+
 /* Offset and length of chunk k of channel c, when a region of `len` elements at `base` is split
  * first into channels, then each channel part into `nchunks` chunks. */
 typedef struct {
@@ -52,32 +66,44 @@ static int nchannels_for(uint64_t count, const ring_params_t *prm, int p)
     return (int)LOOM_MIN((uint64_t)prm->nchannels, useful);
 }
 
-void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm0,
+void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
                     bool inplace, bool avg)
 {
-    int p = s->nranks, r = s->rank;
+    ring_group_t g = whole(s);
+    ring_allreduce_region(s, desc, &g, SCHED_BUF_SEND, SCHED_BUF_RECV, 0, count, prm, inplace,
+                          avg);
+}
+
+void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                           uint32_t out_buf, uint64_t base, uint64_t count,
+                           const ring_params_t *prm0, bool inplace, bool avg)
+{
+    int p = g->n, r = g->me;
     if (count == 0) return;
     if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+        /* One rank: its value is the result (an average over one rank is itself). */
+        if (!inplace) sched_copy(s, desc, in_buf, base, out_buf, base, count, 0);
         return;
     }
     ring_params_t prm = *prm0;
     prm.nchannels = nchannels_for(count, prm0, p);
-    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    int next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t S = max_slices(count, &prm, p), sl = prm.slice_elems;
     /* Reduce-scatter: step k sends chunk r-k and reduces chunk r-k-1 into the output; the last
      * reduction (k = p-2) completes chunk r+1, which this rank then owns. */
     for (int k = 0; k < p - 1; k++) {
         int sc = mod(r - k, p), rc = mod(r - k - 1, p);
-        uint32_t sbuf = k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV;
+        uint32_t sbuf = k == 0 ? in_buf : out_buf;
         uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
         for (uint64_t j = 0; j < S; j++) {
             for (int c = 0; c < prm.nchannels; c++) {
                 span_t a = chunk_span(count, prm.nchannels, c, p, sc);
                 span_t b = chunk_span(count, prm.nchannels, c, p, rc);
+                a.off += base;
+                b.off += base;
                 sched_send(s, desc, next, sbuf, a.off + j * sl, sched_slice_len(a.len, sl, j));
-                sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, b.off + j * sl, SCHED_BUF_RECV,
-                                  b.off + j * sl, sched_slice_len(b.len, sl, j), flags);
+                sched_recv_reduce(s, desc, prev, in_buf, b.off + j * sl, out_buf, b.off + j * sl,
+                                  sched_slice_len(b.len, sl, j), flags);
             }
         }
     }
@@ -88,10 +114,10 @@ void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params
             for (int c = 0; c < prm.nchannels; c++) {
                 span_t a = chunk_span(count, prm.nchannels, c, p, sc);
                 span_t b = chunk_span(count, prm.nchannels, c, p, rc);
-                sched_send(s, desc, next, SCHED_BUF_RECV, a.off + j * sl,
-                           sched_slice_len(a.len, sl, j));
-                sched_recv(s, desc, prev, SCHED_BUF_RECV, b.off + j * sl,
-                           sched_slice_len(b.len, sl, j));
+                a.off += base;
+                b.off += base;
+                sched_send(s, desc, next, out_buf, a.off + j * sl, sched_slice_len(a.len, sl, j));
+                sched_recv(s, desc, prev, out_buf, b.off + j * sl, sched_slice_len(b.len, sl, j));
             }
         }
     }
@@ -168,9 +194,16 @@ void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *
 void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root,
                     const ring_params_t *prm, bool inplace)
 {
-    int p = s->nranks, r = s->rank;
+    ring_group_t g = whole(s);
+    ring_broadcast_group(s, desc, &g, count, root, prm, inplace);
+}
+
+void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count,
+                          int root, const ring_params_t *prm, bool inplace)
+{
+    int p = g->n, r = g->me;
     if (count == 0) return;
-    int pos = mod(r - root, p), next = mod(r + 1, p), prev = mod(r - 1, p);
+    int pos = mod(r - root, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
     for (uint64_t j = 0; j < S; j++) {
         uint64_t len = sched_slice_len(count, sl, j), o = j * sl;
@@ -187,14 +220,21 @@ void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root,
 void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                  bool inplace, bool avg)
 {
-    int p = s->nranks, r = s->rank;
+    ring_group_t g = whole(s);
+    ring_reduce_group(s, desc, &g, count, root, prm, inplace, avg);
+}
+
+void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count, int root,
+                       const ring_params_t *prm, bool inplace, bool avg)
+{
+    int p = g->n, r = g->me;
     if (count == 0) return;
     if (p == 1) {
         if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
         return;
     }
     /* The chain starts after the root and ends at it. */
-    int pos = mod(r - root - 1, p), next = mod(r + 1, p), prev = mod(r - 1, p);
+    int pos = mod(r - root - 1, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
     if (pos > 0 && pos < p - 1) s->tmp_elems = count;
     for (uint64_t j = 0; j < S; j++) {
