@@ -114,8 +114,11 @@ static double input_value(int type, int op, int r, size_t i, int p)
         /* at most one rank contributes 2 or -1 per element: products stay tiny */
         return ((size_t)r == i % (size_t)p) ? ((i / (size_t)p) % 3 == 0 ? -1 : 2) : 1;
     case loomMax:
-    case loomMin:
-        return (double)((int)((i * 7 + (size_t)r * 13) % 31) - 15);
+    case loomMin: {
+        int v = (int)((i * 7 + (size_t)r * 13) % 31);
+        bool is_unsigned = type == loomUint8 || type == loomUint32 || type == loomUint64;
+        return is_unsigned ? v : v - 15;
+    }
     default: {
         int span = (type == loomHalf || type == loomBfloat16 || type == loomInt8 ||
                     type == loomUint8) ? 3 : 17;

@@ -294,6 +294,45 @@ START_TEST(mixed_sequence)
 }
 END_TEST
 
+/* Hierarchical and parameter-server allreduce over pretend nodes (LOOM_NODE_ID lists a node
+ * name per rank), uneven layouts included: every type and op, in place and out of place. */
+static int algo_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)arg;
+    size_t counts[] = {0, 1, (size_t)p - 1, (size_t)p, (size_t)p + 1, 5003};
+    int bad = 0;
+    for (int t = 0; t < loomNumTypes; t++)
+        for (int op = 0; op < 6; op++)
+            for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+                for (int ip = 0; ip < 2; ip++) {
+                    bad += one_case(comm, r, p, C_ALLREDUCE, t, op, counts[k], ip, 0);
+                    if (bad > 5) return bad;
+                }
+    return bad;
+}
+
+START_TEST(hier_algos)
+{
+    static const char *algos[] = {"hier", "hier_leader", "ps", "ring"};
+    static const struct {
+        int p;
+        const char *nodes;
+    } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"}, {6, "a,a,a,b,c,c"}, {3, "a,b,c"}};
+    small_slices();
+    for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
+        setenv("LOOM_ALGO", algos[_i], 1);
+        setenv("LOOM_NODE_ID", layouts[l].nodes, 1);
+        param_reset_cache();
+        int bad = h_run_threads(layouts[l].p, algo_rank, NULL);
+        ck_assert_msg(bad == 0, "LOOM_ALGO=%s, nodes %s: %d ranks saw wrong results", algos[_i],
+                      layouts[l].nodes, bad);
+    }
+    unsetenv("LOOM_ALGO");
+    unsetenv("LOOM_NODE_ID");
+    param_reset_cache();
+}
+END_TEST
+
 int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 0);
@@ -304,6 +343,7 @@ int main(void)
     tcase_add_loop_test(tc, grid_moving, 0, 7);
     tcase_add_loop_test(tc, big_counts, 0, 3);
     tcase_add_test(tc, mixed_sequence);
+    tcase_add_loop_test(tc, hier_algos, 0, 4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

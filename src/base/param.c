@@ -40,7 +40,8 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "50", "us",
                        "how long a waiting call polls without sleeping before it blocks"},
     [PARAM_NODE_ID] = {"NODE_ID", PARAM_T_STR, "", "",
-                       "override this rank's node identity (default host name + boot id + netns)"},
+                       "override this rank's node identity (default host name + boot id + netns); a "
+                       "comma-separated list gives rank r the r-th name"},
     [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
                           "job secret for launches without a unique id (any text)"},
 };

@@ -74,6 +74,14 @@ typedef struct {
 
 typedef struct sched_imap sched_imap_t;
 
+/* Where ranks live, for algorithms that use nodes. */
+typedef struct {
+    int nnodes;
+    const int *node_of;    /* [nranks] node index of each rank */
+    const int *node_start; /* [nnodes + 1] where each node's ranks start in node_ranks */
+    const int *node_ranks; /* the ranks of node 0, then node 1, ..., each in ascending order */
+} sched_topo_t;
+
 typedef struct {
     int rank, nranks;
     uint32_t nbufs;

@@ -14,6 +14,7 @@
 
 #include "comm.h"
 #include "param.h"
+#include "hier.h"
 #include "ring.h"
 
 #define OP_PREMUL_CODE 5
@@ -237,11 +238,20 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     ring_params_t prm = ring_params(comm, o->type);
     bool inplace = false;
     switch (o->kind) {
-    case OPK_ALLREDUCE:
+    case OPK_ALLREDUCE: {
         inplace = send == recv;
         if (inplace) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-        ring_allreduce(s, di, o->count, &prm, inplace, avg);
+        sched_topo_t topo = comm_topo(comm);
+        switch (comm_pick_allreduce(comm, o->count * es)) {
+        case ALGO_HIER: hier_allreduce(s, di, &topo, o->count, &prm, inplace, avg); break;
+        case ALGO_HIER_LEADER:
+            hier_leader_allreduce(s, di, &topo, o->count, &prm, inplace, avg);
+            break;
+        case ALGO_PS: ps_allreduce(s, di, o->count, &prm, inplace, avg); break;
+        default: ring_allreduce(s, di, o->count, &prm, inplace, avg); break;
+        }
         break;
+    }
     case OPK_BROADCAST:
         inplace = r != o->root || send == recv;
         if (r == o->root && send == recv) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);

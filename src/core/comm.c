@@ -126,6 +126,8 @@ loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link)
     return loomSuccess;
 }
 
+static loomResult_t parse_algo(int *algo);
+
 static void comm_free(loomComm_t comm)
 {
     if (comm == NULL) return;
@@ -137,6 +139,9 @@ static void comm_free(loomComm_t comm)
     free(comm->staging);
     free(comm->peers);
     free(comm->links);
+    free(comm->node_of);
+    free(comm->node_start);
+    free(comm->node_ranks);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     pthread_mutex_destroy(&comm->lock);
@@ -179,6 +184,11 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     snprintf(c->name, sizeof(c->name), "%s",
              cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->sched, rank, nranks);
+    loomResult_t ar = parse_algo(&c->algo);
+    if (ar != loomSuccess) {
+        comm_free(c);
+        return ar;
+    }
     *out = c;
     return loomSuccess;
 }
@@ -244,27 +254,102 @@ static loomResult_t comm_start_transport(loomComm_t comm,
     return loomSuccess;
 }
 
-/* Node layout from the peers' node identities. */
-static void comm_layout(loomComm_t comm)
+/* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
+static loomResult_t comm_layout(loomComm_t comm)
 {
+    int p = comm->nranks;
+    free(comm->node_of);
+    free(comm->node_start);
+    free(comm->node_ranks);
+    comm->node_of = malloc((size_t)p * sizeof(int));
+    comm->node_start = calloc((size_t)p + 1, sizeof(int));
+    comm->node_ranks = malloc((size_t)p * sizeof(int));
+    if (!comm->node_of || !comm->node_start || !comm->node_ranks)
+        return base_error(loomSystemError, LOG_INIT, "out of memory (layout)");
     int nnodes = 0;
+    for (int r = 0; r < p; r++) {
+        int n = -1;
+        for (int q = 0; q < r && n < 0; q++)
+            if (comm->peers[q].node_hash == comm->peers[r].node_hash) n = comm->node_of[q];
+        comm->node_of[r] = n >= 0 ? n : nnodes++;
+    }
+    int *count = comm->node_start + 1;
+    for (int r = 0; r < p; r++) count[comm->node_of[r]]++;
+    for (int n = 0; n < nnodes; n++) comm->node_start[n + 1] += comm->node_start[n];
+    int *fill = calloc((size_t)nnodes, sizeof(int));
+    if (fill == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (layout)");
+    for (int r = 0; r < p; r++) {
+        int n = comm->node_of[r];
+        comm->node_ranks[comm->node_start[n] + fill[n]++] = r;
+    }
+    free(fill);
+    comm->nnodes = nnodes;
+    comm->node = comm->node_of[comm->rank];
+    comm->local_size = comm->node_start[comm->node + 1] - comm->node_start[comm->node];
     comm->local_rank = 0;
-    comm->local_size = 0;
-    uint64_t mine = comm->peers[comm->rank].node_hash;
-    for (int r = 0; r < comm->nranks; r++) {
-        bool first = true;
-        for (int q = 0; q < r; q++)
-            if (comm->peers[q].node_hash == comm->peers[r].node_hash) first = false;
-        if (first) {
-            if (comm->peers[r].node_hash == mine) comm->node = nnodes;
-            nnodes++;
-        }
-        if (comm->peers[r].node_hash == mine) {
-            if (r < comm->rank) comm->local_rank++;
-            comm->local_size++;
+    while (comm->node_ranks[comm->node_start[comm->node] + comm->local_rank] != comm->rank)
+        comm->local_rank++;
+    if (comm->rank == 0 && log_enabled(LOG_INFO, LOG_INIT)) {
+        char line[512];
+        for (int n = 0; n < nnodes; n++) {
+            int o = snprintf(line, sizeof(line), "node %d (%s): ranks", n,
+                             comm->peers[comm->node_ranks[comm->node_start[n]]].host);
+            for (int i = comm->node_start[n]; i < comm->node_start[n + 1] && o < 480; i++)
+                o += snprintf(line + o, sizeof(line) - (size_t)o, " %d", comm->node_ranks[i]);
+            INFO(LOG_INIT, "layout: %s", line);
         }
     }
-    comm->nnodes = nnodes;
+    return loomSuccess;
+}
+
+sched_topo_t comm_topo(loomComm_t comm)
+{
+    sched_topo_t t = {.nnodes = comm->nnodes, .node_of = comm->node_of,
+                      .node_start = comm->node_start, .node_ranks = comm->node_ranks};
+    return t;
+}
+
+const char *const algo_names[ALGO_COUNT] = {"ring", "hier", "hier_leader", "ps"};
+
+static loomResult_t parse_algo(int *algo)
+{
+    const char *a = param_str(PARAM_ALGO);
+    *algo = ALGO_AUTO;
+    if (a[0] == '\0') return loomSuccess;
+    for (int i = 0; i < ALGO_COUNT; i++)
+        if (strcmp(a, algo_names[i]) == 0) {
+            *algo = i;
+            return loomSuccess;
+        }
+    return base_error(loomInvalidUsage, LOG_INIT,
+                      "LOOM_ALGO=%s: unknown algorithm (ring, hier, hier_leader, ps)", a);
+}
+
+/*
+ * The alpha-beta model: a step costs the slowest link's latency, a byte its inverse bandwidth,
+ * from the transports' hints. A flat ring crosses nodes on every step once there are several;
+ * the hierarchy pays node-local steps at the fast link's price and only 2(n-1)/n of the buffer
+ * on each node's network link.
+ */
+int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
+{
+    if (comm->algo != ALGO_AUTO) return comm->algo;
+    if (comm->nnodes <= 1) return ALGO_RING;
+    const transport_ops_t *net = comm->tp[TP_TCP].ops ? comm->tp[TP_TCP].ops : &transport_tcp;
+    const transport_ops_t *loc = comm->tp[TP_SHM].ops ? comm->tp[TP_SHM].ops : net;
+    double a_net = net->latency_us * 1e-6, b_net = 1.0 / (net->bw_GBps * 1e9);
+    double a_loc = loc->latency_us * 1e-6, b_loc = 1.0 / (loc->bw_GBps * 1e9);
+    double p = comm->nranks, n = comm->nnodes, g = (double)comm->nranks / comm->nnodes;
+    double nb = (double)bytes;
+    double ring = 2 * (p - 1) * a_net + 2 * (p - 1) / p * nb * b_net;
+    double hier = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc + 2 * (n - 1) * a_net +
+                  2 * (n - 1) / n * nb * b_net;
+    int pick = hier < ring ? ALGO_HIER : ALGO_RING;
+    TRACE(LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: ring %.1f us, hier %.1f us "
+                      "-> %s",
+          (unsigned long long)bytes, comm->nranks, comm->nnodes, ring * 1e6, hier * 1e6,
+          algo_names[pick]);
+    return pick;
 }
 
 typedef struct {
@@ -281,9 +366,24 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     memset(&mine, 0, sizeof(mine));
     mine.rank = comm->rank;
     mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
+    /* A list in LOOM_NODE_ID ("a,a,b,b") gives rank r the r-th name: one process can then hold
+     * the ranks of several pretend nodes (tests of hierarchical algorithms). */
+    const char *ids = param_str(PARAM_NODE_ID);
+    if (strchr(ids, ',')) {
+        const char *p = ids;
+        for (int i = 0; i < comm->rank && p; i++) {
+            p = strchr(p, ',');
+            if (p) p++;
+        }
+        if (p == NULL)
+            return base_error(loomInvalidUsage, LOG_INIT,
+                              "LOOM_NODE_ID='%s' lists fewer names than there are ranks", ids);
+        size_t len = strcspn(p, ",");
+        mine.node_hash = base_hash64(p, len, 0x6e6f6465);
+    }
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
-    comm_layout(comm);
+    LOOM_CHECK(comm_layout(comm));
     INFO(LOG_INIT,
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "
          "%d channels, slice %llu bytes",
@@ -611,7 +711,7 @@ LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loom
             child->peers[qr].rank = qr;
             memcpy(child->peers[qr].handle, all[q].handle, sizeof(all[q].handle));
         }
-        comm_layout(child);
+        LOOM_CHECK_GOTO(comm_layout(child), r, out);
         INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
     }
 out:

@@ -69,6 +69,8 @@ struct loomComm {
     char name[64];
     peer_info_t *peers;
     int node, nnodes, local_rank, local_size;
+    int *node_of, *node_start, *node_ranks; /* the layout, for sched_topo_t */
+    int algo;                               /* LOOM_ALGO, or ALGO_AUTO */
 
     comm_tp_t tp[TP_MAX];     /* started transports (ops NULL: not started) */
     int forced_tp;            /* LOOM_TRANSPORT, or -1 */
@@ -107,6 +109,12 @@ struct loomComm {
     size_t staging_bytes;
     sched_t sched; /* reused between calls */
 };
+
+enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_COUNT };
+extern const char *const algo_names[ALGO_COUNT];
+/* The allreduce algorithm for `bytes` on this communicator (LOOM_ALGO, or the cost model). */
+int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+sched_topo_t comm_topo(loomComm_t comm);
 
 /* Valid, usable communicator? Sets the error text otherwise. */
 loomResult_t comm_check(loomComm_t comm, const char *fn);

@@ -195,11 +195,11 @@ void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root,
                     const ring_params_t *prm, bool inplace)
 {
     ring_group_t g = whole(s);
-    ring_broadcast_group(s, desc, &g, count, root, prm, inplace);
+    ring_broadcast_group(s, desc, &g, count, root, SCHED_BUF_SEND, prm, inplace);
 }
 
 void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count,
-                          int root, const ring_params_t *prm, bool inplace)
+                          int root, uint32_t root_buf, const ring_params_t *prm, bool inplace)
 {
     int p = g->n, r = g->me;
     if (count == 0) return;
@@ -208,8 +208,8 @@ void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint
     for (uint64_t j = 0; j < S; j++) {
         uint64_t len = sched_slice_len(count, sl, j), o = j * sl;
         if (pos == 0) {
-            if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, o, SCHED_BUF_RECV, o, len, 0);
-            if (p > 1) sched_send(s, desc, next, SCHED_BUF_SEND, o, len);
+            if (!inplace) sched_copy(s, desc, root_buf, o, SCHED_BUF_RECV, o, len, 0);
+            if (p > 1) sched_send(s, desc, next, root_buf, o, len);
         } else {
             sched_recv(s, desc, prev, SCHED_BUF_RECV, o, len);
             if (pos < p - 1) sched_send(s, desc, next, SCHED_BUF_RECV, o, len);

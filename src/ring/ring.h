@@ -46,8 +46,9 @@ void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring
 void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
                            uint32_t out_buf, uint64_t base, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
+/* The root sends from root_buf (SCHED_BUF_SEND for a plain broadcast). */
 void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count,
-                          int root, const ring_params_t *prm, bool inplace);
+                          int root, uint32_t root_buf, const ring_params_t *prm, bool inplace);
 void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count, int root,
                        const ring_params_t *prm, bool inplace, bool avg);
 
