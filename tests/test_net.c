@@ -688,6 +688,61 @@ START_TEST(test_many_sockets)
 }
 END_TEST
 
+/* ---- shm: cross-memory attach and the bounce-segment fallback ------------------------------ */
+
+typedef struct {
+    bool want_cma;
+    int wrong;
+    int used_cma;
+} shm_arg_t;
+
+static int shm_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    shm_arg_t *a = p;
+    size_t n = (1u << 20) + 5; /* several slices */
+    int32_t *buf = malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) buf[i] = (int32_t)(i % 1000) + rank;
+    loomResult_t r = loomAllReduce(buf, buf, n, loomInt32, loomSum, comm, NULL);
+    int rc = 0;
+    if (r != loomSuccess) {
+        fprintf(stderr, "rank %d: %s\n", rank, loomGetLastError(comm));
+        rc = 1;
+    }
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (buf[i] != nranks * (int32_t)(i % 1000) + nranks * (nranks - 1) / 2) {
+            __atomic_add_fetch(&a->wrong, 1, __ATOMIC_RELAXED);
+            rc = 1;
+        }
+    /* Every same-node link must be shm, copying the way LOOM_SHM_CMA asked for. */
+    for (int q = 0; q < nranks && rc == 0; q++) {
+        if (q == rank || comm->links[q].conn == NULL) continue;
+        if (strcmp(comm->links[q].ops->name, "shm") != 0) {
+            fprintf(stderr, "rank %d reaches rank %d over %s\n", rank, q,
+                    comm->links[q].ops->name);
+            rc = 1;
+        } else if (shm_conn_uses_cma(comm->links[q].conn)) {
+            __atomic_add_fetch(&a->used_cma, 1, __ATOMIC_RELAXED);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+START_TEST(test_shm_modes)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        shm_arg_t a = {.want_cma = mode == 0};
+        set_param("LOOM_SHM_CMA", mode == 0 ? NULL : "0");
+        ck_assert_msg(h_run_threads(3, shm_rank, &a) == 0, "shm %s failed",
+                      mode == 0 ? "with cross-memory attach" : "with bounce segments");
+        ck_assert_int_eq(a.wrong, 0);
+        if (mode == 0) ck_assert_msg(a.used_cma > 0, "cross-memory attach was not used");
+        else ck_assert_msg(a.used_cma == 0, "LOOM_SHM_CMA=0 still used cross-memory attach");
+    }
+    set_param("LOOM_SHM_CMA", NULL);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static Suite *net_suite(void)
@@ -705,6 +760,7 @@ static Suite *net_suite(void)
         {"handshake_not_loom", test_handshake_not_loom},
         {"handshake_timeout", test_handshake_timeout},
         {"many_sockets", test_many_sockets},
+        {"shm_modes", test_shm_modes},
     };
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         TCase *tc = tcase_create(tests[i].name);

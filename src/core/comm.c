@@ -184,6 +184,7 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     snprintf(c->name, sizeof(c->name), "%s",
              cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->sched, rank, nranks);
+    c->last_pick = -1;
     loomResult_t ar = parse_algo(&c->algo);
     if (ar != loomSuccess) {
         comm_free(c);
@@ -345,10 +346,14 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     double hier = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc + 2 * (n - 1) * a_net +
                   2 * (n - 1) / n * nb * b_net;
     int pick = hier < ring ? ALGO_HIER : ALGO_RING;
-    TRACE(LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: ring %.1f us, hier %.1f us "
-                      "-> %s",
-          (unsigned long long)bytes, comm->nranks, comm->nnodes, ring * 1e6, hier * 1e6,
-          algo_names[pick]);
+    /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
+    log_level_t lvl = pick != comm->last_pick ? LOG_INFO : LOG_TRACE;
+    comm->last_pick = pick;
+    LOG(lvl, LOG_TUNING,
+        "allreduce of %llu bytes on %d ranks / %d nodes: model says ring %.1f us, hier %.1f us "
+        "-> %s",
+        (unsigned long long)bytes, comm->nranks, comm->nnodes, ring * 1e6, hier * 1e6,
+        algo_names[pick]);
     return pick;
 }
 

@@ -71,6 +71,7 @@ struct loomComm {
     int node, nnodes, local_rank, local_size;
     int *node_of, *node_start, *node_ranks; /* the layout, for sched_topo_t */
     int algo;                               /* LOOM_ALGO, or ALGO_AUTO */
+    int last_pick;                          /* the model's previous choice (for the log) */
 
     comm_tp_t tp[TP_MAX];     /* started transports (ops NULL: not started) */
     int forced_tp;            /* LOOM_TRANSPORT, or -1 */

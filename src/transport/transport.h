@@ -87,6 +87,9 @@ typedef struct {
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
 
+/* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
+bool shm_conn_uses_cma(const transport_conn_t *conn);
+
 /* Finds a transport by name ("tcp"); NULL when unknown or not built. */
 const transport_ops_t *transport_by_name(const char *name);
 

@@ -892,6 +892,8 @@ static void shm_fini(transport_ctx_t *ctx)
     free(ctx);
 }
 
+bool shm_conn_uses_cma(const transport_conn_t *c) { return c->state == CS_READY && c->cma; }
+
 const transport_ops_t transport_shm = {
     .name = "shm",
     .caps = TRANSPORT_CAP_MSG,
