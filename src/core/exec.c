@@ -19,7 +19,7 @@
 #include "comm.h"
 #include "param.h"
 
-#define EXEC_LOOKAHEAD 1024 /* steps scanned past the first unissued one */
+#define EXEC_LOOKAHEAD 4096 /* steps scanned past the first unissued one */
 #define EXEC_MAX_INFLIGHT 512
 #define EXEC_MAX_POLLFDS 256
 

@@ -26,19 +26,55 @@ static int max_local(const sched_topo_t *t)
     return m;
 }
 
-/* Sends (kind 0), receive-and-reduces (1) or receives (2) every slice of the shards that make up
- * local chunk `chunk` (shards k with k mod ls == chunk). */
-static void chunk_steps(sched_t *s, uint16_t desc, int kind, int peer, uint32_t src, uint32_t dst,
-                        uint64_t count, int nshards, int ls, int chunk, uint64_t sl, uint8_t fl)
+/* Local chunk c is made of shards c, c+ls, c+2ls... each cut into slices: its "units". */
+static uint64_t chunk_units(uint64_t count, int nshards, int ls, int c, uint64_t sl)
 {
-    for (int k = chunk; k < nshards; k += ls) {
+    uint64_t u = 0;
+    for (int k = c; k < nshards; k += ls) u += sched_nslices(shard_span(count, nshards, k).len, sl);
+    return u;
+}
+
+/* Offset and length of unit u of chunk c (u < chunk_units). */
+static span_t chunk_unit(uint64_t count, int nshards, int ls, int c, uint64_t sl, uint64_t u)
+{
+    for (int k = c; k < nshards; k += ls) {
         span_t sp = shard_span(count, nshards, k);
-        uint64_t S = sched_nslices(sp.len, sl);
-        for (uint64_t j = 0; j < S; j++) {
-            uint64_t o = sp.off + j * sl, len = sched_slice_len(sp.len, sl, j);
-            if (kind == 0) sched_send(s, desc, peer, src, o, len);
-            else if (kind == 1) sched_recv_reduce(s, desc, peer, src, o, dst, o, len, fl);
-            else sched_recv(s, desc, peer, dst, o, len);
+        uint64_t n = sched_nslices(sp.len, sl);
+        if (u < n) {
+            span_t r = {sp.off + u * sl, sched_slice_len(sp.len, sl, u)};
+            return r;
+        }
+        u -= n;
+    }
+    span_t none = {0, 0};
+    return none;
+}
+
+/* A node-local ring over chunks of shards, emitted by wavefront (step + unit) like the flat
+ * ring, so that each unit's last step (and the cross-node phase waiting for it) comes early.
+ * reduce: reduce-scatter (step k sends chunk li-k-1, reduces chunk li-k-2, ending with chunk
+ * li complete here); else allgather (step k forwards chunk li-k, receives chunk li-k-1). */
+static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int li,
+                       uint64_t count, int nshards, uint64_t sl, bool reduce, uint8_t last_flags)
+{
+    int next = local[mod(li + 1, ls)], prev = local[mod(li - 1, ls)];
+    int K = ls - 1;
+    uint64_t U = 0;
+    for (int c = 0; c < ls; c++) U = LOOM_MAX(U, chunk_units(count, nshards, ls, c, sl));
+    for (int64_t d = 0; d < (int64_t)K + (int64_t)U - 1; d++) {
+        for (int k = (int)LOOM_MIN((int64_t)K - 1, d); k >= 0 && d - k < (int64_t)U; k--) {
+            uint64_t u = (uint64_t)(d - k);
+            int sc = reduce ? mod(li - k - 1, ls) : mod(li - k, ls);
+            int rc = reduce ? mod(li - k - 2, ls) : mod(li - k - 1, ls);
+            span_t a = chunk_unit(count, nshards, ls, sc, sl, u);
+            span_t b = chunk_unit(count, nshards, ls, rc, sl, u);
+            uint32_t sbuf = reduce && k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV;
+            sched_send(s, desc, next, sbuf, a.off, a.len);
+            if (reduce)
+                sched_recv_reduce(s, desc, prev, SCHED_BUF_SEND, b.off, SCHED_BUF_RECV, b.off,
+                                  b.len, k == K - 1 ? last_flags : 0);
+            else
+                sched_recv(s, desc, prev, SCHED_BUF_RECV, b.off, b.len);
         }
     }
 }
@@ -53,20 +89,12 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
     while (local[li] != me) li++;
     int S = max_local(t);
     uint64_t sl = prm->slice_elems;
-    int next = local[mod(li + 1, ls)], prev = local[mod(li - 1, ls)];
-    /* 1. node-local reduce-scatter: at step k send chunk li-k-1 and reduce chunk li-k-2, so that
-     * the last reduction completes chunk li. Partial sums go to the output buffer. */
+    /* 1. node-local reduce-scatter; partial sums go to the output buffer */
     if (ls == 1) {
         if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
     } else {
-        for (int k = 0; k < ls - 1; k++) {
-            int sc = mod(li - k - 1, ls), rc = mod(li - k - 2, ls);
-            uint8_t fl = (avg && N == 1 && k == ls - 2) ? STEP_F_AVG : 0;
-            chunk_steps(s, desc, 0, next, k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV, 0, count, S,
-                        ls, sc, sl, 0);
-            chunk_steps(s, desc, 1, prev, SCHED_BUF_SEND, SCHED_BUF_RECV, count, S, ls, rc, sl,
-                        fl);
-        }
+        local_ring(s, desc, local, ls, li, count, S, sl, true,
+                   avg && N == 1 ? STEP_F_AVG : 0);
     }
     /* 2. each owned shard across nodes, by the ranks that own it in every node */
     if (N > 1) {
@@ -88,11 +116,7 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
         free(ranks);
     }
     /* 3. node-local allgather of the owned chunks */
-    for (int k = 0; k < ls - 1; k++) {
-        int sc = mod(li - k, ls), rc = mod(li - k - 1, ls);
-        chunk_steps(s, desc, 0, next, SCHED_BUF_RECV, 0, count, S, ls, sc, sl, 0);
-        chunk_steps(s, desc, 2, prev, 0, SCHED_BUF_RECV, count, S, ls, rc, sl, 0);
-    }
+    if (ls > 1) local_ring(s, desc, local, ls, li, count, S, sl, false, 0);
 }
 
 void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,

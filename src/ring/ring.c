@@ -88,36 +88,36 @@ void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
     ring_params_t prm = *prm0;
     prm.nchannels = nchannels_for(count, prm0, p);
     int next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
-    uint64_t S = max_slices(count, &prm, p), sl = prm.slice_elems;
-    /* Reduce-scatter: step k sends chunk r-k and reduces chunk r-k-1 into the output; the last
-     * reduction (k = p-2) completes chunk r+1, which this rank then owns. */
-    for (int k = 0; k < p - 1; k++) {
-        int sc = mod(r - k, p), rc = mod(r - k - 1, p);
-        uint32_t sbuf = k == 0 ? in_buf : out_buf;
-        uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
-        for (uint64_t j = 0; j < S; j++) {
+    int K = 2 * (p - 1);
+    int64_t S = (int64_t)max_slices(count, &prm, p);
+    uint64_t sl = prm.slice_elems;
+    /* Steps k < p-1 reduce-scatter: step k sends chunk r-k and reduces chunk r-k-1 into the
+     * output; the last reduction (k = p-2) completes chunk r+1, which this rank then owns. Steps
+     * k >= p-1 allgather: step p-1+i forwards chunk r+1-i and receives chunk r-i.
+     * Emitted by wavefront (step + slice): slice j's step k+1 follows its step k one slice
+     * later, instead of after every slice of step k, so the first slices travel the whole ring
+     * (and, in a hierarchy, reach the next phase) while the later ones are still on their way. */
+    for (int64_t d = 0; d < K + S - 1; d++) {
+        for (int k = (int)LOOM_MIN((int64_t)K - 1, d); k >= 0 && d - k < S; k--) {
+            uint64_t j = (uint64_t)(d - k);
+            bool rs = k < p - 1;
+            int i = rs ? k : k - (p - 1);
+            int sc = rs ? mod(r - i, p) : mod(r + 1 - i, p);
+            int rc = rs ? mod(r - i - 1, p) : mod(r - i, p);
+            uint32_t sbuf = k == 0 ? in_buf : out_buf;
+            uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
             for (int c = 0; c < prm.nchannels; c++) {
                 span_t a = chunk_span(count, prm.nchannels, c, p, sc);
                 span_t b = chunk_span(count, prm.nchannels, c, p, rc);
                 a.off += base;
                 b.off += base;
                 sched_send(s, desc, next, sbuf, a.off + j * sl, sched_slice_len(a.len, sl, j));
-                sched_recv_reduce(s, desc, prev, in_buf, b.off + j * sl, out_buf, b.off + j * sl,
-                                  sched_slice_len(b.len, sl, j), flags);
-            }
-        }
-    }
-    /* Allgather: step k forwards chunk r+1-k and receives chunk r-k. */
-    for (int k = 0; k < p - 1; k++) {
-        int sc = mod(r + 1 - k, p), rc = mod(r - k, p);
-        for (uint64_t j = 0; j < S; j++) {
-            for (int c = 0; c < prm.nchannels; c++) {
-                span_t a = chunk_span(count, prm.nchannels, c, p, sc);
-                span_t b = chunk_span(count, prm.nchannels, c, p, rc);
-                a.off += base;
-                b.off += base;
-                sched_send(s, desc, next, out_buf, a.off + j * sl, sched_slice_len(a.len, sl, j));
-                sched_recv(s, desc, prev, out_buf, b.off + j * sl, sched_slice_len(b.len, sl, j));
+                if (rs)
+                    sched_recv_reduce(s, desc, prev, in_buf, b.off + j * sl, out_buf,
+                                      b.off + j * sl, sched_slice_len(b.len, sl, j), flags);
+                else
+                    sched_recv(s, desc, prev, out_buf, b.off + j * sl,
+                               sched_slice_len(b.len, sl, j));
             }
         }
     }
