@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "param.h"
 #include "hier.h"
+#include "memtype.h"
 #include "ring.h"
 
 #define OP_PREMUL_CODE 5
@@ -88,6 +89,14 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
     if (bytes > 0 && p == NULL)
         return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
                           fn, name, bytes);
+    /* Device memory read as host memory would crash or corrupt: refuse it clearly until the
+     * device executor is here. */
+    mem_type_t mt = bytes > 0 ? mem_type_of(p) : MEM_HOST;
+    if (mt != MEM_HOST)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: %s (%p) is CUDA %s memory, and this build of loom moves host "
+                          "memory only (device buffers arrive with the CUDA executor)",
+                          fn, name, p, mt == MEM_DEVICE ? "device" : "managed");
     return loomSuccess;
 }
 

@@ -1,0 +1,52 @@
+#include "memtype.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "base.h"
+
+/* The driver API's values (cuda.h), stable since CUDA 4. */
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+#define CU_MEMORYTYPE_DEVICE 2
+
+typedef int (*cu_init_fn)(unsigned int);
+typedef int (*cu_attr_fn)(void *, int, unsigned long long);
+
+static pthread_once_t mem_once = PTHREAD_ONCE_INIT;
+static cu_attr_fn cu_attr;
+
+static void mem_load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return;
+    cu_init_fn init = (cu_init_fn)dlsym(h, "cuInit");
+    cu_attr_fn attr = (cu_attr_fn)dlsym(h, "cuPointerGetAttribute");
+    if (init == NULL || attr == NULL || init(0) != 0) {
+        INFO(LOG_CUDA, "a CUDA driver is installed but not usable (no GPU?): buffers are host");
+        return;
+    }
+    cu_attr = attr;
+    INFO(LOG_CUDA, "CUDA driver found: buffers are checked for device memory");
+}
+
+bool mem_have_cuda(void)
+{
+    pthread_once(&mem_once, mem_load);
+    return cu_attr != NULL;
+}
+
+mem_type_t mem_type_of(const void *p)
+{
+    if (p == NULL || !mem_have_cuda()) return MEM_HOST;
+    unsigned int type = 0, managed = 0;
+    /* Host memory unknown to CUDA answers with an error: it is plain host memory. */
+    if (cu_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)p) != 0)
+        return MEM_HOST;
+    if (cu_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (unsigned long long)(uintptr_t)p) ==
+            0 &&
+        managed)
+        return MEM_MANAGED;
+    return type == CU_MEMORYTYPE_DEVICE ? MEM_DEVICE : MEM_HOST;
+}
