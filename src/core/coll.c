@@ -203,8 +203,38 @@ static loomResult_t job_bufs(comm_job_t *j, uint32_t n)
     return loomSuccess;
 }
 
-/* Builds the schedule for a collective; fills j->bufs. */
-static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *s)
+/* The cached schedule for this shape, or an emptied slot (*hit false) to build it in. */
+static sched_t *cache_slot(loomComm_t comm, const uint64_t key[6], bool *hit)
+{
+    struct comm_sched_cache *lru = &comm->cache[0];
+    comm->cache_clock++;
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++) {
+        struct comm_sched_cache *c = &comm->cache[i];
+        if (c->used && memcmp(c->key, key, sizeof(c->key)) == 0) {
+            c->last_use = comm->cache_clock;
+            *hit = true;
+            return &c->s;
+        }
+        if (!c->used || (lru->used && c->last_use < lru->last_use)) lru = c;
+    }
+    lru->used = false; /* until built */
+    memcpy(lru->key, key, sizeof(lru->key));
+    lru->last_use = comm->cache_clock;
+    sched_reset(&lru->s, comm->rank, comm->nranks);
+    *hit = false;
+    return &lru->s;
+}
+
+static void cache_commit(loomComm_t comm, sched_t *s)
+{
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++)
+        if (&comm->cache[i].s == s) comm->cache[i].used = true;
+    /* Only building needs the range tables. */
+    sched_drop_tracking(s);
+}
+
+/* Builds (or finds) the schedule for a collective; fills j->bufs and *out. */
+static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t **out)
 {
     loomComm_t comm = j->comm;
     int p = comm->nranks, r = comm->rank;
@@ -223,7 +253,6 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     if (o->kind == OPK_ALLREDUCE || o->kind == OPK_ALLGATHER || o->kind == OPK_REDUCESCATTER ||
         o->kind == OPK_ALLTOALL)
         d.root = -1;
-    uint16_t di = sched_add_desc(s, &d);
     LOOM_CHECK(job_bufs(j, SCHED_BUF_FIRST_FREE));
     const void *send = o->send;
     void *recv = o->recv;
@@ -245,13 +274,52 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         send = j->scaled;
     }
     ring_params_t prm = ring_params(comm, o->type);
+    /* The shape: in place or not (and how the buffers alias), and the algorithm. */
     bool inplace = false;
+    uint32_t alias_from = 0, alias_to = 0;
+    int64_t delta = 0;
+    int algo = -1;
+    switch (o->kind) {
+    case OPK_ALLREDUCE:
+    case OPK_REDUCE:
+        inplace = send == recv;
+        if (inplace) alias_to = SCHED_BUF_RECV;
+        if (o->kind == OPK_ALLREDUCE) algo = comm_pick_allreduce(comm, o->count * es);
+        break;
+    case OPK_BROADCAST:
+        inplace = r != o->root || send == recv;
+        if (r == o->root && send == recv) alias_to = SCHED_BUF_RECV;
+        break;
+    case OPK_ALLGATHER:
+    case OPK_SPLIT:
+        inplace = (const uint8_t *)send == (uint8_t *)recv + (size_t)r * o->count * es;
+        if (inplace) alias_to = SCHED_BUF_RECV, delta = (int64_t)r * (int64_t)o->count;
+        break;
+    case OPK_REDUCESCATTER:
+        inplace = (uint8_t *)recv == (const uint8_t *)send + (size_t)r * o->count * es;
+        if (inplace) alias_from = SCHED_BUF_RECV, alias_to = SCHED_BUF_SEND,
+                     delta = (int64_t)r * (int64_t)o->count;
+        break;
+    default: break;
+    }
+    if (alias_to && !alias_from) alias_from = SCHED_BUF_SEND;
+    uint64_t key[6] = {(uint64_t)d.kind | (uint64_t)d.dtype << 8 | (uint64_t)d.op << 16 |
+                           (uint64_t)(uint32_t)d.root << 32,
+                       o->count, (uint64_t)inplace | (uint64_t)(algo + 1) << 8,
+                       (uint64_t)delta, (uint64_t)prm.nchannels, prm.slice_elems};
+    bool hit;
+    sched_t *s = cache_slot(comm, key, &hit);
+    *out = s;
+    if (hit) {
+        s->descs[0].seq = d.seq;
+        goto buffers;
+    }
+    uint16_t di = sched_add_desc(s, &d);
+    if (alias_to) sched_set_alias(s, alias_from, alias_to, delta);
     switch (o->kind) {
     case OPK_ALLREDUCE: {
-        inplace = send == recv;
-        if (inplace) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
         sched_topo_t topo = comm_topo(comm);
-        switch (comm_pick_allreduce(comm, o->count * es)) {
+        switch (algo) {
         case ALGO_HIER: hier_allreduce(s, di, &topo, o->count, &prm, inplace, avg); break;
         case ALGO_HIER_LEADER:
             hier_leader_allreduce(s, di, &topo, o->count, &prm, inplace, avg);
@@ -262,26 +330,16 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         break;
     }
     case OPK_BROADCAST:
-        inplace = r != o->root || send == recv;
-        if (r == o->root && send == recv) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
         ring_broadcast(s, di, o->count, o->root, &prm, inplace);
         break;
     case OPK_REDUCE:
-        inplace = send == recv;
-        if (inplace) sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
         ring_reduce(s, di, o->count, o->root, &prm, inplace, avg);
         break;
     case OPK_ALLGATHER:
     case OPK_SPLIT:
-        inplace = (const uint8_t *)send == (uint8_t *)recv + (size_t)r * o->count * es;
-        if (inplace)
-            sched_set_alias(s, SCHED_BUF_SEND, SCHED_BUF_RECV, (int64_t)r * (int64_t)o->count);
         ring_allgather(s, di, o->count, &prm, inplace);
         break;
     case OPK_REDUCESCATTER:
-        inplace = (uint8_t *)recv == (const uint8_t *)send + (size_t)r * o->count * es;
-        if (inplace)
-            sched_set_alias(s, SCHED_BUF_RECV, SCHED_BUF_SEND, (int64_t)r * (int64_t)o->count);
         ring_reduce_scatter(s, di, o->count, &prm, inplace, avg);
         break;
     case OPK_ALLTOALL:
@@ -291,6 +349,8 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", o->kind);
     }
     LOOM_CHECK(sched_status(s));
+    cache_commit(comm, s);
+buffers:
     if (s->tmp_elems) {
         j->tmp = malloc(s->tmp_elems * es);
         if (j->tmp == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
@@ -375,12 +435,12 @@ static loomResult_t job_next(comm_job_t *j)
     loomComm_t comm = j->comm;
     log_set_rank(comm->rank);
     sched_t *s = &comm->sched;
-    sched_reset(s, comm->rank, comm->nranks);
     const coll_op_t *o = &gq[j->ops[j->next]];
     loomDataType_t type = o->type;
     red_op_t rop = base_op(o->op);
     if (o->kind == OPK_SEND || o->kind == OPK_RECV) {
         int used = 0;
+        sched_reset(s, comm->rank, comm->nranks);
         LOOM_CHECK(plan_p2p(j, s, &used));
         j->next += used;
         type = loomUint8;
@@ -393,7 +453,7 @@ static loomResult_t job_next(comm_job_t *j)
             st->count *= es;
         }
     } else {
-        LOOM_CHECK(plan_collective(j, o, s));
+        LOOM_CHECK(plan_collective(j, o, &s));
         j->next++;
     }
     j->type = type;

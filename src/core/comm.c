@@ -136,6 +136,7 @@ static void comm_free(loomComm_t comm)
         if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
     if (comm->wake_fd >= 0) close(comm->wake_fd);
     sched_free(&comm->sched);
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++) sched_free(&comm->cache[i].s);
     free(comm->staging);
     free(comm->peers);
     free(comm->links);

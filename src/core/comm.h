@@ -108,7 +108,16 @@ struct loomComm {
      * communicator) so that big calls do not map and fault fresh pages each time. */
     uint8_t *staging;
     size_t staging_bytes;
-    sched_t sched; /* reused between calls */
+    sched_t sched; /* point-to-point schedules, rebuilt each time */
+    /* Collective schedules by shape: a training loop repeats the same few calls, and building
+     * a schedule (with its dependencies) costs more than small calls themselves. */
+    struct comm_sched_cache {
+        bool used;
+        uint64_t key[6];
+        uint64_t last_use;
+        sched_t s;
+    } cache[8];
+    uint64_t cache_clock;
 };
 
 enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_COUNT };
