@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hier.h"
 #include "ring.h"
 #include "schedule.h"
 
@@ -57,21 +58,28 @@ typedef enum {
     ALG_BROADCAST,
     ALG_REDUCE,
     ALG_ALLTOALL,
+    ALG_HIER,        /* allreduces over nodes (src/hier): the layout is cfg_t.node_size */
+    ALG_HIER_LEADER,
+    ALG_PS,
     ALG_COUNT
 } alg_t;
 
-static const char *const alg_names[ALG_COUNT] = {"allreduce", "reduce_scatter", "allgather",
-                                                 "broadcast", "reduce",         "alltoall"};
+static const char *const alg_names[ALG_COUNT] = {
+    "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce",
+    "alltoall",  "hier",           "hier_leader", "ps"};
 
 static bool alg_reduces(alg_t a)
 {
-    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_REDUCE;
+    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_REDUCE || a >= ALG_HIER;
 }
+/* The result of every allreduce, whichever the algorithm. */
+static bool alg_is_allreduce(alg_t a) { return a == ALG_ALLREDUCE || a >= ALG_HIER; }
 static bool alg_rooted(alg_t a) { return a == ALG_BROADCAST || a == ALG_REDUCE; }
 /* Generators that read prm->nchannels; for the others channel counts would repeat cases. */
 static bool alg_channels(alg_t a)
 {
-    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_ALLGATHER;
+    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_ALLGATHER || a == ALG_HIER ||
+           a == ALG_HIER_LEADER;
 }
 
 typedef struct {
@@ -82,7 +90,35 @@ typedef struct {
     uint64_t slice;
     bool inplace, avg;
     int root;
+    /* Nodes for the hierarchical generators: consecutive blocks of node_size ranks (0: 3), the
+     * last one smaller; negative: blocks cycling through |node_size|, |node_size|-3 and
+     * |node_size|-1 ranks (uneven nodes). */
+    int node_size;
 } cfg_t;
+
+typedef struct {
+    int node_of[4096], node_start[4097], node_ranks[4096];
+    sched_topo_t t;
+} topo_store_t;
+
+static const sched_topo_t *make_topo(const cfg_t *c, topo_store_t *ts)
+{
+    int ns = c->node_size ? c->node_size : 3, n = 0, r = 0;
+    while (r < c->p) {
+        int size = ns > 0 ? ns : (n % 3 == 0 ? -ns : n % 3 == 1 ? -ns - 3 : -ns - 1);
+        if (size < 1) size = 1;
+        ts->node_start[n] = r;
+        for (int k = 0; k < size && r < c->p; k++, r++) {
+            ts->node_of[r] = n;
+            ts->node_ranks[r] = r;
+        }
+        n++;
+    }
+    ts->node_start[n] = c->p;
+    ts->t = (sched_topo_t){.nnodes = n, .node_of = ts->node_of, .node_start = ts->node_start,
+                           .node_ranks = ts->node_ranks};
+    return &ts->t;
+}
 
 static void cfg_str(const cfg_t *c, char *b, size_t n)
 {
@@ -96,8 +132,11 @@ static void cfg_str(const cfg_t *c, char *b, size_t n)
 static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
 {
     static const uint8_t opk[ALG_COUNT] = {OPK_ALLREDUCE, OPK_REDUCESCATTER, OPK_ALLGATHER,
-                                           OPK_BROADCAST, OPK_REDUCE,        OPK_ALLTOALL};
+                                           OPK_BROADCAST, OPK_REDUCE,        OPK_ALLTOALL,
+                                           OPK_ALLREDUCE, OPK_ALLREDUCE,     OPK_ALLREDUCE};
     ring_params_t prm = {.nchannels = c->nch, .slice_elems = c->slice};
+    static topo_store_t ts;
+    const sched_topo_t *topo = make_topo(c, &ts);
     for (int r = 0; r < c->p; r++) {
         sched_init(&s[r], r, c->p);
         sched_desc_t d = {.kind = opk[c->alg], .root = alg_rooted(c->alg) ? c->root : -1,
@@ -129,6 +168,18 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
         case ALG_ALLTOALL:
             /* coll.c runs an in-place all-to-all from a copy of the input: always out of place */
             direct_alltoall(&s[r], di, c->count, &prm);
+            break;
+        case ALG_HIER:
+            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+            hier_allreduce(&s[r], di, topo, c->count, &prm, c->inplace, c->avg);
+            break;
+        case ALG_HIER_LEADER:
+            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+            hier_leader_allreduce(&s[r], di, topo, c->count, &prm, c->inplace, c->avg);
+            break;
+        case ALG_PS:
+            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+            ps_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
             break;
         default:
             break;
@@ -480,6 +531,11 @@ static uint8_t *scratch(sim_t *m, uint64_t count)
 static void buffer_sizes(const cfg_t *c, int r, uint64_t *v)
 {
     uint64_t n = c->count, pn = n * (uint64_t)c->p;
+    if (alg_is_allreduce(c->alg)) {
+        v[0] = n;
+        v[1] = n;
+        return;
+    }
     switch (c->alg) {
     case ALG_ALLREDUCE: v[0] = n; v[1] = n; break;
     /* recvbuff is ignored off the root: out of place it may be NULL there */
@@ -1389,8 +1445,9 @@ START_TEST(test_grid)
                                                                ? (uint64_t)p
                                                                : 1);
                             if (elems / slices[si] > 10000) continue;
+                            /* node algorithms: uneven nodes of 3 and 1 ranks, or of 2 */
                             cfg_t c = {alg, p, counts[ci], nch, slices[si], ip, avg,
-                                       ri ? p - 1 : 0};
+                                       ri ? p - 1 : 0, ri ? -4 : 2};
                             run_case(&c, &t);
                         }
     }
@@ -1410,7 +1467,7 @@ END_TEST
  * the chunk arithmetic and the ring order where p is large, with interval values. */
 static void scale_case(int p, vmode_t mode, bool inplace)
 {
-    cfg_t c = {ALG_ALLREDUCE, p, 3 * (uint64_t)p + 1, 1, 1u << 20, inplace, true, 0};
+    cfg_t c = {ALG_ALLREDUCE, p, 3 * (uint64_t)p + 1, 1, 1u << 20, inplace, true, 0, 0};
     policy_t pol = {POL_ORDER, 0, false, 0};
     char err[768], cs[160];
     struct timespec t0, t1;
@@ -1442,8 +1499,9 @@ END_TEST
 START_TEST(test_scale_all_128)
 {
     for (int a = 0; a < ALG_COUNT; a++) {
+        if (a == ALG_HIER) continue; /* intervals cannot follow it: see test_scale_hier */
         bool per_rank = a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
-        cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77};
+        cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77, 8};
         policy_t pol = {POL_ORDER, 0, false, 0};
         char err[768], cs[160];
         sched_t *s = xcalloc(128, sizeof(sched_t));
@@ -1458,6 +1516,34 @@ START_TEST(test_scale_all_128)
 END_TEST
 
 START_TEST(test_scale_512) { scale_case(512, VAL_IVL, false); }
+END_TEST
+
+/* The node algorithms at scale: 8 ranks per node, and uneven nodes (8, 5 and 7 ranks).
+ * Interval values follow contributions that join in ring order; hier joins a node's ranks in
+ * its local ring's order first, which an interval cannot describe, so hier is proved with
+ * exact count vectors at 128 ranks, and hier_leader and ps with intervals at 1024. */
+static void scale_node_case(alg_t alg, int p, int node_size, vmode_t mode)
+{
+    cfg_t c = {alg, p, 3 * (uint64_t)p + 1, 1, 1u << 20, node_size < 0, true, 0, node_size};
+    policy_t pol = {POL_ORDER, 0, false, 0};
+    char err[768], cs[160];
+    sched_t *s = xcalloc((size_t)p, sizeof(sched_t));
+    cfg_str(&c, cs, sizeof(cs));
+    ck_assert_msg(build_scheds(&c, s, err, sizeof(err)), "%s: %s", cs, err);
+    bool ok = verify(&c, s, &pol, mode, err, sizeof(err));
+    free_scheds(s, p);
+    free(s);
+    ck_assert_msg(ok, "%s nodes %d: %s", cs, node_size, err);
+}
+
+START_TEST(test_scale_hier)
+{
+    scale_node_case(ALG_HIER, 128, 8, VAL_VEC);
+    scale_node_case(ALG_HIER, 128, -8, VAL_VEC);
+    scale_node_case(ALG_HIER_LEADER, 1024, 8, VAL_IVL);
+    scale_node_case(ALG_HIER_LEADER, 1024, -8, VAL_IVL);
+    scale_node_case(ALG_PS, 1024, 8, VAL_IVL);
+}
 END_TEST
 
 START_TEST(test_scale_1024) { scale_case(1024, VAL_IVL, false); }
@@ -1525,7 +1611,7 @@ START_TEST(test_broken)
 {
     break_t b = (break_t)_i;
     cfg_t c = {ALG_ALLREDUCE, 4, 37, 1, 3, false, b == BREAK_AVG_MISSING || b == BREAK_AVG_EARLY,
-               0};
+               0, 0};
     sched_t s[4];
     char err[768];
     ck_assert(build_scheds(&c, s, err, sizeof(err)));
@@ -1745,6 +1831,7 @@ static Suite *sched_suite(void)
     tcase_add_test(scale, test_scale_all_128);
     tcase_add_test(scale, test_scale_512);
     tcase_add_test(scale, test_scale_1024);
+    tcase_add_test(scale, test_scale_hier);
     suite_add_tcase(s, scale);
     return s;
 }
