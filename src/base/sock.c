@@ -519,6 +519,74 @@ pending:
     return loomSuccess;
 }
 
+void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
+                         log_subsys_t subsys, const char *who,
+                         void (*done)(void *arg, hs_t *hs), void *arg, bool *progressed)
+{
+    for (;;) {
+        sock_addr_t peer;
+        memset(&peer, 0, sizeof(peer));
+        peer.len = sizeof(peer.sa);
+        int fd = accept4(listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            /* EMFILE and the like: the connection waits in the backlog for a later try. */
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                WARN(subsys, "%s: accept failed: %s%s", who, strerror(errno),
+                     errno == EMFILE || errno == ENFILE ? " (raise the open-file limit)" : "");
+            break;
+        }
+        *progressed = true;
+        if (p->n == p->cap) {
+            int ncap = p->cap ? p->cap * 2 : 8;
+            hs_t *n = realloc(p->hs, (size_t)ncap * sizeof(*n));
+            if (n == NULL) {
+                close(fd);
+                continue;
+            }
+            p->hs = n;
+            p->cap = ncap;
+        }
+        if (hs_accept_init(&p->hs[p->n], fd, &peer, secret) != loomSuccess) {
+            close(fd);
+            continue;
+        }
+        p->n++;
+    }
+    for (int i = 0; i < p->n;) {
+        hs_t *h = &p->hs[i];
+        if (hs_progress(h, progressed) != loomSuccess) {
+            WARN(subsys, "%s refused an incoming connection from %s", who, h->err);
+            close(h->fd);
+        } else if (h->state == HS_DONE) {
+            hs_t fin = *h;
+            p->hs[i] = p->hs[--p->n];
+            done(arg, &fin);
+            continue;
+        } else {
+            i++;
+            continue;
+        }
+        p->hs[i] = p->hs[--p->n];
+    }
+}
+
+int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max)
+{
+    int n = 0;
+    for (int i = 0; i < p->n && n < max; i++)
+        fds[n++] = (struct pollfd){.fd = p->hs[i].fd, .events = hs_events(&p->hs[i])};
+    return n;
+}
+
+void hs_pending_free(hs_pending_t *p)
+{
+    for (int i = 0; i < p->n; i++) close(p->hs[i].fd);
+    free(p->hs);
+    memset(p, 0, sizeof(*p));
+}
+
 loomResult_t hs_run_blocking(hs_t *h)
 {
     while (h->state != HS_DONE) {

@@ -16,8 +16,10 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include "base.h"
 #include "loom.h"
 
 #define SOCK_ADDR_STRLEN 64
@@ -100,6 +102,22 @@ loomResult_t hs_progress(hs_t *h, bool *progressed);
 short hs_events(const hs_t *h);
 /* Blocks (with poll) until done or failed; for the bootstrap's client side. */
 loomResult_t hs_run_blocking(hs_t *h);
+
+/* Incoming connections still proving who they are: the acceptor's side, for every listener. */
+typedef struct {
+    hs_t *hs;
+    int n, cap;
+} hs_pending_t;
+
+/* Accepts every connection waiting on listen_fd, then advances each pending handshake: a
+ * finished one is handed to done(arg, hs), which owns its descriptor from then on; a failed one
+ * is logged, naming `who` (the listener) and the peer, and closed. */
+void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
+                         log_subsys_t subsys, const char *who,
+                         void (*done)(void *arg, hs_t *hs), void *arg, bool *progressed);
+int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max);
+/* Closes what is still pending. */
+void hs_pending_free(hs_pending_t *p);
 
 /* Blocking send/receive with a deadline (absolute, base_now_ns clock) on a non-blocking socket. */
 loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,

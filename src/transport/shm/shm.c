@@ -121,10 +121,6 @@ struct transport_conn {
     char err[SHM_ABORT_TEXT_MAX + 256];
 };
 
-typedef struct {
-    hs_t hs;
-} shm_accepting_t;
-
 struct transport_ctx {
     transport_setup_t setup;
     int listen_fd;
@@ -137,8 +133,8 @@ struct transport_ctx {
     transport_conn_t **conns;
     transport_conn_t **active;
     int nactive;
-    shm_accepting_t *pend;
-    int npend, pendcap;
+    hs_pending_t pend; /* accepted connections still proving who they are */
+    char who[48];
     bool aborted;
     char abort_reason[SHM_ABORT_TEXT_MAX];
 };
@@ -174,6 +170,7 @@ static loomResult_t shm_init(const transport_setup_t *setup, transport_ctx_t **o
     transport_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) return base_error(loomSystemError, LOG_SHM, "out of memory (shm context)");
     ctx->setup = *setup;
+    snprintf(ctx->who, sizeof(ctx->who), "shm: rank %d", setup->rank);
     ctx->slot_bytes = LOOM_MAX(setup->max_message, 4096);
     const char *cma = getenv("LOOM_SHM_CMA");
     ctx->cma_wanted = !(cma && cma[0] == '0');
@@ -686,9 +683,10 @@ static void mode_start(transport_conn_t *c)
     c->state = CS_MODE;
 }
 
-static void attach_accepted(transport_ctx_t *ctx, shm_accepting_t *a)
+static void attach_accepted(void *arg, hs_t *hs)
 {
-    const hs_hello_t *h = &a->hs.hello;
+    transport_ctx_t *ctx = arg;
+    const hs_hello_t *h = &hs->hello;
     const char *why = NULL;
     if (h->comm_id != ctx->setup.comm_id) why = "it belongs to another communicator";
     else if (h->to_rank != ctx->setup.rank) why = "it was meant for another rank";
@@ -702,52 +700,17 @@ static void attach_accepted(transport_ctx_t *ctx, shm_accepting_t *a)
     if (why) {
         WARN(LOG_SHM, "shm: rank %d refused a local connection claiming rank %d: %s",
              ctx->setup.rank, h->from_rank, why);
-        close(a->hs.fd);
+        close(hs->fd);
         return;
     }
-    c->fd = a->hs.fd;
+    c->fd = hs->fd;
     mode_start(c);
 }
 
 static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 {
-    for (;;) {
-        int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        *progressed = true;
-        if (ctx->npend == ctx->pendcap) {
-            int ncap = ctx->pendcap ? ctx->pendcap * 2 : 8;
-            shm_accepting_t *n = realloc(ctx->pend, (size_t)ncap * sizeof(*n));
-            if (n == NULL) {
-                close(fd);
-                continue;
-            }
-            ctx->pend = n;
-            ctx->pendcap = ncap;
-        }
-        sock_addr_t none;
-        memset(&none, 0, sizeof(none));
-        if (hs_accept_init(&ctx->pend[ctx->npend].hs, fd, &none, ctx->setup.secret) !=
-            loomSuccess) {
-            close(fd);
-            continue;
-        }
-        ctx->npend++;
-    }
-    for (int i = 0; i < ctx->npend;) {
-        shm_accepting_t *a = &ctx->pend[i];
-        if (hs_progress(&a->hs, progressed) != loomSuccess) {
-            WARN(LOG_SHM, "shm: rank %d refused a local connection: %s", ctx->setup.rank,
-                 a->hs.err);
-            close(a->hs.fd);
-        } else if (a->hs.state == HS_DONE) {
-            attach_accepted(ctx, a);
-        } else {
-            i++;
-            continue;
-        }
-        ctx->pend[i] = ctx->pend[--ctx->npend];
-    }
+    hs_pending_progress(&ctx->pend, ctx->listen_fd, ctx->setup.secret, LOG_SHM, ctx->who,
+                        attach_accepted, ctx, progressed);
 }
 
 static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
@@ -755,7 +718,7 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
     if (ctx->aborted) return loomSuccess;
     /* accept(2) only while a connection waits for its peer or a handshake runs, else every few
      * milliseconds: in the hot loop it was a tenth of all the time spent. */
-    bool want_accept = ctx->npend > 0;
+    bool want_accept = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive && !want_accept; i++)
         if (ctx->active[i]->state != CS_READY && !ctx->active[i]->failed) want_accept = true;
     uint64_t now = base_now_ns();
@@ -797,8 +760,7 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
     int n = 0;
     if (ctx->aborted) return 0;
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-    for (int i = 0; i < ctx->npend && n < max; i++)
-        fds[n++] = (struct pollfd){.fd = ctx->pend[i].hs.fd, .events = hs_events(&ctx->pend[i].hs)};
+    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive && n < max; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->failed || c->fd < 0) continue;
@@ -823,7 +785,7 @@ static void abort_grace(transport_ctx_t *ctx)
     while (base_now_ns() < end) {
         bool prog = false, busy;
         accept_progress(ctx, &prog);
-        busy = ctx->npend > 0;
+        busy = ctx->pend.n > 0;
         for (int i = 0; i < ctx->nactive; i++) {
             transport_conn_t *c = ctx->active[i];
             if (c->failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
@@ -894,8 +856,7 @@ static void shm_fini(transport_ctx_t *ctx)
         free(c->out);
         free(c);
     }
-    for (int i = 0; i < ctx->npend; i++) close(ctx->pend[i].hs.fd);
-    free(ctx->pend);
+    hs_pending_free(&ctx->pend);
     if (ctx->listen_fd >= 0) close(ctx->listen_fd);
     free(ctx->conns);
     free(ctx->active);

@@ -83,12 +83,6 @@ struct transport_conn {
     char err[TCP_ABORT_TEXT_MAX + 256];
 };
 
-/* An accepted socket still proving who it is. */
-typedef struct {
-    hs_t hs;
-    bool used;
-} tcp_pending_t;
-
 struct transport_ctx {
     transport_setup_t setup;
     int listen_fd;
@@ -98,8 +92,8 @@ struct transport_ctx {
     transport_conn_t **conns; /* by rank, NULL until needed */
     transport_conn_t **active;
     int nactive;
-    tcp_pending_t *pend;
-    int npend, pendcap;
+    hs_pending_t pend; /* accepted sockets still proving who they are */
+    char who[48];      /* "tcp rank 3", for the log */
     uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
     uint64_t ping_ns;        /* heartbeat interval */
     bool aborted;
@@ -129,6 +123,7 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     if (ctx == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (tcp context)");
     ctx->setup = *setup;
     ctx->listen_fd = -1;
+    snprintf(ctx->who, sizeof(ctx->who), "tcp: rank %d", setup->rank);
     ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
     ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
     /* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
@@ -518,9 +513,10 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
 }
 
 /* An accepted socket proved itself: attach it to its connection. */
-static void attach_accepted(transport_ctx_t *ctx, tcp_pending_t *p)
+static void attach_accepted(void *arg, hs_t *hs)
 {
-    const hs_hello_t *h = &p->hs.hello;
+    transport_ctx_t *ctx = arg;
+    const hs_hello_t *h = &hs->hello;
     char as[SOCK_ADDR_STRLEN];
     const char *why = NULL;
     if (h->comm_id != ctx->setup.comm_id) why = "it belongs to another communicator";
@@ -537,19 +533,19 @@ static void attach_accepted(transport_ctx_t *ctx, tcp_pending_t *p)
     }
     if (why) {
         WARN(LOG_NET, "tcp: refused connection from %s claiming rank %d: %s",
-             sock_addr_str(&p->hs.peer, as, sizeof(as)), h->from_rank, why);
-        close(p->hs.fd);
+             sock_addr_str(&hs->peer, as, sizeof(as)), h->from_rank, why);
+        close(hs->fd);
         return;
     }
     tcp_sock_t *s = &c->socks[h->chan];
-    s->fd = p->hs.fd;
+    s->fd = hs->fd;
     s->state = SK_READY;
     sock_tune(s->fd, ctx->bufsize);
     c->nready++;
     if (c->addr.len == 0) {
-        c->addr = p->hs.peer;
+        c->addr = hs->peer;
         snprintf(c->name, sizeof(c->name), "rank %d (%s)", c->peer,
-                 sock_addr_str(&p->hs.peer, as, sizeof(as)));
+                 sock_addr_str(&hs->peer, as, sizeof(as)));
     }
     c->last_activity_ns = base_now_ns();
     TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->name);
@@ -557,56 +553,8 @@ static void attach_accepted(transport_ctx_t *ctx, tcp_pending_t *p)
 
 static loomResult_t accept_progress(transport_ctx_t *ctx, bool *progressed)
 {
-    for (;;) {
-        sock_addr_t peer;
-        peer.len = sizeof(peer.sa);
-        int fd = accept4(ctx->listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            if (errno == EMFILE || errno == ENFILE) {
-                WARN(LOG_NET, "tcp: accept failed: %s (raise the open-file limit)",
-                     strerror(errno));
-                break;
-            }
-            return base_error(loomSystemError, LOG_NET, "tcp: accept failed: %s",
-                              strerror(errno));
-        }
-        *progressed = true;
-        if (ctx->npend == ctx->pendcap) {
-            int ncap = ctx->pendcap ? ctx->pendcap * 2 : 8;
-            tcp_pending_t *n = realloc(ctx->pend, (size_t)ncap * sizeof(*n));
-            if (n == NULL) {
-                close(fd);
-                continue;
-            }
-            ctx->pend = n;
-            ctx->pendcap = ncap;
-        }
-        tcp_pending_t *p = &ctx->pend[ctx->npend];
-        if (hs_accept_init(&p->hs, fd, &peer, ctx->setup.secret) != loomSuccess) {
-            close(fd);
-            continue;
-        }
-        p->used = true;
-        ctx->npend++;
-    }
-    for (int i = 0; i < ctx->npend;) {
-        tcp_pending_t *p = &ctx->pend[i];
-        loomResult_t r = hs_progress(&p->hs, progressed);
-        if (r != loomSuccess) {
-            WARN(LOG_NET, "tcp: rank %d refused an incoming connection from %s", ctx->setup.rank,
-                 p->hs.err);
-            close(p->hs.fd);
-        } else if (p->hs.state == HS_DONE) {
-            attach_accepted(ctx, p);
-        } else {
-            i++;
-            continue;
-        }
-        ctx->pend[i] = ctx->pend[--ctx->npend];
-    }
+    hs_pending_progress(&ctx->pend, ctx->listen_fd, ctx->setup.secret, LOG_NET, ctx->who,
+                        attach_accepted, ctx, progressed);
     return loomSuccess;
 }
 
@@ -647,7 +595,7 @@ static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
     /* The listener matters while a connection waits for its peer's sockets or a handshake is
      * under way; otherwise look at it every few milliseconds only (strangers are dealt with then,
      * and the hot loop saves a system call). */
-    bool want_accept = ctx->npend > 0;
+    bool want_accept = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive && !want_accept; i++)
         if (ctx->active[i]->nready < ctx->active[i]->nsocks) want_accept = true;
     uint64_t now = base_now_ns();
@@ -667,8 +615,7 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
     int n = 0;
     if (ctx->aborted) return 0;
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-    for (int i = 0; i < ctx->npend && n < max; i++)
-        fds[n++] = (struct pollfd){.fd = ctx->pend[i].hs.fd, .events = hs_events(&ctx->pend[i].hs)};
+    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->failed) continue;
@@ -702,7 +649,7 @@ static void abort_grace(transport_ctx_t *ctx)
     while (base_now_ns() < end) {
         bool busy = false, prog = false;
         if (accept_progress(ctx, &prog) != loomSuccess) break;
-        busy = ctx->npend > 0;
+        busy = ctx->pend.n > 0;
         for (int i = 0; i < ctx->nactive; i++) {
             transport_conn_t *c = ctx->active[i];
             for (int k = 0; k < c->nsocks && !c->failed; k++) {
@@ -778,8 +725,7 @@ static void tcp_fini(transport_ctx_t *ctx)
         }
         free(c);
     }
-    for (int i = 0; i < ctx->npend; i++) close(ctx->pend[i].hs.fd);
-    free(ctx->pend);
+    hs_pending_free(&ctx->pend);
     if (ctx->listen_fd >= 0) close(ctx->listen_fd);
     free(ctx->conns);
     free(ctx->active);
