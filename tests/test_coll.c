@@ -313,11 +313,12 @@ static int algo_rank(loomComm_t comm, int r, int p, void *arg)
 
 START_TEST(hier_algos)
 {
-    static const char *algos[] = {"hier", "hier_leader", "ps", "ring"};
+    static const char *algos[] = {"hier", "hier_leader", "ps", "ring", "rd"};
     static const struct {
         int p;
         const char *nodes;
-    } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"}, {6, "a,a,a,b,c,c"}, {3, "a,b,c"}};
+    } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"}, {6, "a,a,a,b,c,c"}, {3, "a,b,c"},
+                   {7, "a,a,a,a,a,a,a"}, {8, "a,a,a,a,b,b,b,b"}};
     small_slices();
     for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
         setenv("LOOM_ALGO", algos[_i], 1);
@@ -343,7 +344,7 @@ int main(void)
     tcase_add_loop_test(tc, grid_moving, 0, 7);
     tcase_add_loop_test(tc, big_counts, 0, 3);
     tcase_add_test(tc, mixed_sequence);
-    tcase_add_loop_test(tc, hier_algos, 0, 4);
+    tcase_add_loop_test(tc, hier_algos, 0, 5);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -61,12 +61,13 @@ typedef enum {
     ALG_HIER,        /* allreduces over nodes (src/hier): the layout is cfg_t.node_size */
     ALG_HIER_LEADER,
     ALG_PS,
+    ALG_RD, /* recursive doubling allreduce (src/ring) */
     ALG_COUNT
 } alg_t;
 
 static const char *const alg_names[ALG_COUNT] = {
     "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce",
-    "alltoall",  "hier",           "hier_leader", "ps"};
+    "alltoall",  "hier",           "hier_leader", "ps",   "rd"};
 
 static bool alg_reduces(alg_t a)
 {
@@ -133,7 +134,8 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
 {
     static const uint8_t opk[ALG_COUNT] = {OPK_ALLREDUCE, OPK_REDUCESCATTER, OPK_ALLGATHER,
                                            OPK_BROADCAST, OPK_REDUCE,        OPK_ALLTOALL,
-                                           OPK_ALLREDUCE, OPK_ALLREDUCE,     OPK_ALLREDUCE};
+                                           OPK_ALLREDUCE, OPK_ALLREDUCE,     OPK_ALLREDUCE,
+                                           OPK_ALLREDUCE};
     ring_params_t prm = {.nchannels = c->nch, .slice_elems = c->slice};
     static topo_store_t ts;
     const sched_topo_t *topo = make_topo(c, &ts);
@@ -180,6 +182,10 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
         case ALG_PS:
             if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
             ps_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
+            break;
+        case ALG_RD:
+            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
+            rd_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
             break;
         default:
             break;
@@ -1543,6 +1549,8 @@ START_TEST(test_scale_hier)
     scale_node_case(ALG_HIER_LEADER, 1024, 8, VAL_IVL);
     scale_node_case(ALG_HIER_LEADER, 1024, -8, VAL_IVL);
     scale_node_case(ALG_PS, 1024, 8, VAL_IVL);
+    scale_node_case(ALG_RD, 1024, 8, VAL_IVL);
+    scale_node_case(ALG_RD, 1000, 8, VAL_IVL); /* 24 ranks fold into their neighbours */
 }
 END_TEST
 

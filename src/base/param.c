@@ -32,7 +32,7 @@ static const param_desc_t params[PARAM_COUNT] = {
                                 "receive slices posted ahead per channel (staging buffers)"},
     [PARAM_MAX_MESSAGE] = {"MAX_MESSAGE", PARAM_T_SIZE, "64M", "bytes",
                            "largest frame accepted from a peer; longer headers are refused"},
-    [PARAM_ALGO] = {"ALGO", PARAM_T_STR, "", "", "force an allreduce algorithm: ring"},
+    [PARAM_ALGO] = {"ALGO", PARAM_T_STR, "", "", "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)"},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
                          "force one transport for every peer: tcp (shm, mpi, ucx, ibv later)"},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",

@@ -325,6 +325,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
             hier_leader_allreduce(s, di, &topo, o->count, &prm, inplace, avg);
             break;
         case ALGO_PS: ps_allreduce(s, di, o->count, &prm, inplace, avg); break;
+        case ALGO_RD: rd_allreduce(s, di, o->count, &prm, inplace, avg); break;
         default: ring_allreduce(s, di, o->count, &prm, inplace, avg); break;
         }
         break;

@@ -315,7 +315,7 @@ sched_topo_t comm_topo(loomComm_t comm)
     return t;
 }
 
-const char *const algo_names[ALGO_COUNT] = {"ring", "hier", "hier_leader", "ps"};
+const char *const algo_names[ALGO_COUNT] = {"ring", "hier", "hier_leader", "ps", "rd"};
 
 static loomResult_t parse_algo(int *algo)
 {
@@ -328,7 +328,7 @@ static loomResult_t parse_algo(int *algo)
             return loomSuccess;
         }
     return base_error(loomInvalidUsage, LOG_INIT,
-                      "LOOM_ALGO=%s: unknown algorithm (ring, hier, hier_leader, ps)", a);
+                      "LOOM_ALGO=%s: unknown algorithm (ring, hier, hier_leader, ps, rd)", a);
 }
 
 /*
@@ -340,25 +340,37 @@ static loomResult_t parse_algo(int *algo)
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 {
     if (comm->algo != ALGO_AUTO) return comm->algo;
-    if (comm->nnodes <= 1) return ALGO_RING;
+    if (comm->nranks == 1) return ALGO_RING;
     const transport_ops_t *net = comm->tp[TP_TCP].ops ? comm->tp[TP_TCP].ops : &transport_tcp;
     const transport_ops_t *loc = comm->tp[TP_SHM].ops ? comm->tp[TP_SHM].ops : net;
+    bool multi = comm->nnodes > 1;
     double a_net = net->latency_us * 1e-6, b_net = 1.0 / (net->bw_GBps * 1e9);
     double a_loc = loc->latency_us * 1e-6, b_loc = 1.0 / (loc->bw_GBps * 1e9);
+    /* the slowest link a flat algorithm crosses */
+    double a_flat = multi ? a_net : a_loc, b_flat = multi ? b_net : b_loc;
     double p = comm->nranks, n = comm->nnodes, g = (double)comm->nranks / comm->nnodes;
     double nb = (double)bytes;
-    double ring = 2 * (p - 1) * a_net + 2 * (p - 1) / p * nb * b_net;
-    double hier = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc + 2 * (n - 1) * a_net +
-                  2 * (n - 1) / n * nb * b_net;
-    int pick = hier < ring ? ALGO_HIER : ALGO_RING;
+    double lg = 0;
+    while ((1 << (int)(lg + 1)) <= comm->nranks) lg++;
+    double folds = (1 << (int)lg) < comm->nranks ? 2 : 0;
+    double cost[ALGO_COUNT];
+    for (int i = 0; i < ALGO_COUNT; i++) cost[i] = 1e30;
+    cost[ALGO_RING] = 2 * (p - 1) * a_flat + 2 * (p - 1) / p * nb * b_flat;
+    cost[ALGO_RD] = (lg + folds) * a_flat + (lg + folds) * nb * b_flat;
+    if (multi)
+        cost[ALGO_HIER] = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc +
+                          2 * (n - 1) * a_net + 2 * (n - 1) / n * nb * b_net;
+    int pick = ALGO_RING;
+    for (int i = 0; i < ALGO_COUNT; i++)
+        if (cost[i] < cost[pick]) pick = i;
     /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
     log_level_t lvl = pick != comm->last_pick ? LOG_INFO : LOG_TRACE;
     comm->last_pick = pick;
     LOG(lvl, LOG_TUNING,
-        "allreduce of %llu bytes on %d ranks / %d nodes: model says ring %.1f us, hier %.1f us "
-        "-> %s",
-        (unsigned long long)bytes, comm->nranks, comm->nnodes, ring * 1e6, hier * 1e6,
-        algo_names[pick]);
+        "allreduce of %llu bytes on %d ranks / %d nodes: model says ring %.1f us, rd %.1f us, "
+        "hier %.1f us -> %s",
+        (unsigned long long)bytes, comm->nranks, comm->nnodes, cost[ALGO_RING] * 1e6,
+        cost[ALGO_RD] * 1e6, multi ? cost[ALGO_HIER] * 1e6 : 0.0, algo_names[pick]);
     return pick;
 }
 

@@ -120,7 +120,15 @@ struct loomComm {
     uint64_t cache_clock;
 };
 
-enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_COUNT };
+enum {
+    ALGO_AUTO = -1,
+    ALGO_RING = 0,
+    ALGO_HIER,
+    ALGO_HIER_LEADER,
+    ALGO_PS,
+    ALGO_RD,
+    ALGO_COUNT
+};
 extern const char *const algo_names[ALGO_COUNT];
 /* The allreduce algorithm for `bytes` on this communicator (LOOM_ALGO, or the cost model). */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);

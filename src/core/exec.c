@@ -47,6 +47,7 @@ struct exec {
     uint32_t *stamp;      /* per (peer, direction): scan that found an earlier blocked step */
     uint32_t scan;
     uint64_t start_ns;
+    uint64_t last_step_ns; /* when a step last finished */
     bool dirty; /* a step finished since the last scan: more may be issuable */
 };
 
@@ -148,7 +149,7 @@ loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
         for (int i = 0; i < e->nslots; i++) e->free_slots[i] = i;
         e->nfree = e->nslots;
     }
-    e->start_ns = base_now_ns();
+    e->start_ns = e->last_step_ns = base_now_ns();
     e->dirty = true;
     *out = e;
     return loomSuccess;
@@ -199,6 +200,7 @@ static void finish_step(exec_t *e, size_t i)
     e->state[i] = ST_DONE;
     e->ndone++;
     e->dirty = true;
+    e->last_step_ns = base_now_ns();
 }
 
 static void apply_avg(exec_t *e, const sched_step_t *st)
@@ -415,7 +417,25 @@ loomResult_t exec_check_timeout(exec_t *e)
             worst_peer = st->peer;
         }
     }
-    if (worst <= limit) return loomSuccess;
+    if (worst <= limit) {
+        /* Heartbeats prove the peers alive, yet nothing finishes: the ranks wait on each other
+         * (a schedule that cannot complete). Never hang silently: after twice the timeout, say
+         * what this rank waits for. */
+        uint64_t stuck = base_now_ns() - e->last_step_ns;
+        if (e->ninflight == 0 || stuck <= 2 * limit) return loomSuccess;
+        const sched_step_t *w = &e->s->steps[e->inflight[0]];
+        char d[160];
+        desc_str(&e->s->descs[w->desc], d, sizeof(d));
+        loomResult_t r = base_error(
+            loomInternalError, LOG_COLL,
+            "%s: no step finished for %.1f s although every peer is alive; %d steps wait, the "
+            "first %s %s: the ranks wait on each other (please report this with LOOM_DEBUG=TRACE)",
+            d, (double)stuck * 1e-9, e->ninflight,
+            w->kind == STEP_SEND ? "sending to" : "receiving from",
+            comm->links[w->peer].ops->peer_name(comm->links[w->peer].conn));
+        comm_set_error(comm, r, base_last_error());
+        return r;
+    }
     const sched_step_t *st = NULL;
     for (int k = 0; k < e->ninflight; k++)
         if (e->s->steps[e->inflight[k]].peer == worst_peer) st = &e->s->steps[e->inflight[k]];
