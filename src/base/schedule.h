@@ -70,6 +70,7 @@ typedef struct {
     int32_t root;  /* root, or peer for point to point */
     uint64_t count;
     uint64_t seq;  /* collective sequence number, or per-pair p2p sequence */
+    uint64_t shape; /* how the operation is cut (algorithm, slice, channels): ranks must agree */
 } sched_desc_t;
 
 typedef struct sched_imap sched_imap_t;

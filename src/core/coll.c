@@ -307,6 +307,11 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
                            (uint64_t)(uint32_t)d.root << 32,
                        o->count, (uint64_t)inplace | (uint64_t)(algo + 1) << 8,
                        (uint64_t)delta, (uint64_t)prm.nchannels, prm.slice_elems};
+    /* the cut, carried in every message: ranks that slice differently fail with that reason
+     * instead of a confusing size mismatch */
+    /* (in place or not may differ between ranks: only the algorithm and the cut count) */
+    uint64_t cut[3] = {key[2] >> 8, key[4], key[5]};
+    d.shape = base_hash64(cut, sizeof(cut), 0x7368617065);
     bool hit;
     sched_t *s = cache_slot(comm, key, &hit);
     *out = s;

@@ -225,11 +225,7 @@ static loomResult_t comm_start_transport(loomComm_t comm,
     bool want[TP_MAX];
     LOOM_CHECK(pick_transports(comm, want));
     transport_setup_t setup = {.rank = comm->rank, .nranks = comm->nranks,
-                               .comm_id = comm->comm_id,
-                               /* comm_tune_for_cores may raise the slice 4x after the layout
-                                * is known */
-                               .max_message = LOOM_MIN(comm->slice_bytes * 4,
-                                                       param_size(PARAM_MAX_MESSAGE))};
+                               .comm_id = comm->comm_id, .max_message = comm->slice_bytes};
     memcpy(setup.secret, comm->secret, 16);
     if (want[TP_TCP]) {
         sock_addr_t a;
@@ -376,19 +372,18 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 
 /*
  * More ranks on this node than cores: a rank that spins keeps the core from the very peer it
- * waits for, and every message costs a context switch. Then wait without spinning and move
- * fewer, larger slices (measured on 4 ranks over 2 cores: 12% faster), unless the user set
- * LOOM_SPIN_US or LOOM_SLICE_SIZE.
+ * waits for. Then wait without spinning (measured on 4 ranks over 2 cores: ~10% faster), unless
+ * the user set LOOM_SPIN_US. Only local behaviour may change here: anything that shapes the
+ * schedule (slice sizes, channels) must be the same on every rank of the job, and other nodes
+ * may have other core counts.
  */
 static void comm_tune_for_cores(loomComm_t comm)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores <= 0 || comm->local_size <= cores) return;
     if (!param_is_set(PARAM_SPIN_US)) comm->spin_ns = 0;
-    if (!param_is_set(PARAM_SLICE_SIZE))
-        comm->slice_bytes = LOOM_MIN(comm->slice_bytes * 4, param_size(PARAM_MAX_MESSAGE));
-    INFO(LOG_TUNING, "%d ranks on this node share %ld cores: no spinning, %llu-byte slices",
-         comm->local_size, cores, (unsigned long long)comm->slice_bytes);
+    INFO(LOG_TUNING, "%d ranks on this node share %ld cores: waiting without spinning",
+         comm->local_size, cores);
 }
 
 typedef struct {

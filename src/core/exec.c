@@ -74,6 +74,8 @@ static const char *op_name(int op)
 }
 
 /* Metadata as carried in messages: point to point looks the same from both ends. */
+_Static_assert(sizeof(sched_desc_t) <= TRANSPORT_META_BYTES, "descriptor fits the metadata");
+
 static void meta_pack(const sched_desc_t *d, uint8_t meta[TRANSPORT_META_BYTES])
 {
     sched_desc_t m = *d;
@@ -287,10 +289,22 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
     desc_str(&theirs, a, sizeof(a));
     desc_str(mine, b, sizeof(b));
     char text[ERR_TEXT_MAX];
-    snprintf(text, sizeof(text),
-             "operation mismatch: rank %d called %s but rank %d called %s; every rank must issue "
-             "the same operations in the same order",
-             st->peer, a, e->comm->rank, b);
+    sched_desc_t same = theirs;
+    same.shape = mine->shape;
+    uint8_t m2[TRANSPORT_META_BYTES];
+    meta_pack(&same, m2);
+    if (memcmp(m2, want, TRANSPORT_META_BYTES) == 0)
+        snprintf(text, sizeof(text),
+                 "operation mismatch: ranks %d and %d both called %s but cut it differently "
+                 "(shape %016llx against %016llx): LOOM_ALGO, LOOM_SLICE_SIZE or LOOM_NCHANNELS "
+                 "differ between them",
+                 st->peer, e->comm->rank, b, (unsigned long long)theirs.shape,
+                 (unsigned long long)mine->shape);
+    else
+        snprintf(text, sizeof(text),
+                 "operation mismatch: rank %d called %s but rank %d called %s; every rank must "
+                 "issue the same operations in the same order",
+                 st->peer, a, e->comm->rank, b);
     loomResult_t r = base_error(loomInvalidUsage, LOG_COLL, "%s", text);
     comm_set_error(e->comm, r, base_last_error());
     return r;
