@@ -35,7 +35,7 @@ typedef struct {
 /* What every rank tells the others at bootstrap. */
 typedef struct {
     int32_t rank;
-    int32_t pad;
+    int32_t cores; /* online cores of its machine: job-wide tuning needs everyone's */
     uint64_t node_hash; /* node identity (host + boot id + netns, or LOOM_NODE_ID) */
     uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES]; /* per transport; empty: not offered */
     char host[HOST_NAME_LEN];
