@@ -359,7 +359,8 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     double c_red = 1.0 / 5e9;
     cost[ALGO_RING] = 2 * (p - 1) * a_flat + 2 * (p - 1) / p * nb * b_flat +
                       (p - 1) / p * nb * c_red;
-    cost[ALGO_RD] = (lg + folds) * a_flat + (lg + folds) * nb * b_flat + (lg + folds / 2) * nb * c_red;
+    cost[ALGO_RD] =
+        (lg + folds) * a_flat + (lg + folds) * nb * b_flat + (lg + folds / 2) * nb * c_red;
     if (multi)
         cost[ALGO_HIER] = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc +
                           2 * (n - 1) * a_net + 2 * (n - 1) / n * nb * b_net +
