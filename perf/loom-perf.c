@@ -179,25 +179,18 @@ static double expected_reduced(int type, int op, size_t i, int p)
         bool integer = type <= loomUint64;
         if (integer) acc = trunc(acc / p);
         else if (type == loomFloat) acc = (double)((float)acc / (float)p);
-        else if (type == loomHalf) acc = h2f(f2h(0)) + (double)((float)acc / (float)p);
+        else if (type == loomHalf) acc = (double)((float)acc / (float)p);
         else if (type == loomBfloat16) acc = (double)((float)acc / (float)p);
         else acc = acc / p;
     }
     return acc;
 }
 
-/* The value the type can hold closest to v, as the library rounds (to compare exactly). */
+/* The value the type holds for v (inputs and exact results are small integers, so this is
+ * exact; avg of float16/bfloat16 is compared with a tolerance below). */
 static double as_type(int type, double v)
 {
     uint8_t tmp[8];
-    if (type == loomHalf) {
-        /* round to nearest even through float */
-        float f = (float)v;
-        uint32_t x;
-        memcpy(&x, &f, 4);
-        (void)x;
-        return v; /* inputs keep avg results representable or compare with tolerance below */
-    }
     store(type, tmp, 0, v);
     return load(type, tmp, 0);
 }
@@ -277,9 +270,9 @@ static long check_output(ctx_t *x, const void *buf, size_t count, int type, int 
         case C_BROADCAST: want = input_value(type, op, x->o->root, i, p); break;
         case C_ALLGATHER: want = input_value(type, op, (int)(i / count), i % count, p); break;
         case C_ALLTOALL: {
+            /* rank `from` filled the element bound for rank r with this index */
             int from = (int)(i / count);
-            size_t gi = (size_t)r * count + (i % count) + (size_t)r * count * 0;
-            gi = (i % count) + (size_t)from * count + (size_t)r * 7;
+            size_t gi = (i % count) + (size_t)from * count + (size_t)r * 7;
             want = input_value(type, op, from, gi, p);
             break;
         }
