@@ -13,9 +13,12 @@ typedef struct {
     int64_t readers;     /* head of a list in s->readers, -1: none */
 } sched_ival_t;
 
-/* Disjoint intervals sorted by start; only ranges that steps touched are present. */
+/* Disjoint intervals sorted by start; only ranges that steps touched are present. The array
+ * keeps free room at both ends (iv points at the first interval, base at the allocation), so an
+ * insertion moves whichever side is shorter: rings touch chunks in descending order, which
+ * would otherwise shift the whole array on every new range. */
 struct sched_imap {
-    sched_ival_t *iv;
+    sched_ival_t *iv, *base;
     size_t n, cap;
 };
 
@@ -36,7 +39,10 @@ void sched_reset(sched_t *s, int rank, int nranks)
     s->tmp_elems = 0;
     s->alias_from = s->alias_to = 0;
     s->alias_delta = 0;
-    for (size_t i = 0; i < s->nimaps; i++) s->imaps[i].n = 0;
+    for (size_t i = 0; i < s->nimaps; i++) {
+        s->imaps[i].n = 0;
+        if (s->imaps[i].base) s->imaps[i].iv = s->imaps[i].base + s->imaps[i].cap / 2;
+    }
     s->nreaders = 0;
     s->oom = false;
 }
@@ -46,7 +52,7 @@ void sched_free(sched_t *s)
     free(s->steps);
     free(s->deps);
     free(s->descs);
-    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].iv);
+    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].base);
     free(s->imaps);
     free(s->readers);
     memset(s, 0, sizeof(*s));
@@ -56,7 +62,7 @@ uint32_t sched_add_buf(sched_t *s) { return s->nbufs++; }
 
 void sched_drop_tracking(sched_t *s)
 {
-    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].iv);
+    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].base);
     free(s->imaps);
     s->imaps = NULL;
     s->nimaps = 0;
@@ -159,11 +165,29 @@ static size_t imap_find(const sched_imap_t *m, int64_t x)
 
 static bool imap_insert(sched_t *s, sched_imap_t *m, size_t at, sched_ival_t v)
 {
-    if (!grow((void **)&m->iv, &m->cap, m->n + 1, sizeof(*m->iv))) {
-        s->oom = true;
-        return false;
+    size_t front = m->base ? (size_t)(m->iv - m->base) : 0;
+    if (at < m->n - at && front > 0) {
+        memmove(m->iv - 1, m->iv, at * sizeof(*m->iv));
+        m->iv--;
+    } else if (m->base && front + m->n < m->cap) {
+        memmove(m->iv + at + 1, m->iv + at, (m->n - at) * sizeof(*m->iv));
+    } else {
+        size_t ncap = LOOM_MAX((size_t)64, 2 * (m->n + 1));
+        sched_ival_t *nb = malloc(ncap * sizeof(*nb));
+        if (nb == NULL) {
+            s->oom = true;
+            return false;
+        }
+        sched_ival_t *niv = nb + (ncap - m->n - 1) / 2;
+        if (m->n) {
+            memcpy(niv, m->iv, at * sizeof(*niv));
+            memcpy(niv + at + 1, m->iv + at, (m->n - at) * sizeof(*niv));
+        }
+        free(m->base);
+        m->base = nb;
+        m->iv = niv;
+        m->cap = ncap;
     }
-    memmove(m->iv + at + 1, m->iv + at, (m->n - at) * sizeof(*m->iv));
     m->iv[at] = v;
     m->n++;
     return true;
