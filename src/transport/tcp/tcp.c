@@ -64,6 +64,7 @@ typedef struct {
     transport_req_t *rq_head, *rq_tail;
     uint32_t send_seq, recv_seq;
     uint64_t last_send_ns; /* for heartbeats */
+    bool eof;              /* the peer closed it while nothing was expected on it */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -422,8 +423,10 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
     for (;;) {
         ssize_t n = recv(s->fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) {
-            conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
-                      c->name);
+            /* The peer finished and left while its last messages may still wait on the other
+             * sockets: an end of stream is an error only where a receive expects data (then
+             * sock_progress_recv says so), or when a send fails. */
+            s->eof = true;
             return;
         }
         if (n != (ssize_t)sizeof(h)) return;
@@ -584,7 +587,8 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
     if (now >= c->next_peek_ns) {
         c->next_peek_ns = now + c->ctx->ping_ns / 4;
         for (int i = 0; i < c->nsocks && !c->failed; i++)
-            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL)
+            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL &&
+                !c->socks[i].eof)
                 peek_heartbeats(c, &c->socks[i]);
     }
 }
