@@ -79,14 +79,24 @@ static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int 
     }
 }
 
+/* This rank's node as a ring group: its ranks, their number, and this rank's place. */
+static ring_group_t my_node(const sched_t *s, const sched_topo_t *t)
+{
+    int node = t->node_of[s->rank];
+    ring_group_t g = {.n = t->node_start[node + 1] - t->node_start[node], .me = 0,
+                      .ranks = t->node_ranks + t->node_start[node]};
+    while (g.ranks[g.me] != s->rank) g.me++;
+    return g;
+}
+
 void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,
                     const ring_params_t *prm, bool inplace, bool avg)
 {
     if (count == 0) return;
-    int me = s->rank, node = t->node_of[me], N = t->nnodes;
-    const int *local = t->node_ranks + t->node_start[node];
-    int ls = t->node_start[node + 1] - t->node_start[node], li = 0;
-    while (local[li] != me) li++;
+    int node = t->node_of[s->rank], N = t->nnodes;
+    ring_group_t lg = my_node(s, t);
+    const int *local = lg.ranks;
+    int ls = lg.n, li = lg.me;
     int S = max_local(t);
     uint64_t sl = prm->slice_elems;
     /* 1. node-local reduce-scatter; partial sums go to the output buffer */
@@ -123,11 +133,9 @@ void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uin
                            const ring_params_t *prm, bool inplace, bool avg)
 {
     if (count == 0) return;
-    int me = s->rank, node = t->node_of[me], N = t->nnodes;
-    const int *local = t->node_ranks + t->node_start[node];
-    int ls = t->node_start[node + 1] - t->node_start[node], li = 0;
-    while (local[li] != me) li++;
-    ring_group_t lg = {.n = ls, .me = li, .ranks = local};
+    int node = t->node_of[s->rank], N = t->nnodes;
+    ring_group_t lg = my_node(s, t);
+    int ls = lg.n, li = lg.me;
     /* 1. reduce to the node's leader (local rank 0) */
     ring_reduce_group(s, desc, &lg, count, 0, prm, inplace, avg && N == 1);
     /* 2. allreduce among leaders */

@@ -84,6 +84,17 @@ typedef struct {
     void (*fini)(transport_ctx_t *ctx);
 } transport_ops_t;
 
+/* A connection's first failure, kept for every later call on it (shared by the transports). */
+#define TRANSPORT_ERR_MAX 1280
+typedef struct {
+    bool failed;
+    loomResult_t code;
+    char text[TRANSPORT_ERR_MAX];
+} transport_fail_t;
+/* Records the failure unless one is already there (the first cause is the useful one). */
+void transport_fail(transport_fail_t *f, loomResult_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
 

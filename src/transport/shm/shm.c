@@ -115,10 +115,8 @@ struct transport_conn {
     int pending;
     uint64_t last_activity_ns;
     uint64_t last_send_ns;
-    bool failed;
-    loomResult_t fail_code;
     char name[96];
-    char err[SHM_ABORT_TEXT_MAX + 256];
+    transport_fail_t fail;
 };
 
 struct transport_ctx {
@@ -139,21 +137,10 @@ struct transport_ctx {
     char abort_reason[SHM_ABORT_TEXT_MAX];
 };
 
-static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
-    LOOM_PRINTF(3, 4);
-static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
-{
-    if (c->failed) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof(c->err), fmt, ap);
-    va_end(ap);
-    c->failed = true;
-    c->fail_code = code;
-}
+#define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
 
 static const char *shm_peer_name(transport_conn_t *c) { return c->name; }
-static const char *shm_conn_error(transport_conn_t *c) { return c->err; }
+static const char *shm_conn_error(transport_conn_t *c) { return c->fail.text; }
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
 static socklen_t shm_sockaddr(const char *name, size_t len, struct sockaddr_un *sa)
@@ -264,7 +251,7 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
 
 static loomResult_t conn_check(transport_conn_t *c)
 {
-    if (c->failed) return c->fail_code;
+    if (c->fail.failed) return c->fail.code;
     if (c->ctx->aborted) {
         conn_fail(c, loomRemoteError, "communicator aborted: %s", c->ctx->abort_reason);
         return loomRemoteError;
@@ -321,7 +308,7 @@ static void out_push(transport_conn_t *c, const shm_msg_t *m)
 static void out_flush(transport_conn_t *c, bool *progressed)
 {
     int k = 0;
-    while (k < c->nout && !c->failed) {
+    while (k < c->nout && !c->fail.failed) {
         ssize_t n = send(c->fd, &c->out[k], msg_size(&c->out[k]), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -348,7 +335,7 @@ static void out_flush(transport_conn_t *c, bool *progressed)
 /* Sends that were waiting for the mode decision or a free bounce slot. */
 static void start_sends(transport_conn_t *c)
 {
-    while (c->wait_head && c->state == CS_READY && !c->failed) {
+    while (c->wait_head && c->state == CS_READY && !c->fail.failed) {
         transport_req_t *r = c->wait_head;
         shm_msg_t m;
         memset(&m, 0, sizeof(shm_desc_t));
@@ -422,7 +409,7 @@ static loomResult_t shm_test(transport_req_t *r, int *done, uint8_t meta[TRANSPO
 {
     if (r->complete) {
         if (meta) memcpy(meta, r->meta, TRANSPORT_META_BYTES);
-        loomResult_t res = r->bad_len ? r->conn->fail_code : loomSuccess;
+        loomResult_t res = r->bad_len ? r->conn->fail.code : loomSuccess;
         free(r);
         *done = 1;
         return res;
@@ -483,7 +470,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
 
 static void match_recvs(transport_conn_t *c)
 {
-    while (c->recv_head && c->desc_head && !c->failed) {
+    while (c->recv_head && c->desc_head && !c->fail.failed) {
         shm_pending_desc_t *pd = c->desc_head;
         transport_req_t *r = q_pop(&c->recv_head, &c->recv_tail);
         c->desc_head = pd->next;
@@ -720,7 +707,7 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
      * milliseconds: in the hot loop it was a tenth of all the time spent. */
     bool want_accept = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive && !want_accept; i++)
-        if (ctx->active[i]->state != CS_READY && !ctx->active[i]->failed) want_accept = true;
+        if (ctx->active[i]->state != CS_READY && !ctx->active[i]->fail.failed) want_accept = true;
     uint64_t now = base_now_ns();
     if (want_accept || now >= ctx->next_accept_ns) {
         ctx->next_accept_ns = now + 5000000;
@@ -728,7 +715,7 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
     }
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->failed || c->fd < 0) continue;
+        if (c->fail.failed || c->fd < 0) continue;
         if (c->state == CS_HANDSHAKE) {
             if (hs_progress(&c->hs, progressed) != loomSuccess) {
                 conn_fail(c, loomRemoteError, "connection to %s failed: %s", c->name, c->hs.err);
@@ -737,7 +724,7 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
             if (c->hs.state != HS_DONE) continue;
             mode_start(c);
         }
-        if (c->failed) continue;
+        if (c->fail.failed) continue;
         read_control(c, progressed);
         if (c->state == CS_READY) {
             start_sends(c);
@@ -763,7 +750,7 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
     n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive && n < max; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->failed || c->fd < 0) continue;
+        if (c->fail.failed || c->fd < 0) continue;
         short ev = c->state == CS_HANDSHAKE ? hs_events(&c->hs) : POLLIN;
         if (c->nout) ev |= POLLOUT;
         fds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
@@ -788,9 +775,9 @@ static void abort_grace(transport_ctx_t *ctx)
         busy = ctx->pend.n > 0;
         for (int i = 0; i < ctx->nactive; i++) {
             transport_conn_t *c = ctx->active[i];
-            if (c->failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
+            if (c->fail.failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
             if (hs_progress(&c->hs, &prog) != loomSuccess) {
-                c->failed = true;
+                c->fail.failed = true;
                 continue;
             }
             if (c->hs.state == HS_DONE) mode_start(c);

@@ -78,10 +78,8 @@ struct transport_conn {
     uint64_t last_activity_ns;
     uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
     int pending;           /* requests not yet complete */
-    bool failed;
-    loomResult_t fail_code;
     char name[96];
-    char err[TCP_ABORT_TEXT_MAX + 256];
+    transport_fail_t fail;
 };
 
 struct transport_ctx {
@@ -101,21 +99,10 @@ struct transport_ctx {
     char abort_reason[TCP_ABORT_TEXT_MAX];
 };
 
-static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
-    LOOM_PRINTF(3, 4);
-static void conn_fail(transport_conn_t *c, loomResult_t code, const char *fmt, ...)
-{
-    if (c->failed) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof(c->err), fmt, ap);
-    va_end(ap);
-    c->failed = true;
-    c->fail_code = code;
-}
+#define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
 
 static const char *tcp_peer_name(transport_conn_t *c) { return c->name; }
-static const char *tcp_conn_error(transport_conn_t *c) { return c->err; }
+static const char *tcp_conn_error(transport_conn_t *c) { return c->fail.text; }
 
 static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **out,
                              uint8_t handle[TRANSPORT_HANDLE_BYTES])
@@ -215,7 +202,7 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
 
 static loomResult_t conn_check(transport_conn_t *c)
 {
-    if (c->failed) return c->fail_code;
+    if (c->fail.failed) return c->fail.code;
     if (c->ctx->aborted) {
         conn_fail(c, loomRemoteError, "communicator aborted: %s", c->ctx->abort_reason);
         return loomRemoteError;
@@ -275,7 +262,7 @@ static loomResult_t tcp_test(transport_req_t *r, int *done, uint8_t meta[TRANSPO
 {
     if (r->complete) {
         if (meta) memcpy(meta, r->hdr.meta, TRANSPORT_META_BYTES);
-        loomResult_t res = r->bad_len ? r->conn->fail_code : loomSuccess;
+        loomResult_t res = r->bad_len ? r->conn->fail.code : loomSuccess;
         free(r);
         *done = 1;
         return res;
@@ -388,7 +375,7 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
 static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
     const size_t H = sizeof(tcp_frame_t);
-    while (s->rq_head && !c->failed) {
+    while (s->rq_head && !c->fail.failed) {
         transport_req_t *r = s->rq_head;
         if (r->done < H) {
             int h = read_header(c, s, r, progressed);
@@ -471,7 +458,7 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
 
 static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
-    while (s->sq_head && !c->failed) {
+    while (s->sq_head && !c->fail.failed) {
         transport_req_t *r = s->sq_head;
         const size_t H = sizeof(tcp_frame_t);
         struct iovec iov[2];
@@ -564,7 +551,7 @@ static loomResult_t accept_progress(transport_ctx_t *ctx, bool *progressed)
 static void conn_progress(transport_conn_t *c, bool *progressed)
 {
     transport_ctx_t *ctx = c->ctx;
-    for (int i = 0; i < c->nsocks && !c->failed; i++) {
+    for (int i = 0; i < c->nsocks && !c->fail.failed; i++) {
         tcp_sock_t *s = &c->socks[i];
         if (s->state == SK_HANDSHAKE) {
             if (hs_progress(&s->hs, progressed) != loomSuccess) {
@@ -582,11 +569,11 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
         if (s->rq_head) sock_progress_recv(c, s, progressed);
     }
     uint64_t now = base_now_ns();
-    for (int i = 0; i < c->nsocks && !c->failed; i++)
+    for (int i = 0; i < c->nsocks && !c->fail.failed; i++)
         if (c->socks[i].state == SK_READY) maybe_ping(c, &c->socks[i], now);
     if (now >= c->next_peek_ns) {
         c->next_peek_ns = now + c->ctx->ping_ns / 4;
-        for (int i = 0; i < c->nsocks && !c->failed; i++)
+        for (int i = 0; i < c->nsocks && !c->fail.failed; i++)
             if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL &&
                 !c->socks[i].eof)
                 peek_heartbeats(c, &c->socks[i]);
@@ -609,7 +596,7 @@ static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
     }
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (!c->failed) conn_progress(c, progressed);
+        if (!c->fail.failed) conn_progress(c, progressed);
     }
     return loomSuccess;
 }
@@ -622,7 +609,7 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
     n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->failed) continue;
+        if (c->fail.failed) continue;
         for (int k = 0; k < c->nsocks && n < max; k++) {
             tcp_sock_t *s = &c->socks[k];
             short ev = 0;
@@ -656,7 +643,7 @@ static void abort_grace(transport_ctx_t *ctx)
         busy = ctx->pend.n > 0;
         for (int i = 0; i < ctx->nactive; i++) {
             transport_conn_t *c = ctx->active[i];
-            for (int k = 0; k < c->nsocks && !c->failed; k++) {
+            for (int k = 0; k < c->nsocks && !c->fail.failed; k++) {
                 tcp_sock_t *s = &c->socks[k];
                 if (s->state == SK_HANDSHAKE) {
                     if (hs_progress(&s->hs, &prog) != loomSuccess) {
