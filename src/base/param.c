@@ -44,6 +44,18 @@ static const param_desc_t params[PARAM_COUNT] = {
                        "comma-separated list gives rank r the r-th name"},
     [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
                           "job secret for launches without a unique id (any text)"},
+    [PARAM_CUDA_BLOCKS] = {"CUDA_BLOCKS", PARAM_T_INT, "32", "",
+                           "thread blocks (lanes per peer) of the device kernels, 1-64; rank 0's "
+                           "value holds for the job"},
+    [PARAM_CUDA_SLOT] = {"CUDA_SLOT", PARAM_T_SIZE, "256K", "bytes",
+                         "largest piece one block moves per step through a peer's GPU memory"},
+    [PARAM_CUDA_ONESHOT] = {"CUDA_ONESHOT", PARAM_T_SIZE, "256K", "bytes",
+                            "device allreduce up to this size reduces in one shot (every rank "
+                            "reads all inputs); larger ones reduce-scatter then allgather. Two "
+                            "ranks always use one shot (the same bytes on the link)"},
+    [PARAM_CUDA_STAGE_CHUNK] = {"CUDA_STAGE_CHUNK", PARAM_T_SIZE, "4M", "bytes",
+                                "piece size when device data crosses nodes through pinned host "
+                                "memory (copies overlap the network piece by piece)"},
 };
 
 typedef struct {

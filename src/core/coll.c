@@ -17,6 +17,9 @@
 #include "hier.h"
 #include "memtype.h"
 #include "ring.h"
+#ifdef LOOM_HAVE_CUDA
+#include "dev.h"
+#endif
 
 #define OP_PREMUL_CODE 5
 
@@ -29,9 +32,14 @@ typedef struct {
     loomDataType_t type;
     loomRedOp_t op;
     int root; /* root, or peer for point to point */
+    cudaStream_t stream;
+    bool dev; /* device buffers: the device executor orders it on the stream */
 } coll_op_t;
 
 static _Thread_local int group_depth;
+/* The memory kinds the current call's buffers were found to be (check_buf). */
+static _Thread_local loomComm_t call_comm;
+static _Thread_local bool call_dev, call_host;
 static _Thread_local coll_op_t *gq;
 static _Thread_local int gq_len, gq_cap;
 
@@ -71,6 +79,8 @@ static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t
 {
     LOOM_CHECK(comm_check(comm, fn));
     log_set_rank(comm->rank);
+    call_comm = comm;
+    call_dev = call_host = false;
     if ((int)type < 0 || type >= loomNumTypes)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: invalid datatype %d (expected 0..%d)", fn, (int)type,
@@ -89,14 +99,37 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
     if (bytes > 0 && p == NULL)
         return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
                           fn, name, bytes);
-    /* Device memory read as host memory would crash or corrupt: refuse it clearly until the
-     * device executor is here. */
-    mem_type_t mt = bytes > 0 ? mem_type_of(p) : MEM_HOST;
-    if (mt != MEM_HOST)
+    if (bytes == 0) return loomSuccess;
+    mem_type_t mt = mem_type_of(p);
+    if (mt == MEM_HOST) {
+        call_host = true;
+        return loomSuccess;
+    }
+    if (mt == MEM_MANAGED)
         return base_error(loomInvalidUsage, LOG_COLL,
-                          "%s: %s (%p) is CUDA %s memory, and this build of loom moves host "
-                          "memory only (device buffers arrive with the CUDA executor)",
-                          fn, name, p, mt == MEM_DEVICE ? "device" : "managed");
+                          "%s: %s (%p) is CUDA managed memory, which loom does not move (use "
+                          "device or host memory)",
+                          fn, name, p);
+#ifdef LOOM_HAVE_CUDA
+    call_dev = true;
+    return dev_attach(call_comm, p, fn, name);
+#else
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "%s: %s (%p) is CUDA device memory, and this build of loom has no device "
+                      "executor (it was built without the CUDA toolkit)",
+                      fn, name, p);
+#endif
+}
+
+/* Fills o->dev from the call's buffers; host and device buffers in one call are refused. */
+static loomResult_t check_mem_kind(const char *fn, coll_op_t *o)
+{
+    if (call_dev && call_host)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: one buffer is CUDA device memory and another host memory; a "
+                          "call takes one kind",
+                          fn);
+    o->dev = call_dev;
     return loomSuccess;
 }
 
@@ -490,9 +523,47 @@ static loomResult_t run_group(void)
         gq_len = 0;
         return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
     }
+#ifdef LOOM_HAVE_CUDA
+    /* Device buffers: ordered on their streams by the device executor, per communicator in
+     * call order; nothing to drive here. */
+    for (int i = 0; i < n; i++) {
+        if (!gq[i].dev || gq[i].comm == NULL) continue;
+        loomComm_t c = gq[i].comm;
+        int m = 0;
+        for (int q = i; q < n; q++)
+            if (gq[q].dev && gq[q].comm == c) m++;
+        dev_op_t *dops = calloc((size_t)m, sizeof(*dops));
+        if (dops == NULL) {
+            res = base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+            break;
+        }
+        m = 0;
+        for (int q = i; q < n; q++) {
+            coll_op_t *o = &gq[q];
+            if (!o->dev || o->comm != c) continue;
+            dops[m++] = (dev_op_t){o->kind, o->send, o->recv, o->count, o->type, o->op, o->root,
+                                   o->stream};
+            if (q != i) o->comm = NULL; /* taken */
+        }
+        atomic_fetch_add(&c->active_calls, 1);
+        log_set_rank(c->rank);
+        loomResult_t r = dev_run(c, dops, m);
+        atomic_fetch_sub(&c->active_calls, 1);
+        if (r != loomSuccess && res == loomSuccess) res = r;
+        free(dops);
+        gq[i].comm = NULL;
+    }
+    if (res != loomSuccess) {
+        free(jobs);
+        free(idx);
+        gq_len = 0;
+        return res;
+    }
+#endif
     /* One job per communicator, its operations in call order. */
     int used = 0;
     for (int i = 0; i < n; i++) {
+        if (gq[i].comm == NULL) continue; /* device operation, done above */
         int k;
         for (k = 0; k < njobs; k++)
             if (jobs[k].comm == gq[i].comm) break;
@@ -573,17 +644,22 @@ loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *re
 {
     coll_op_t o = {.comm = comm, .kind = OPK_SPLIT, .send = send, .recv = recv, .count = bytes,
                    .type = loomUint8, .op = loomSum, .root = -1};
-    if (group_depth > 0)
-        return base_error(loomInvalidUsage, LOG_INIT, "loomCommSplit inside a group");
-    return enqueue(&o);
+    /* Runs now, apart from this thread's group queue: the device executor sets itself up in
+     * the middle of a call, maybe inside a group. */
+    int depth = group_depth, len = gq_len, cap = gq_cap;
+    coll_op_t *q = gq;
+    loomComm_t cc = call_comm;
+    bool cd = call_dev, ch = call_host;
+    group_depth = gq_len = gq_cap = 0;
+    gq = NULL;
+    loomResult_t r = enqueue(&o);
+    free(gq);
+    group_depth = depth, gq_len = len, gq_cap = cap, gq = q;
+    call_comm = cc, call_dev = cd, call_host = ch;
+    return r;
 }
 
 /* ---- entry points ---- */
-
-static void stream_note(cudaStream_t stream)
-{
-    (void)stream; /* host buffers complete before the call returns; the stream is not used */
-}
 
 LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                        loomDataType_t type, loomRedOp_t op, loomComm_t comm,
@@ -597,8 +673,8 @@ LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, siz
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1};
+    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -616,8 +692,8 @@ LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, siz
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     }
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count, type, loomSum, root};
+    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count, type, loomSum, root, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -638,8 +714,8 @@ LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t
     } else {
         recvbuff = (void *)sendbuff == recvbuff ? recvbuff : NULL;
     }
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root};
+    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -655,8 +731,8 @@ LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, siz
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
                                         (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum, -1};
+    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -674,8 +750,8 @@ LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff,
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1};
+    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -690,8 +766,8 @@ LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_ALLTOALL, sendbuff, recvbuff, count, type, loomSum, -1};
+    coll_op_t o = {comm, OPK_ALLTOALL, sendbuff, recvbuff, count, type, loomSum, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -704,8 +780,8 @@ LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataTy
     LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
     LOOM_CHECK(check_root(comm, fn, "peer", peer));
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer};
+    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -718,8 +794,8 @@ LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t t
     LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
     LOOM_CHECK(check_root(comm, fn, "peer", peer));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    stream_note(stream);
-    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer};
+    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
@@ -727,15 +803,24 @@ LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t t
 
 LOOM_EXPORT loomResult_t loomMemAlloc(void **ptr, size_t size)
 {
-    (void)ptr;
+    base_clear_error();
+    if (ptr == NULL) return base_error(loomInvalidArgument, LOG_CUDA, "loomMemAlloc: ptr is NULL");
+#ifdef LOOM_HAVE_CUDA
+    return dev_mem_alloc(ptr, size);
+#else
     (void)size;
     return base_error(loomInvalidUsage, LOG_CUDA,
-                      "loomMemAlloc: this loom has no GPU support loaded (no CUDA device)");
+                      "loomMemAlloc: this loom was built without CUDA support");
+#endif
 }
 
 LOOM_EXPORT loomResult_t loomMemFree(void *ptr)
 {
+    base_clear_error();
     if (ptr == NULL) return loomSuccess;
+#ifdef LOOM_HAVE_CUDA
+    if (mem_type_of(ptr) == MEM_DEVICE) return dev_mem_free(ptr);
+#endif
     return base_error(loomInvalidUsage, LOG_CUDA,
                       "loomMemFree: %p was not allocated by loomMemAlloc", ptr);
 }

@@ -9,6 +9,10 @@
 
 #include "comm.h"
 #include "param.h"
+#include "memtype.h"
+#ifdef LOOM_HAVE_CUDA
+#include "dev.h"
+#endif
 
 LOOM_EXPORT loomResult_t loomGetVersion(int *version)
 {
@@ -132,6 +136,9 @@ static void comm_free(loomComm_t comm)
 {
     if (comm == NULL) return;
     if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+#ifdef LOOM_HAVE_CUDA
+    dev_free(comm);
+#endif
     for (int t = 0; t < TP_MAX; t++)
         if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
     if (comm->wake_fd >= 0) close(comm->wake_fd);
@@ -174,6 +181,9 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
         return base_error(loomSystemError, LOG_INIT, "out of memory or eventfd failed (%s)",
                           strerror(errno));
     }
+    /* A device named in the config binds the communicator to it (its context is taken at the
+     * first device call); otherwise the first device buffer decides. */
+    if (cfg && cfg->cudaDev != LOOM_CONFIG_UNDEF_INT && cfg->cudaDev >= 0) c->cuda_dev = cfg->cudaDev;
     c->nchannels = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NCHANNELS), 16));
     if (cfg && cfg->nChannels != LOOM_CONFIG_UNDEF_INT && cfg->nChannels > 0)
         c->nchannels = LOOM_MIN(cfg->nChannels, 16);
@@ -602,7 +612,7 @@ LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int 
         for (int i = 0; i < started; i++)
             if (a[i].res == loomSuccess) comm_free(comms[i]);
     if (res == loomSuccess && devlist)
-        for (int i = 0; i < ndev; i++) comms[i]->cuda_dev = -1; /* bound on first device use */
+        for (int i = 0; i < ndev; i++) comms[i]->cuda_dev = devlist[i]; /* as NCCL binds them */
     free(a);
     free(t);
     return res;
@@ -641,6 +651,9 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommAbort: %p is not a live loom communicator", (void *)comm);
     atomic_store(&comm->aborting, 1);
+#ifdef LOOM_HAVE_CUDA
+    dev_abort(comm); /* kernels in flight stop spinning */
+#endif
     uint64_t one = 1;
     ssize_t n = write(comm->wake_fd, &one, sizeof(one));
     (void)n;
@@ -664,6 +677,9 @@ LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *er
     if (comm == NULL || err == NULL || comm->magic != COMM_MAGIC)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetAsyncError: invalid communicator or NULL result pointer");
+#ifdef LOOM_HAVE_CUDA
+    dev_poll(comm);
+#endif
     loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
     if (a != loomInProgress && comm->init_thread_live) {
         pthread_join(comm->init_thread, NULL);
@@ -796,13 +812,15 @@ LOOM_EXPORT loomResult_t loomRedOpCreatePreMulSum(loomRedOp_t *op, void *scalar,
     if (residence != loomScalarHostImmediate && residence != loomScalarDevice)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "loomRedOpCreatePreMulSum: bad residence %d", (int)residence);
-    /* Host builds read a device-resident scalar as host memory: it is the same pointer space
-     * until device support is loaded. */
+    /* A device-resident scalar in GPU memory is read by the kernels when the collective runs;
+     * any other scalar is read now (a "device" scalar in host memory is host memory). */
+    bool on_gpu = residence == loomScalarDevice && mem_type_of(scalar) != MEM_HOST;
     for (int i = 0; i < COMM_MAX_PREMUL; i++) {
         if (comm->premul[i].used) continue;
         comm->premul[i].used = true;
         comm->premul[i].type = type;
-        memcpy(comm->premul[i].scalar, scalar, red_type_size(type));
+        comm->premul[i].dev_ptr = on_gpu ? scalar : NULL;
+        if (!on_gpu) memcpy(comm->premul[i].scalar, scalar, red_type_size(type));
         *op = (loomRedOp_t)(loomNumOps + i);
         return loomSuccess;
     }

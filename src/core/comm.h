@@ -57,6 +57,7 @@ typedef struct {
     bool used;
     loomDataType_t type;
     uint8_t scalar[8];
+    const void *dev_ptr; /* loomScalarDevice in GPU memory: read when the collective runs */
 } premul_t;
 
 #define COMM_MAX_PREMUL 64
@@ -97,7 +98,8 @@ struct loomComm {
     atomic_int async_error; /* loomResult_t */
     char async_text[ERR_TEXT_MAX];
     bool finalized;
-    int cuda_dev;
+    int cuda_dev;             /* bound GPU, -1 none */
+    struct dev_state *dev;    /* device executor (src/cuda), NULL until device memory */
 
     /* Non-blocking init. */
     pthread_t init_thread;

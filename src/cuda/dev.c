@@ -1,0 +1,1147 @@
+/*
+ * The device executor (see dev.h).
+ *
+ * Same node: one launch of loom_exchange per collective (two for a two-shot allreduce) on the
+ * caller's stream; the plans below say which byte ranges go to which peer. Cost for n local
+ * ranks and S bytes, per rank: one-shot allreduce (n-1)S out over the links; two-shot, reduce-
+ * scatter and allgather 2(n-1)S/n; broadcast S from the root to each peer.
+ *
+ * Across nodes: pinned host memory and the host transports, driven by a proxy thread per
+ * communicator. An allreduce on several nodes with the same number of GPUs each runs
+ * hierarchically: reduce-scatter inside the node on the GPUs, an allreduce of this rank's shard
+ * across nodes (pieces of LOOM_CUDA_STAGE_CHUNK: the copy of piece k+1 to the host overlaps the
+ * network for piece k and the copy back of piece k-1), then an allgather inside the node.
+ */
+#include "dev.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "cuda_tp.h"
+#include "cudrv.h"
+#include "kernels.h"
+#include "param.h"
+#include "reduce.h"
+#include "schedule.h"
+
+extern const unsigned char loom_kernels_fatbin[];
+extern const size_t loom_kernels_fatbin_size;
+
+#define STAGE_RING 4 /* pinned pieces in flight per communicator (allreduce pipeline) */
+
+/* A collective the proxy runs on host memory for the stream. */
+typedef struct {
+    int kind;
+    size_t count;
+    loomDataType_t type;
+    loomRedOp_t op;
+    int root;
+    void *hsend, *hrecv;
+    int div;          /* divide the result by this (hierarchical avg), 0: no */
+    bool cross;       /* on the cross-node communicator (else the staging one) */
+    uint8_t scale[8]; /* pre-multiplied sum: scale the input first */
+    bool scaled;
+} host_op_t;
+
+typedef struct stage_job {
+    struct stage_job *next;
+    uint32_t val;
+    int nops;
+    host_op_t ops[];
+} stage_job_t;
+
+struct dev_state {
+    loomComm_t comm;
+    const cudrv_t *d;
+    int dev;
+    CUdevice cudev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    int n, me;                /* ranks of this node in the exchange, and my index */
+    int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
+    int nblocks;
+    uint64_t slot, oneshot;
+    cuda_mem_t mem[DEV_MAX_LOCAL];
+    dev_err_t *err; /* host-mapped */
+    CUdeviceptr err_dev;
+    CUevent ev;
+    CUstream last;
+    bool have_last;
+    uint64_t seq;
+    int opkind[64]; /* kind of the last launches, by seq, for error texts */
+    /* watchdog: peers' process exits and kernel failures */
+    pthread_t wd;
+    bool wd_live;
+    atomic_int stop;
+    int wake_fd;
+    int pidfd[DEV_MAX_LOCAL];
+    int pid[DEV_MAX_LOCAL];
+    /* across nodes */
+    bool multinode, hier_ok;
+    loomComm_t stage, cross;
+    uint32_t *flags; /* host-mapped: [0] ready (stream -> proxy), [1] done (proxy -> stream) */
+    CUdeviceptr flags_dev;
+    uint32_t next_val;
+    uint8_t *ring[STAGE_RING];
+    size_t ring_bytes;
+    int ring_next;
+    uint8_t *arena;
+    size_t arena_bytes;
+    void **retired;
+    int nretired;
+    pthread_t proxy;
+    bool proxy_live;
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    stage_job_t *qhead, *qtail;
+};
+
+bool dev_built(void) { return true; }
+
+static const char *kind_name(int k) { return opkind_name(k); }
+
+/* ---- context ---- */
+
+static CUcontext ctx_enter(dev_state_t *s)
+{
+    CUcontext prev = NULL;
+    s->d->cuCtxGetCurrent(&prev);
+    if (prev != s->ctx) s->d->cuCtxSetCurrent(s->ctx);
+    return prev;
+}
+
+static void ctx_leave(dev_state_t *s, CUcontext prev)
+{
+    if (prev != s->ctx) s->d->cuCtxSetCurrent(prev);
+}
+
+/* ---- errors ---- */
+
+/* The kernel's failure record as the communicator's error. */
+void dev_poll(loomComm_t comm)
+{
+    dev_state_t *s = comm->dev;
+    if (s == NULL || s->err == NULL || s->err->code == DEV_ERR_NONE) return;
+    if (atomic_load(&comm->async_error) != loomSuccess) return;
+    __sync_synchronize();
+    dev_err_t e = *(dev_err_t *)s->err;
+    int peer = e.peer >= 0 && e.peer < s->n ? s->lrank[e.peer] : -1;
+    char text[ERR_TEXT_MAX];
+    if (e.code == DEV_ERR_TIMEOUT)
+        snprintf(text, sizeof(text),
+                 "rank %d: the GPU kernel of %s (device operation %llu) waited %.1f s for rank "
+                 "%d (block %d, %s step %llu, saw %llu) and gave up (LOOM_TIMEOUT=%g s): that "
+                 "rank died, stalled, or did not make the same call",
+                 comm->rank, kind_name(s->opkind[e.seq % 64]), e.seq, e.waited_ns / 1e9, peer,
+                 e.block, e.wait_kind == DEV_WAIT_ACK ? "acknowledgement of" : "data of", e.step,
+                 e.seen, comm->timeout_s);
+    else
+        snprintf(text, sizeof(text),
+                 "rank %d: the GPU kernel of %s (device operation %llu) stopped while waiting for "
+                 "rank %d: the communicator was aborted",
+                 comm->rank, kind_name(s->opkind[e.seq % 64]), e.seq, peer);
+    WARN(LOG_CUDA, "%s", text);
+    comm_set_error(comm, e.code == DEV_ERR_TIMEOUT ? loomRemoteError : loomInvalidUsage, text);
+}
+
+static void *wd_main(void *arg)
+{
+    dev_state_t *s = arg;
+    loomComm_t comm = s->comm;
+    log_set_rank(comm->rank);
+    struct pollfd fds[DEV_MAX_LOCAL + 1];
+    while (!atomic_load(&s->stop)) {
+        int nf = 0, who[DEV_MAX_LOCAL + 1];
+        fds[nf] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+        who[nf++] = -1;
+        for (int j = 0; j < s->n; j++)
+            if (s->pidfd[j] >= 0) {
+                fds[nf] = (struct pollfd){.fd = s->pidfd[j], .events = POLLIN};
+                who[nf++] = j;
+            }
+        int k = poll(fds, (nfds_t)nf, 100);
+        if (atomic_load(&s->stop)) break;
+        for (int i = 1; k > 0 && i < nf; i++) {
+            if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            int j = who[i];
+            close(s->pidfd[j]);
+            s->pidfd[j] = -1;
+            char text[ERR_TEXT_MAX];
+            snprintf(text, sizeof(text),
+                     "rank %d: rank %d (pid %d, GPU peer on this node) exited; its GPU memory "
+                     "flags will never move again, so device collectives on this communicator "
+                     "stop with this error (kernels in flight were told to give up)",
+                     comm->rank, s->lrank[j], s->pid[j]);
+            s->err->abort = 1;
+            WARN(LOG_CUDA, "%s", text);
+            comm_set_error(comm, loomRemoteError, text);
+        }
+        dev_poll(comm);
+    }
+    return NULL;
+}
+
+/* ---- setup ---- */
+
+typedef struct {
+    cuda_export_t exp;
+    uint8_t uuid[16];
+    int32_t dev, nblocks;
+    uint64_t slot, oneshot;
+    int32_t pid, pad;
+} dev_rec_t;
+
+loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
+
+static loomResult_t stage_start(dev_state_t *s);
+
+static loomResult_t setup_exchange(dev_state_t *s)
+{
+    loomComm_t comm = s->comm;
+    const cudrv_t *d = s->d;
+    loomResult_t res = loomSuccess;
+    dev_rec_t *all = calloc((size_t)comm->nranks, sizeof(*all));
+    if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    /* The node's ranks, in communicator order (node_ranks lists each node's ranks). */
+    s->n = comm->local_size;
+    s->me = comm->local_rank;
+    if (s->n > DEV_MAX_LOCAL) {
+        free(all);
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "rank %d: %d ranks of this communicator are on one node; the device "
+                          "executor takes at most %d GPUs per node",
+                          comm->rank, s->n, DEV_MAX_LOCAL);
+    }
+    for (int j = 0; j < s->n; j++) s->lrank[j] = comm->node_ranks[comm->node_start[comm->node] + j];
+    /* Sizes: rank 0's parameters hold for the job (the layout must match everywhere). */
+    dev_rec_t mine = {.dev = s->dev, .pid = (int32_t)getpid()};
+    mine.nblocks = (int32_t)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_CUDA_BLOCKS), DEV_MAX_BLOCKS));
+    mine.slot = LOOM_MAX(DEV_MIN_PIECE, LOOM_MIN(param_size(PARAM_CUDA_SLOT), 16ull << 20)) &
+                ~15ull;
+    mine.oneshot = param_size(PARAM_CUDA_ONESHOT);
+    CUuuid uu;
+    if (d->cuDeviceGetUuid(&uu, s->cudev) == CUDA_SUCCESS) memcpy(mine.uuid, uu.bytes, 16);
+    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), res, out);
+    s->nblocks = all[0].nblocks;
+    s->slot = all[0].slot;
+    s->oneshot = all[0].oneshot;
+    for (int j = 0; j < s->n; j++) {
+        int q = s->lrank[j];
+        if (q != comm->rank && memcmp(all[q].uuid, mine.uuid, 16) == 0) {
+            res = base_error(loomInvalidUsage, LOG_CUDA,
+                             "rank %d and rank %d of this communicator both use the same GPU "
+                             "(device %d here, device %d there): one rank per GPU",
+                             comm->rank, q, s->dev, all[q].dev);
+            goto out;
+        }
+    }
+    size_t bytes = DEV_OFF_SLOTS + (size_t)s->n * (size_t)s->nblocks * 2 * s->slot;
+    LOOM_CHECK_GOTO(cuda_tp_alloc(d, s->dev, bytes, &s->mem[s->me], &mine.exp), res, out);
+    CUresult cr = d->cuMemsetD8(s->mem[s->me].ptr, 0, s->mem[s->me].size);
+    if (cr == CUDA_SUCCESS) cr = d->cuCtxSynchronize();
+    if (cr != CUDA_SUCCESS) {
+        res = base_error(loomUnhandledCudaError, LOG_CUDA, "clearing the exchange memory: %s",
+                         cudrv_err(cr));
+        goto out;
+    }
+    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), res, out);
+    for (int j = 0; j < s->n; j++) {
+        s->pidfd[j] = -1;
+        if (j == s->me) continue;
+        int q = s->lrank[j];
+        LOOM_CHECK_GOTO(cuda_tp_import(d, s->dev, &all[q].exp, q, &s->mem[j]), res, out);
+        s->pid[j] = all[q].exp.pid;
+        if (all[q].exp.pid != (int32_t)getpid())
+            s->pidfd[j] = (int)syscall(SYS_pidfd_open, (pid_t)all[q].exp.pid, 0);
+    }
+    INFO(LOG_CUDA,
+         "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %llu-byte slots, "
+         "%zu bytes of exchange memory; one shot up to %llu bytes",
+         s->dev, s->n, s->nblocks, (unsigned long long)s->slot, s->mem[s->me].size,
+         (unsigned long long)s->oneshot);
+out:
+    free(all);
+    return res;
+}
+
+static loomResult_t dev_setup(loomComm_t comm, int dev)
+{
+    const char *why = NULL;
+    const cudrv_t *d = cudrv_get(&why);
+    if (d == NULL)
+        return base_error(loomInvalidUsage, LOG_CUDA, "rank %d: device buffer but %s",
+                          comm->rank, why);
+    dev_state_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    s->comm = comm;
+    s->d = d;
+    s->dev = dev;
+    s->wake_fd = -1;
+    for (int j = 0; j < DEV_MAX_LOCAL; j++) s->pidfd[j] = -1;
+    pthread_mutex_init(&s->qlock, NULL);
+    pthread_cond_init(&s->qcond, NULL);
+    comm->dev = s;
+    loomResult_t res = loomSuccess;
+    CUresult cr = d->cuDeviceGet(&s->cudev, dev);
+    if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->ctx, s->cudev);
+    if (cr != CUDA_SUCCESS) {
+        s->ctx = NULL;
+        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: GPU %d: %s", comm->rank,
+                          dev, cudrv_err(cr));
+    }
+    CUcontext prev = ctx_enter(s);
+    cr = d->cuModuleLoadData(&s->mod, loom_kernels_fatbin);
+    if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->fn, s->mod, "loom_exchange");
+    if (cr == CUDA_SUCCESS) cr = d->cuEventCreate(&s->ev, CU_EVENT_DISABLE_TIMING);
+    if (cr == CUDA_SUCCESS)
+        cr = d->cuMemHostAlloc((void **)&s->err, 4096,
+                               CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+    if (cr == CUDA_SUCCESS) {
+        memset((void *)s->err, 0, 4096);
+        s->flags = (uint32_t *)((char *)s->err + 2048);
+        cr = d->cuMemHostGetDevicePointer(&s->err_dev, (void *)s->err, 0);
+    }
+    if (cr == CUDA_SUCCESS) s->flags_dev = s->err_dev + 2048;
+    if (cr != CUDA_SUCCESS) {
+        res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                         "rank %d: loading loom's kernels on GPU %d: %s (this build's kernels are "
+                         "for sm_90 with PTX for newer GPUs)",
+                         comm->rank, dev, cudrv_err(cr));
+        goto out;
+    }
+    LOOM_CHECK_GOTO(setup_exchange(s), res, out);
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0 || pthread_create(&s->wd, NULL, wd_main, s) != 0) {
+        res = base_error(loomSystemError, LOG_CUDA, "starting the GPU watchdog thread failed");
+        goto out;
+    }
+    s->wd_live = true;
+    s->multinode = comm->nnodes > 1;
+    if (s->multinode) LOOM_CHECK_GOTO(stage_start(s), res, out);
+out:
+    ctx_leave(s, prev);
+    return res;
+}
+
+loomResult_t dev_attach(loomComm_t comm, const void *ptr, const char *fn, const char *name)
+{
+    const char *why = NULL;
+    const cudrv_t *d = cudrv_get(&why);
+    if (d == NULL)
+        return base_error(loomInvalidUsage, LOG_CUDA, "%s: %s (%p) looks like device memory but %s",
+                          fn, name, ptr, why);
+    int ord = -1;
+    CUresult cr = d->cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                           (CUdeviceptr)(uintptr_t)ptr);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomInvalidArgument, LOG_CUDA, "%s: %s (%p): %s", fn, name, ptr,
+                          cudrv_err(cr));
+    if (comm->dev) {
+        if (ord != comm->cuda_dev)
+            return base_error(loomInvalidUsage, LOG_CUDA,
+                              "%s: %s (%p) is on GPU %d, but rank %d of this communicator is "
+                              "bound to GPU %d",
+                              fn, name, ptr, ord, comm->rank, comm->cuda_dev);
+        return loomSuccess;
+    }
+    if (atomic_load(&comm->async_error) != loomSuccess)
+        return base_error((loomResult_t)atomic_load(&comm->async_error), LOG_CUDA, "%s: %s", fn,
+                          comm->async_text);
+    if (comm->cuda_dev >= 0 && ord != comm->cuda_dev)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "%s: %s (%p) is on GPU %d, but this communicator was created for GPU %d",
+                          fn, name, ptr, ord, comm->cuda_dev);
+    comm->cuda_dev = ord;
+    loomResult_t r = dev_setup(comm, ord);
+    if (r != loomSuccess) {
+        char text[ERR_TEXT_MAX];
+        snprintf(text, sizeof(text), "%s", base_last_error());
+        comm_set_error(comm, r, text);
+        base_set_error_text(text);
+    }
+    return r;
+}
+
+/* ---- launching ---- */
+
+static bool capturing(dev_state_t *s, CUstream st)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    s->d->cuStreamIsCapturing(st, &cs);
+    return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Orders work of this communicator on `st` after its previous work on another stream. */
+static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
+{
+    if (!cap && s->have_last && s->last != st) {
+        CUresult cr = s->d->cuStreamWaitEvent(st, s->ev, 0);
+        if (cr != CUDA_SUCCESS)
+            return base_error(loomUnhandledCudaError, LOG_CUDA,
+                              "rank %d: ordering after the previous stream: %s", s->comm->rank,
+                              cudrv_err(cr));
+    }
+    return loomSuccess;
+}
+
+static loomResult_t mark_stream(dev_state_t *s, CUstream st, bool cap)
+{
+    if (cap) return loomSuccess;
+    CUresult cr = s->d->cuEventRecord(s->ev, st);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: cuEventRecord: %s",
+                          s->comm->rank, cudrv_err(cr));
+    s->last = st;
+    s->have_last = true;
+    return loomSuccess;
+}
+
+static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const void *send,
+                      void *recv)
+{
+    memset(a, 0, sizeof(*a));
+    a->n = s->n;
+    a->me = s->me;
+    a->mode = mode;
+    a->nblocks = s->nblocks;
+    a->slot = s->slot;
+    a->timeout_ns = (unsigned long long)(s->comm->timeout_s * 1e9);
+    a->send = send;
+    a->recv = recv;
+    a->err = (dev_err_t *)(uintptr_t)s->err_dev;
+    for (int j = 0; j < s->n; j++) a->region[j] = (char *)(uintptr_t)s->mem[j].ptr;
+    a->seq = ++s->seq;
+    s->opkind[a->seq % 64] = kind;
+}
+
+static loomResult_t launch(dev_state_t *s, dev_args_t *a, CUstream st)
+{
+    void *params[] = {a};
+    CUresult cr = s->d->cuLaunchKernel(s->fn, (unsigned)s->nblocks, 1, 1, DEV_THREADS, 1, 1, 0,
+                                       st, params, NULL);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the kernel of %s (device operation %llu): %s",
+                          s->comm->rank, kind_name(s->opkind[a->seq % 64]), a->seq,
+                          cudrv_err(cr));
+    return loomSuccess;
+}
+
+/* The reduction fields of a kernel's arguments. */
+static loomResult_t set_reduction(dev_state_t *s, dev_args_t *a, loomDataType_t type,
+                                  loomRedOp_t op)
+{
+    loomComm_t comm = s->comm;
+    a->dtype = (int)type;
+    a->op = op == loomProd ? 1 : op == loomMax ? 2 : op == loomMin ? 3 : 0;
+    a->avg = op == loomAvg;
+    int pm = (int)op - loomNumOps;
+    if (pm >= 0) {
+        premul_t *p = &comm->premul[pm];
+        a->premul = 1;
+        if (p->dev_ptr) {
+            a->scale_dev = p->dev_ptr;
+        } else {
+            const uint8_t *v = p->scalar;
+            switch (type) {
+            case loomFloat16: a->scale_f = red_half_to_float(*(const uint16_t *)v); break;
+            case loomBfloat16: a->scale_f = red_bf16_to_float(*(const uint16_t *)v); break;
+            case loomFloat32: a->scale_f = *(const float *)v; break;
+            case loomFloat64: a->scale_f = *(const double *)v; break;
+            case loomInt8: a->scale_i = *(const int8_t *)v; break;
+            case loomUint8: a->scale_i = *(const uint8_t *)v; break;
+            case loomInt32: a->scale_i = *(const int32_t *)v; break;
+            case loomUint32: a->scale_i = *(const uint32_t *)v; break;
+            default: memcpy(&a->scale_i, v, 8); break;
+            }
+        }
+    }
+    return loomSuccess;
+}
+
+/* Element ranges of a two-shot split: boundaries on 16 bytes, so that pieces stay aligned. */
+static void seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *len)
+{
+    size_t unit = 16 / es, per = (count + (size_t)n - 1) / (size_t)n;
+    per = (per + unit - 1) / unit * unit;
+    size_t st = LOOM_MIN((size_t)j * per, count);
+    *start = st;
+    *len = LOOM_MIN(per, count - st);
+}
+
+static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap);
+static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUstream st,
+                                  bool cap);
+
+/* Same-node collectives: the plans of the exchange. */
+static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st)
+{
+    size_t es = red_type_size(o->type), S = o->count * es;
+    int n = s->n, me = s->me;
+    dev_args_t a;
+    switch (o->kind) {
+    case OPK_ALLREDUCE: {
+        bool oneshot = n <= 2 || S <= s->oneshot;
+        if (oneshot) {
+            args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+            set_reduction(s, &a, o->type, o->op);
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j] = (dev_io_t){0, S, 0, S};
+            a.self_len = S;
+            return launch(s, &a, st);
+        }
+        size_t off, len, offj, lenj;
+        seg_of(o->count, es, n, me, &off, &len);
+        args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        set_reduction(s, &a, o->type, o->op);
+        for (int j = 0; j < n; j++) {
+            if (j == me) continue;
+            seg_of(o->count, es, n, j, &offj, &lenj);
+            a.io[j] = (dev_io_t){offj * es, lenj * es, 0, len * es};
+        }
+        a.self_src = a.self_dst = off * es;
+        a.self_len = len * es;
+        LOOM_CHECK(launch(s, &a, st));
+        args_init(s, &a, DEV_COPY, o->kind, o->recv, o->recv);
+        for (int j = 0; j < n; j++) {
+            if (j == me) continue;
+            seg_of(o->count, es, n, j, &offj, &lenj);
+            a.io[j] = (dev_io_t){off * es, len * es, offj * es, lenj * es};
+        }
+        return launch(s, &a, st);
+    }
+    case OPK_BROADCAST: {
+        int root = o->root; /* same node: communicator rank = local index */
+        args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        if (me == root) {
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j].send_len = S;
+            a.self_len = o->send != o->recv ? S : 0;
+        } else {
+            a.io[root].recv_len = S;
+        }
+        return launch(s, &a, st);
+    }
+    case OPK_REDUCE: {
+        int root = o->root;
+        args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        set_reduction(s, &a, o->type, o->op);
+        if (me == root) {
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j].recv_len = S;
+            a.self_len = S;
+        } else {
+            a.io[root].send_len = S;
+        }
+        return launch(s, &a, st);
+    }
+    case OPK_ALLGATHER:
+        args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){0, S, (size_t)j * S, S};
+        a.self_dst = (size_t)me * S;
+        a.self_len = S;
+        return launch(s, &a, st);
+    case OPK_REDUCESCATTER:
+        args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        set_reduction(s, &a, o->type, o->op);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){(size_t)j * S, S, 0, S};
+        a.self_src = (size_t)me * S;
+        a.self_len = S;
+        return launch(s, &a, st);
+    case OPK_ALLTOALL:
+        args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){(size_t)j * S, S, (size_t)j * S, S};
+        a.self_src = a.self_dst = (size_t)me * S;
+        a.self_len = S;
+        return launch(s, &a, st);
+    default:
+        return base_error(loomInternalError, LOG_CUDA, "device executor: operation kind %d",
+                          o->kind);
+    }
+}
+
+/* A run of send/recv calls: layer k pairs the k-th send to each peer with the k-th receive
+ * from it, as the host executor matches them in order. Buffers are absolute addresses (base
+ * NULL), since every call has its own. */
+static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstream st)
+{
+    loomComm_t comm = s->comm;
+    int layer = 0;
+    for (;;) {
+        dev_args_t a;
+        args_init(s, &a, DEV_COPY, OPK_SEND, NULL, NULL);
+        bool any = false;
+        int sends[DEV_MAX_LOCAL] = {0}, recvs[DEV_MAX_LOCAL] = {0};
+        const dev_op_t *self_send = NULL, *self_recv = NULL;
+        for (int i = 0; i < nops; i++) {
+            const dev_op_t *o = &ops[i];
+            int j = o->root;
+            size_t bytes = o->count * red_type_size(o->type);
+            if (j < 0 || j >= s->n) continue;
+            if (o->kind == OPK_SEND && sends[j]++ == layer) {
+                if (j == s->me) self_send = o;
+                else a.io[j].send_off = (uintptr_t)o->send, a.io[j].send_len = bytes;
+                any = true;
+            } else if (o->kind == OPK_RECV && recvs[j]++ == layer) {
+                if (j == s->me) self_recv = o;
+                else a.io[j].recv_off = (uintptr_t)o->recv, a.io[j].recv_len = bytes;
+                any = true;
+            }
+        }
+        if (!any) return loomSuccess;
+        if ((self_send != NULL) != (self_recv != NULL))
+            return base_error(loomInvalidUsage, LOG_P2P,
+                              "rank %d: a device send to itself needs a matching receive from "
+                              "itself in the same group",
+                              comm->rank);
+        if (self_send) {
+            size_t sb = self_send->count * red_type_size(self_send->type);
+            size_t rb = self_recv->count * red_type_size(self_recv->type);
+            if (sb != rb)
+                return base_error(loomInvalidUsage, LOG_P2P,
+                                  "rank %d: send to self of %zu bytes meets a receive of %zu",
+                                  comm->rank, sb, rb);
+            a.self_src = (uintptr_t)self_send->send;
+            a.self_dst = (uintptr_t)self_recv->recv;
+            a.self_len = sb;
+        }
+        if (any && a.self_len == 0) {
+            bool peers = false;
+            for (int j = 0; j < s->n; j++) peers |= a.io[j].send_len || a.io[j].recv_len;
+            if (!peers) {
+                layer++;
+                continue; /* zero-byte calls only */
+            }
+        }
+        LOOM_CHECK(launch(s, &a, st));
+        layer++;
+    }
+}
+
+loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
+{
+    dev_state_t *s = comm->dev;
+    if (s == NULL) return base_error(loomInternalError, LOG_CUDA, "device executor not set up");
+    dev_poll(comm);
+    if (atomic_load(&comm->async_error) != loomSuccess)
+        return base_error((loomResult_t)atomic_load(&comm->async_error), LOG_CUDA, "%s",
+                          comm->async_text);
+    CUcontext prev = ctx_enter(s);
+    loomResult_t res = loomSuccess;
+    for (int i = 0; i < nops && res == loomSuccess;) {
+        const dev_op_t *o = &ops[i];
+        CUstream st = (CUstream)o->stream;
+        bool cap = capturing(s, st);
+        int k = 1;
+        if (o->kind == OPK_SEND || o->kind == OPK_RECV)
+            while (i + k < nops && (ops[i + k].kind == OPK_SEND || ops[i + k].kind == OPK_RECV))
+                k++;
+        res = order_stream(s, st, cap);
+        /* the other streams of a point-to-point run wait for the first, and it for them */
+        for (int q = 1; q < k && res == loomSuccess; q++) {
+            CUstream sq = (CUstream)ops[i + q].stream;
+            if (sq == st || cap) continue;
+            if (s->d->cuEventRecord(s->ev, sq) != CUDA_SUCCESS ||
+                s->d->cuStreamWaitEvent(st, s->ev, 0) != CUDA_SUCCESS)
+                res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                                 "rank %d: joining the streams of a group", comm->rank);
+        }
+        if (res != loomSuccess) break;
+        if (s->multinode) {
+            if (o->kind == OPK_ALLREDUCE) res = stage_allreduce(s, o, st, cap);
+            else res = stage_generic(s, o, k, st, cap);
+        } else if (k > 1 || o->kind == OPK_SEND || o->kind == OPK_RECV) {
+            res = run_p2p(s, o, k, st);
+        } else {
+            res = run_local(s, o, st);
+        }
+        if (res == loomSuccess) res = mark_stream(s, st, cap);
+        for (int q = 1; q < k && res == loomSuccess; q++) {
+            CUstream sq = (CUstream)ops[i + q].stream;
+            if (sq != st && !cap && s->d->cuStreamWaitEvent(sq, s->ev, 0) != CUDA_SUCCESS)
+                res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                                 "rank %d: joining the streams of a group", comm->rank);
+        }
+        if (res == loomSuccess) comm->stats.collectives += (uint64_t)k;
+        i += k;
+    }
+    ctx_leave(s, prev);
+    return res;
+}
+
+/* ---- across nodes: pinned host memory and a proxy thread ---- */
+
+static void *proxy_main(void *arg);
+
+static loomResult_t stage_start(dev_state_t *s)
+{
+    loomComm_t comm = s->comm;
+    /* Equal GPUs per node: the hierarchical allreduce (shards cross nodes between the ranks of
+     * the same local index). Otherwise the whole buffer crosses through the staging copy of
+     * the communicator, whose host algorithms know the layout. */
+    s->hier_ok = s->n > 1;
+    for (int nd = 0; nd < comm->nnodes; nd++)
+        if (comm->node_start[nd + 1] - comm->node_start[nd] != s->n) s->hier_ok = false;
+    LOOM_CHECK(loomCommSplit(comm, 0, comm->rank, &s->stage, NULL));
+    LOOM_CHECK(loomCommSplit(comm, s->hier_ok ? s->me : LOOM_SPLIT_NOCOLOR, comm->node,
+                             &s->cross, NULL));
+    if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0)
+        return base_error(loomSystemError, LOG_CUDA, "starting the GPU proxy thread failed");
+    s->proxy_live = true;
+    INFO(LOG_CUDA, "device buffers cross %d nodes through pinned host memory (%s)",
+         comm->nnodes, s->hier_ok ? "hierarchical allreduce" : "whole buffers");
+    return loomSuccess;
+}
+
+static loomResult_t pinned(dev_state_t *s, uint8_t **p, size_t *have, size_t want)
+{
+    if (*have >= want && *p) return loomSuccess;
+    if (*p) { /* an earlier job may still read it until the stream passes it: keep it */
+        void **r = realloc(s->retired, (size_t)(s->nretired + 1) * sizeof(void *));
+        if (r == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+        s->retired = r;
+        s->retired[s->nretired++] = *p;
+        *p = NULL;
+    }
+    size_t sz = LOOM_MAX(want, (size_t)1 << 20);
+    CUresult cr = s->d->cuMemHostAlloc((void **)p, sz, CU_MEMHOSTALLOC_PORTABLE);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: pinning %zu bytes of host memory for staging: %s",
+                          s->comm->rank, sz, cudrv_err(cr));
+    *have = sz;
+    return loomSuccess;
+}
+
+static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uint32_t *val)
+{
+    stage_job_t *j = calloc(1, sizeof(*j) + (size_t)nops * sizeof(host_op_t));
+    if (j == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    j->val = ++s->next_val;
+    j->nops = nops;
+    memcpy(j->ops, ops, (size_t)nops * sizeof(host_op_t));
+    pthread_mutex_lock(&s->qlock);
+    if (s->qtail) s->qtail->next = j;
+    else s->qhead = j;
+    s->qtail = j;
+    pthread_cond_signal(&s->qcond);
+    pthread_mutex_unlock(&s->qlock);
+    *val = j->val;
+    return loomSuccess;
+}
+
+#define STREAM_CU(call)                                                                            \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS)                                                                    \
+            return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: %s: %s",                 \
+                              s->comm->rank, #call, cudrv_err(r_));                                \
+    } while (0)
+
+static loomResult_t stream_handoff(dev_state_t *s, CUstream st, uint32_t val)
+{
+    STREAM_CU(s->d->cuStreamWriteValue32(st, s->flags_dev, val, 0));
+    return loomSuccess;
+}
+
+static loomResult_t stream_wait(dev_state_t *s, CUstream st, uint32_t val)
+{
+    STREAM_CU(s->d->cuStreamWaitValue32(st, s->flags_dev + 4, val, CU_STREAM_WAIT_VALUE_GEQ));
+    return loomSuccess;
+}
+
+static loomResult_t refuse_capture(dev_state_t *s, const dev_op_t *o)
+{
+    return base_error(loomInvalidUsage, LOG_CUDA,
+                      "rank %d: %s on device buffers across nodes cannot be captured in a CUDA "
+                      "graph (its network part runs on a host proxy); capture same-node "
+                      "communicators only",
+                      s->comm->rank, kind_name(o->kind));
+}
+
+static void host_reduction(host_op_t *h, dev_state_t *s, loomRedOp_t op)
+{
+    int pm = (int)op - loomNumOps;
+    h->op = op;
+    if (pm >= 0) {
+        h->scaled = true;
+        memcpy(h->scale, s->comm->premul[pm].scalar, 8);
+        h->op = loomSum;
+    }
+}
+
+static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
+{
+    if (cap) return refuse_capture(s, o);
+    int pm = (int)o->op - loomNumOps;
+    if (pm >= 0 && s->comm->premul[pm].dev_ptr && !s->hier_ok)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "rank %d: a pre-multiplied sum with a device-resident scalar cannot "
+                          "cross nodes with this layout (uneven GPUs per node)",
+                          s->comm->rank);
+    size_t es = red_type_size(o->type);
+    size_t off = 0, len = o->count;
+    const char *src = o->send;
+    char *dst = o->recv;
+    loomRedOp_t cross_op = o->op;
+    if (s->hier_ok) {
+        /* reduce-scatter inside the node (sum; premul scaled there) */
+        dev_args_t a;
+        seg_of(o->count, es, s->n, s->me, &off, &len);
+        args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        set_reduction(s, &a, o->type, o->op == loomAvg ? loomSum : o->op);
+        for (int j = 0; j < s->n; j++) {
+            if (j == s->me) continue;
+            size_t oj, lj;
+            seg_of(o->count, es, s->n, j, &oj, &lj);
+            a.io[j] = (dev_io_t){oj * es, lj * es, 0, len * es};
+        }
+        a.self_src = a.self_dst = off * es;
+        a.self_len = len * es;
+        LOOM_CHECK(launch(s, &a, st));
+        src = o->recv;
+        cross_op = pm >= 0 ? loomSum : o->op == loomAvg ? loomSum : o->op;
+    }
+    /* the shard (or the whole buffer) through the pinned ring, piece by piece */
+    size_t chunk = LOOM_MAX(param_size(PARAM_CUDA_STAGE_CHUNK), 4096) / es * es;
+    LOOM_CHECK(pinned(s, &s->ring[0], &s->ring_bytes, chunk));
+    for (int i = 1; i < STAGE_RING; i++) {
+        size_t have = s->ring[i] ? s->ring_bytes : 0;
+        LOOM_CHECK(pinned(s, &s->ring[i], &have, s->ring_bytes));
+    }
+    size_t bytes = len * es, npieces = (bytes + chunk - 1) / chunk;
+    uint32_t vals[STAGE_RING];
+    for (size_t k = 0; npieces && k < npieces + STAGE_RING - 1; k++) {
+        if (k < npieces) {
+            size_t pos = k * chunk, pl = LOOM_MIN(chunk, bytes - pos);
+            uint8_t *h = s->ring[k % STAGE_RING];
+            STREAM_CU(s->d->cuMemcpyDtoHAsync(h, (CUdeviceptr)(uintptr_t)(src + off * es + pos),
+                                              pl, st));
+            host_op_t hop = {.kind = OPK_ALLREDUCE, .count = pl / es, .type = o->type,
+                             .root = -1, .hsend = h, .hrecv = h, .cross = s->hier_ok};
+            host_reduction(&hop, s, s->hier_ok ? cross_op : o->op);
+            if (s->hier_ok) {
+                hop.scaled = false; /* scaled inside the node already */
+                if (o->op == loomAvg) hop.div = s->comm->nranks;
+            }
+            LOOM_CHECK(post_job(s, &hop, 1, &vals[k % STAGE_RING]));
+            LOOM_CHECK(stream_handoff(s, st, vals[k % STAGE_RING]));
+        }
+        long back = (long)k - (STAGE_RING - 1); /* the piece that left STAGE_RING-1 ago */
+        if (back >= 0 && (size_t)back < npieces) {
+            size_t pos = (size_t)back * chunk, pl = LOOM_MIN(chunk, bytes - pos);
+            LOOM_CHECK(stream_wait(s, st, vals[back % STAGE_RING]));
+            STREAM_CU(s->d->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)(dst + off * es + pos),
+                                              s->ring[back % STAGE_RING], pl, st));
+        }
+    }
+    if (s->hier_ok) {
+        dev_args_t a;
+        args_init(s, &a, DEV_COPY, o->kind, o->recv, o->recv);
+        for (int j = 0; j < s->n; j++) {
+            if (j == s->me) continue;
+            size_t oj, lj;
+            seg_of(o->count, es, s->n, j, &oj, &lj);
+            a.io[j] = (dev_io_t){off * es, len * es, oj * es, lj * es};
+        }
+        LOOM_CHECK(launch(s, &a, st));
+    }
+    return loomSuccess;
+}
+
+/* Any other collective, or a run of send/recv, across nodes: whole buffers through pinned
+ * memory, the host executor doing the network part. */
+static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUstream st,
+                                  bool cap)
+{
+    if (cap) return refuse_capture(s, o);
+    loomComm_t comm = s->comm;
+    int p = comm->nranks, r = comm->rank;
+    /* lay out every call's host input and output in the arena */
+    size_t need = 0;
+    size_t *in_off = calloc((size_t)nops * 2, sizeof(size_t));
+    host_op_t *hops = calloc((size_t)nops, sizeof(host_op_t));
+    loomResult_t res = loomSuccess;
+    if (in_off == NULL || hops == NULL) {
+        free(in_off);
+        free(hops);
+        return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    }
+    size_t *sizes = in_off + nops;
+    for (int i = 0; i < nops; i++) {
+        const dev_op_t *q = &o[i];
+        size_t S = q->count * red_type_size(q->type);
+        size_t total = q->kind == OPK_ALLGATHER || q->kind == OPK_REDUCESCATTER ||
+                               q->kind == OPK_ALLTOALL
+                           ? S * (size_t)p
+                           : S;
+        sizes[i] = q->kind == OPK_ALLTOALL ? 2 * total : total;
+        in_off[i] = need;
+        need += (sizes[i] + 255) / 256 * 256;
+    }
+    res = pinned(s, &s->arena, &s->arena_bytes, need);
+    for (int i = 0; i < nops && res == loomSuccess; i++) {
+        const dev_op_t *q = &o[i];
+        size_t S = q->count * red_type_size(q->type);
+        uint8_t *h = s->arena + in_off[i];
+        host_op_t *hp = &hops[i];
+        *hp = (host_op_t){.kind = q->kind, .count = q->count, .type = q->type, .root = q->root,
+                          .hsend = h, .hrecv = h};
+        host_reduction(hp, s, q->op);
+        CUdeviceptr dsend = (CUdeviceptr)(uintptr_t)q->send;
+        CUresult cr = CUDA_SUCCESS;
+        switch (q->kind) {
+        case OPK_BROADCAST:
+            if (r == q->root) cr = s->d->cuMemcpyDtoHAsync(h, dsend, S, st);
+            break;
+        case OPK_REDUCE:
+        case OPK_REDUCESCATTER:
+        case OPK_SEND:
+            if (q->kind == OPK_REDUCESCATTER) {
+                cr = s->d->cuMemcpyDtoHAsync(h, dsend, S * (size_t)p, st);
+                hp->hrecv = h + (size_t)r * S;
+            } else {
+                cr = s->d->cuMemcpyDtoHAsync(h, dsend, S, st);
+            }
+            break;
+        case OPK_ALLGATHER:
+            hp->hsend = h + (size_t)r * S;
+            cr = s->d->cuMemcpyDtoHAsync(hp->hsend, dsend, S, st);
+            break;
+        case OPK_ALLTOALL:
+            hp->hrecv = h + S * (size_t)p;
+            cr = s->d->cuMemcpyDtoHAsync(h, dsend, S * (size_t)p, st);
+            break;
+        default: break; /* receive: nothing goes in */
+        }
+        if (cr != CUDA_SUCCESS)
+            res = base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: copy to host: %s", r,
+                             cudrv_err(cr));
+    }
+    uint32_t val = 0;
+    if (res == loomSuccess) res = post_job(s, hops, nops, &val);
+    if (res == loomSuccess) res = stream_handoff(s, st, val);
+    if (res == loomSuccess) res = stream_wait(s, st, val);
+    for (int i = 0; i < nops && res == loomSuccess; i++) {
+        const dev_op_t *q = &o[i];
+        size_t S = q->count * red_type_size(q->type);
+        CUdeviceptr drecv = (CUdeviceptr)(uintptr_t)q->recv;
+        size_t out = 0;
+        switch (q->kind) {
+        case OPK_BROADCAST: case OPK_RECV: case OPK_REDUCESCATTER: out = S; break;
+        case OPK_REDUCE: out = r == q->root ? S : 0; break;
+        case OPK_ALLGATHER: case OPK_ALLTOALL: out = S * (size_t)p; break;
+        default: break;
+        }
+        if (out == 0 || drecv == 0) continue;
+        CUresult cr = s->d->cuMemcpyHtoDAsync(drecv, hops[i].hrecv, out, st);
+        if (cr != CUDA_SUCCESS)
+            res = base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: copy to device: %s", r,
+                             cudrv_err(cr));
+    }
+    free(in_off);
+    free(hops);
+    return res;
+}
+
+static loomResult_t proxy_run(dev_state_t *s, stage_job_t *j)
+{
+    LOOM_CHECK(loomGroupStart());
+    loomResult_t res = loomSuccess;
+    for (int i = 0; i < j->nops && res == loomSuccess; i++) {
+        host_op_t *h = &j->ops[i];
+        loomComm_t c = h->cross ? s->cross : s->stage;
+        if (h->scaled && h->hsend)
+            red_host_scale(h->type, h->hsend, h->hsend, h->scale,
+                           h->kind == OPK_REDUCESCATTER ? h->count * (size_t)c->nranks
+                                                        : h->count);
+        switch (h->kind) {
+        case OPK_ALLREDUCE:
+            res = loomAllReduce(h->hsend, h->hrecv, h->count, h->type, h->op, c, NULL);
+            break;
+        case OPK_BROADCAST:
+            res = loomBroadcast(h->hsend, h->hrecv, h->count, h->type, h->root, c, NULL);
+            break;
+        case OPK_REDUCE:
+            res = loomReduce(h->hsend, h->hrecv, h->count, h->type, h->op, h->root, c, NULL);
+            break;
+        case OPK_ALLGATHER:
+            res = loomAllGather(h->hsend, h->hrecv, h->count, h->type, c, NULL);
+            break;
+        case OPK_REDUCESCATTER:
+            res = loomReduceScatter(h->hsend, h->hrecv, h->count, h->type, h->op, c, NULL);
+            break;
+        case OPK_ALLTOALL:
+            res = loomAlltoAll(h->hsend, h->hrecv, h->count, h->type, c, NULL);
+            break;
+        case OPK_SEND: res = loomSend(h->hsend, h->count, h->type, h->root, c, NULL); break;
+        case OPK_RECV: res = loomRecv(h->hrecv, h->count, h->type, h->root, c, NULL); break;
+        default: break;
+        }
+    }
+    loomResult_t g = loomGroupEnd();
+    if (res == loomSuccess) res = g;
+    for (int i = 0; i < j->nops && res == loomSuccess; i++)
+        if (j->ops[i].div > 1)
+            red_host_div(j->ops[i].type, j->ops[i].hrecv, j->ops[i].hrecv, j->ops[i].div,
+                         j->ops[i].count);
+    return res;
+}
+
+static void *proxy_main(void *arg)
+{
+    dev_state_t *s = arg;
+    loomComm_t comm = s->comm;
+    log_set_rank(comm->rank);
+    for (;;) {
+        pthread_mutex_lock(&s->qlock);
+        while (s->qhead == NULL && !atomic_load(&s->stop)) pthread_cond_wait(&s->qcond, &s->qlock);
+        stage_job_t *j = s->qhead;
+        if (j) {
+            s->qhead = j->next;
+            if (s->qhead == NULL) s->qtail = NULL;
+        }
+        pthread_mutex_unlock(&s->qlock);
+        if (j == NULL) break; /* stopping */
+        /* the stream hands the piece over once its copy to the host is done */
+        volatile uint32_t *ready = &s->flags[0];
+        uint64_t t0 = base_now_ns();
+        bool ok = true;
+        while ((int32_t)(*ready - j->val) < 0) {
+            if (atomic_load(&s->stop) || s->err->abort) {
+                ok = false;
+                break;
+            }
+            if (base_now_ns() - t0 > 20000) usleep(20);
+        }
+        __sync_synchronize();
+        if (ok && atomic_load(&comm->async_error) == loomSuccess) {
+            loomResult_t r = proxy_run(s, j);
+            if (r != loomSuccess) {
+                char text[ERR_TEXT_MAX];
+                snprintf(text, sizeof(text),
+                         "rank %d: the network part of a device collective failed: %s",
+                         comm->rank, base_last_error());
+                comm_set_error(comm, r, text);
+            }
+        }
+        /* released even after a failure, so that the stream never waits forever; the
+         * communicator's error says the results are void */
+        __sync_synchronize();
+        s->flags[1] = j->val;
+        free(j);
+    }
+    return NULL;
+}
+
+/* ---- teardown ---- */
+
+static void dev_stop_threads(dev_state_t *s)
+{
+    atomic_store(&s->stop, 1);
+    if (s->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(s->wake_fd, &one, sizeof(one));
+        (void)w;
+    }
+    if (s->wd_live) pthread_join(s->wd, NULL);
+    s->wd_live = false;
+    pthread_mutex_lock(&s->qlock);
+    pthread_cond_broadcast(&s->qcond);
+    pthread_mutex_unlock(&s->qlock);
+    if (s->proxy_live) pthread_join(s->proxy, NULL);
+    s->proxy_live = false;
+}
+
+void dev_abort(loomComm_t comm)
+{
+    dev_state_t *s = comm->dev;
+    if (s && s->err) s->err->abort = 1;
+}
+
+void dev_free(loomComm_t comm)
+{
+    dev_state_t *s = comm->dev;
+    if (s == NULL) return;
+    const cudrv_t *d = s->d;
+    CUcontext prev = s->ctx ? ctx_enter(s) : NULL;
+    /* Kernels in flight read the memory below: wait for the last one (an aborted one ends
+     * within its poll interval). */
+    if (s->have_last) d->cuEventSynchronize(s->ev);
+    dev_stop_threads(s);
+    for (stage_job_t *j = s->qhead, *n; j; j = n) {
+        n = j->next;
+        free(j);
+    }
+    if (s->stage) loomCommDestroy(s->stage);
+    if (s->cross) loomCommDestroy(s->cross);
+    for (int j = 0; j < DEV_MAX_LOCAL; j++) {
+        if (s->mem[j].mapped || s->mem[j].fd > 0) cuda_tp_release(d, &s->mem[j]);
+        if (s->pidfd[j] >= 0) close(s->pidfd[j]);
+    }
+    for (int i = 0; i < STAGE_RING; i++)
+        if (s->ring[i]) d->cuMemFreeHost(s->ring[i]);
+    if (s->arena) d->cuMemFreeHost(s->arena);
+    for (int i = 0; i < s->nretired; i++) d->cuMemFreeHost(s->retired[i]);
+    free(s->retired);
+    if (s->err) d->cuMemFreeHost((void *)s->err);
+    if (s->ev) d->cuEventDestroy(s->ev);
+    if (s->mod) d->cuModuleUnload(s->mod);
+    if (s->ctx) {
+        ctx_leave(s, prev);
+        d->cuDevicePrimaryCtxRelease(s->cudev);
+    }
+    if (s->wake_fd >= 0) close(s->wake_fd);
+    pthread_mutex_destroy(&s->qlock);
+    pthread_cond_destroy(&s->qcond);
+    free(s);
+    comm->dev = NULL;
+}
+
+/* ---- loomMemAlloc ---- */
+
+loomResult_t dev_mem_alloc(void **ptr, size_t size)
+{
+    const char *why = NULL;
+    const cudrv_t *d = cudrv_get(&why);
+    if (d == NULL) return base_error(loomInvalidUsage, LOG_CUDA, "loomMemAlloc: %s", why);
+    CUcontext c = NULL;
+    d->cuCtxGetCurrent(&c);
+    if (c == NULL)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "loomMemAlloc: no CUDA context is current on this thread (select a "
+                          "device first, e.g. cudaSetDevice)");
+    CUdeviceptr p = 0;
+    CUresult cr = d->cuMemAlloc(&p, LOOM_MAX(size, 1));
+    if (cr != CUDA_SUCCESS)
+        return base_error(cr == CUDA_ERROR_OUT_OF_MEMORY ? loomSystemError
+                                                         : loomUnhandledCudaError,
+                          LOG_CUDA, "loomMemAlloc of %zu bytes: %s", size, cudrv_err(cr));
+    *ptr = (void *)(uintptr_t)p;
+    return loomSuccess;
+}
+
+loomResult_t dev_mem_free(void *ptr)
+{
+    const cudrv_t *d = cudrv_get(NULL);
+    if (d == NULL)
+        return base_error(loomInvalidUsage, LOG_CUDA, "loomMemFree: %p: no CUDA driver", ptr);
+    CUresult cr = d->cuMemFree((CUdeviceptr)(uintptr_t)ptr);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomInvalidArgument, LOG_CUDA, "loomMemFree(%p): %s", ptr,
+                          cudrv_err(cr));
+    return loomSuccess;
+}

@@ -1,0 +1,385 @@
+/*
+ * The device executor's kernel: one launch per collective on the caller's stream (see
+ * kernels.h for the protocol). Cost per rank for n local ranks and S bytes:
+ *   one-shot allreduce: pushes (n-1)S over the links, reads nS locally; one flag round trip.
+ *   two-shot (reduce-scatter then allgather): pushes 2(n-1)S/n, two launches.
+ * Loads of slots written by peers bypass L1 (ld.global.cg), since a slot is reused every two
+ * steps; flags are published with st.release.sys after a system fence and read with
+ * ld.acquire.sys. Spins poll the host-mapped abort word and give up after the timeout.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+typedef unsigned long long u64;
+
+#define DEV_OFF_CLAIM (4 * DEV_TABLE_BYTES) /* int in the region: first failure claims it */
+
+static __device__ __forceinline__ u64 ld_acquire(const u64 *p)
+{
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void st_release(u64 *p, u64 v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ u64 gtimer()
+{
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ u64 piece_bytes(u64 len, int nb, u64 slot)
+{
+    u64 c = (len + (u64)nb - 1) / (u64)nb;
+    c = (c + 15) & ~15ull;
+    if (c < DEV_MIN_PIECE) c = DEV_MIN_PIECE;
+    if (c > slot) c = slot;
+    return c;
+}
+
+/* Records the first failure of this rank's kernel and raises the abort word so that every
+ * other block stops too. Called by one thread. */
+static __device__ void fail_record(const dev_args_t &a, int code, int peer, int kind, u64 want,
+                                   u64 seen, u64 waited)
+{
+    dev_err_t *e = a.err;
+    int *claim = (int *)(a.region[a.me] + DEV_OFF_CLAIM);
+    if (atomicCAS(claim, 0, 1) == 0) {
+        e->peer = peer;
+        e->block = blockIdx.x;
+        e->wait_kind = kind;
+        e->step = want;
+        e->seen = seen;
+        e->seq = a.seq;
+        e->waited_ns = waited;
+        __threadfence_system();
+        e->code = code;
+    }
+    __threadfence_system();
+    e->abort = 1;
+}
+
+/* Spins until *flag >= want; false (after recording why) on abort or timeout. One thread. */
+static __device__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a, int peer,
+                                int kind)
+{
+    u64 v = ld_acquire(flag);
+    if (v >= want) return true;
+    u64 start = gtimer();
+    for (unsigned it = 1;; it++) {
+        v = ld_acquire(flag);
+        if (v >= want) return true;
+        if ((it & 127) == 0) {
+            if (a.err->abort) {
+                fail_record(a, DEV_ERR_ABORT, peer, kind, want, v, gtimer() - start);
+                return false;
+            }
+            u64 waited = gtimer() - start;
+            if (a.timeout_ns && waited > a.timeout_ns) {
+                fail_record(a, DEV_ERR_TIMEOUT, peer, kind, want, v, waited);
+                return false;
+            }
+        }
+    }
+}
+
+/* ---- byte copies (block-wide) ---- */
+
+static __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    if (dst == src || len == 0) return;
+    if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
+        const int4 *s = (const int4 *)src;
+        int4 *d = (int4 *)dst;
+        u64 nv = len >> 4, i = t;
+        for (; i + 3ull * nt < nv; i += 4ull * nt) {
+            int4 v0 = __ldcg(s + i), v1 = __ldcg(s + i + nt), v2 = __ldcg(s + i + 2 * nt),
+                 v3 = __ldcg(s + i + 3 * nt);
+            d[i] = v0;
+            d[i + nt] = v1;
+            d[i + 2 * nt] = v2;
+            d[i + 3 * nt] = v3;
+        }
+        for (; i < nv; i += nt) d[i] = __ldcg(s + i);
+        for (u64 k = (nv << 4) + t; k < len; k += nt) dst[k] = __ldcg(src + k);
+    } else if ((((uintptr_t)dst | (uintptr_t)src | len) & 3) == 0) {
+        const unsigned *s = (const unsigned *)src;
+        unsigned *d = (unsigned *)dst;
+        for (u64 i = t; i < len / 4; i += nt) d[i] = __ldcg(s + i);
+    } else {
+        for (u64 i = t; i < len; i += nt) dst[i] = __ldcg(src + i);
+    }
+}
+
+/* ---- typed reductions ---- */
+
+template <int DT> struct ty;
+template <> struct ty<0> { typedef int8_t S; typedef int8_t A; };
+template <> struct ty<1> { typedef uint8_t S; typedef uint8_t A; };
+template <> struct ty<2> { typedef int32_t S; typedef int32_t A; };
+template <> struct ty<3> { typedef uint32_t S; typedef uint32_t A; };
+template <> struct ty<4> { typedef long long S; typedef long long A; };
+template <> struct ty<5> { typedef unsigned long long S; typedef unsigned long long A; };
+template <> struct ty<6> { typedef unsigned short S; typedef float A; };
+template <> struct ty<7> { typedef float S; typedef float A; };
+template <> struct ty<8> { typedef double S; typedef double A; };
+template <> struct ty<9> { typedef unsigned short S; typedef float A; };
+
+template <int DT> static __device__ __forceinline__ typename ty<DT>::A up(typename ty<DT>::S s)
+{
+    return (typename ty<DT>::A)s;
+}
+template <> __device__ __forceinline__ float up<6>(unsigned short s)
+{
+    return __half2float(__ushort_as_half(s));
+}
+template <> __device__ __forceinline__ float up<9>(unsigned short s)
+{
+    return __bfloat162float(__ushort_as_bfloat16(s));
+}
+template <int DT> static __device__ __forceinline__ typename ty<DT>::S down(typename ty<DT>::A a)
+{
+    return (typename ty<DT>::S)a;
+}
+template <> __device__ __forceinline__ unsigned short down<6>(float a)
+{
+    return __half_as_ushort(__float2half_rn(a));
+}
+template <> __device__ __forceinline__ unsigned short down<9>(float a)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+
+template <int OP, typename A> static __device__ __forceinline__ A apply(A x, A y)
+{
+    if (OP == 0) return x + y;
+    if (OP == 1) return x * y;
+    if (OP == 2) return x > y ? x : y;
+    return x < y ? x : y;
+}
+
+/* The scalar of a pre-multiplied sum, in the accumulation type. */
+template <int DT> static __device__ typename ty<DT>::A scale_of(const dev_args_t &a)
+{
+    typedef typename ty<DT>::S S;
+    typedef typename ty<DT>::A A;
+    if (a.scale_dev) return up<DT>(*(const S *)a.scale_dev);
+    if (DT == 6 || DT == 7 || DT == 8 || DT == 9) return (A)a.scale_f;
+    return (A)a.scale_i;
+}
+
+/* dst = op over src[0..nsrc) (rank order); src[scaled] (if >= 0) is multiplied by the scalar
+ * and rounded to the type first; avg divides by navg. */
+template <int DT, int OP>
+static __device__ void reduce_t(char *dst, const char *const *src, int nsrc, int scaled,
+                                u64 bytes, const dev_args_t &a, int navg)
+{
+    typedef typename ty<DT>::S S;
+    typedef typename ty<DT>::A A;
+    const int E = 16 / sizeof(S);
+    const int t = threadIdx.x, nt = blockDim.x;
+    A scale = scaled >= 0 ? scale_of<DT>(a) : (A)1;
+    u64 nel = bytes / sizeof(S);
+    uintptr_t al = (uintptr_t)dst;
+    for (int s = 0; s < nsrc; s++) al |= (uintptr_t)src[s];
+    u64 nv = (al & 15) == 0 ? nel / E : 0;
+    for (u64 i = t; i < nv; i += nt) {
+        A acc[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) acc[k] = (A)0;
+        for (int s = 0; s < nsrc; s++) {
+            union { int4 v; S e[E]; } u;
+            u.v = __ldcg((const int4 *)src[s] + i);
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                A x = up<DT>(u.e[k]);
+                if (s == scaled) x = up<DT>(down<DT>(x * scale));
+                acc[k] = s == 0 ? x : apply<OP, A>(acc[k], x);
+            }
+        }
+        union { int4 v; S e[E]; } o;
+#pragma unroll
+        for (int k = 0; k < E; k++) o.e[k] = down<DT>(navg > 1 ? acc[k] / (A)navg : acc[k]);
+        ((int4 *)dst)[i] = o.v;
+    }
+    for (u64 i = nv * E + t; i < nel; i += nt) {
+        A acc = (A)0;
+        for (int s = 0; s < nsrc; s++) {
+            A x = up<DT>(((const volatile S *)src[s])[i]);
+            if (s == scaled) x = up<DT>(down<DT>(x * scale));
+            acc = s == 0 ? x : apply<OP, A>(acc, x);
+        }
+        ((S *)dst)[i] = down<DT>(navg > 1 ? acc / (A)navg : acc);
+    }
+}
+
+template <int DT>
+static __device__ void reduce_dt(char *dst, const char *const *src, int nsrc, int scaled,
+                                 u64 bytes, const dev_args_t &a, int navg)
+{
+    switch (a.op) {
+    case 0: reduce_t<DT, 0>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 1: reduce_t<DT, 1>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 2: reduce_t<DT, 2>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    default: reduce_t<DT, 3>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    }
+}
+
+static __device__ void reduce_any(char *dst, const char *const *src, int nsrc, int scaled,
+                                  u64 bytes, const dev_args_t &a, int navg)
+{
+    switch (a.dtype) {
+    case 0: reduce_dt<0>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 1: reduce_dt<1>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 2: reduce_dt<2>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 3: reduce_dt<3>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 4: reduce_dt<4>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 5: reduce_dt<5>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 6: reduce_dt<6>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 7: reduce_dt<7>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 8: reduce_dt<8>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    default: reduce_dt<9>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    }
+}
+
+/* ---- the exchange ---- */
+
+extern "C" __global__ void __launch_bounds__(DEV_THREADS, 1) loom_exchange(const __grid_constant__ dev_args_t a)
+{
+    const int b = blockIdx.x, t = threadIdx.x, nb = a.nblocks, n = a.n, me = a.me;
+    char *mine = a.region[me];
+    u64 *rflag = (u64 *)(mine + DEV_OFF_RFLAG);
+    u64 *ack = (u64 *)(mine + DEV_OFF_ACK);
+    u64 *sstep = (u64 *)(mine + DEV_OFF_SSTEP);
+    u64 *rstep = (u64 *)(mine + DEV_OFF_RSTEP);
+    __shared__ int fail;
+    __shared__ const char *srcs[DEV_MAX_LOCAL];
+    u64 ss[DEV_MAX_LOCAL], rs[DEV_MAX_LOCAL];
+    for (int j = 0; j < n; j++) {
+        ss[j] = sstep[j * DEV_MAX_BLOCKS + b];
+        rs[j] = rstep[j * DEV_MAX_BLOCKS + b];
+    }
+    if (t == 0) fail = 0;
+    /* Rounds: the most pieces any of this rank's streams has per block. */
+    u64 rounds = 0;
+    for (int j = 0; j < n; j++) {
+        u64 L = j == me ? 0 : a.io[j].send_len;
+        for (int d = 0; d < 2; d++) {
+            if (L) {
+                u64 ch = piece_bytes(L, nb, a.slot), per = ch * (u64)nb;
+                u64 r = (L + per - 1) / per;
+                if (r > rounds) rounds = r;
+            }
+            L = j == me ? 0 : a.io[j].recv_len;
+        }
+    }
+    if (a.self_len) {
+        u64 ch = piece_bytes(a.self_len, nb, a.slot), per = ch * (u64)nb;
+        u64 r = (a.self_len + per - 1) / per;
+        if (r > rounds) rounds = r;
+    }
+    __syncthreads();
+    const bool scale_push = a.mode == DEV_REDUCE && a.premul;
+    for (u64 k = 0; k < rounds; k++) {
+        /* Push my pieces into the peers' slots. */
+        for (int j = 0; j < n; j++) {
+            u64 L = a.io[j].send_len;
+            if (j == me || L == 0) continue;
+            u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
+            if (pos >= L) continue;
+            u64 len = L - pos < ch ? L - pos : ch;
+            u64 s = ss[j] + 1;
+            if (t == 0 && s > 2 && !wait_geq(&ack[j * DEV_MAX_BLOCKS + b], s - 2, a, j,
+                                             DEV_WAIT_ACK))
+                fail = 1;
+            __syncthreads();
+            if (fail) return;
+            char *dst = a.region[j] + DEV_SLOT_OFF(me, b, s & 1, nb, a.slot);
+            const char *src = a.send + a.io[j].send_off + pos;
+            if (scale_push) {
+                const char *one[1] = {src};
+                reduce_any(dst, one, 1, 0, len, a, 0);
+            } else {
+                copy_bytes(dst, src, len);
+            }
+            __syncthreads();
+            if (t == 0) {
+                __threadfence_system();
+                st_release((u64 *)(a.region[j] + DEV_OFF_RFLAG) + me * DEV_MAX_BLOCKS + b, s);
+            }
+            ss[j] = s;
+        }
+        if (a.mode == DEV_COPY) {
+            for (int j = 0; j < n; j++) {
+                u64 L = a.io[j].recv_len;
+                if (j == me || L == 0) continue;
+                u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
+                if (pos >= L) continue;
+                u64 len = L - pos < ch ? L - pos : ch;
+                u64 s = rs[j] + 1;
+                if (t == 0 && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], s, a, j, DEV_WAIT_DATA))
+                    fail = 1;
+                __syncthreads();
+                if (fail) return;
+                copy_bytes(a.recv + a.io[j].recv_off + pos,
+                           mine + DEV_SLOT_OFF(j, b, s & 1, nb, a.slot), len);
+                __syncthreads();
+                if (t == 0) {
+                    __threadfence();
+                    st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b, s);
+                }
+                rs[j] = s;
+            }
+            u64 L = a.self_len;
+            if (L) {
+                u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
+                if (pos < L)
+                    copy_bytes(a.recv + a.self_dst + pos, a.send + a.self_src + pos,
+                               L - pos < ch ? L - pos : ch);
+            }
+        } else if (a.self_len) {
+            u64 L = a.self_len;
+            u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
+            if (pos >= L) continue;
+            u64 len = L - pos < ch ? L - pos : ch;
+            for (int j = 0; j < n; j++) {
+                if (j == me) continue;
+                if (t == 0 &&
+                    !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j, DEV_WAIT_DATA))
+                    fail = 1;
+            }
+            if (t < n)
+                srcs[t] = t == me ? a.send + a.self_src + pos
+                                  : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) & 1, nb, a.slot);
+            __syncthreads();
+            if (fail) return;
+            reduce_any(a.recv + a.self_dst + pos, srcs, n, a.premul ? me : -1, len, a,
+                       a.avg ? n : 0);
+            __syncthreads();
+            if (t == 0) __threadfence();
+            for (int j = 0; j < n; j++) {
+                if (j == me) continue;
+                rs[j]++;
+                if (t == 0) {
+                    st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b,
+                               rs[j]);
+                }
+            }
+        }
+    }
+    if (t == 0) {
+        for (int j = 0; j < n; j++) {
+            sstep[j * DEV_MAX_BLOCKS + b] = ss[j];
+            rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
+        }
+    }
+}

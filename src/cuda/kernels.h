@@ -1,0 +1,76 @@
+/*
+ * What the host and the device executor's kernel share: the launch arguments, the layout of
+ * each rank's exchange region, and the error record.
+ *
+ * Every rank of a node owns one exchange region in its GPU's memory, mapped by every other rank
+ * of the node (src/transport/cuda). A collective is one kernel per rank that moves byte streams
+ * between ranks through those regions: the stream from rank w to rank r travels through r's
+ * slots for w, in pieces of at most `slot` bytes, each block of the grid owning its own lane
+ * (slots, flags and step counters), so that blocks never wait for one another, only for the
+ * same block of a peer. Per lane and direction a step counter advances once per piece; a
+ * writer publishes step s in the reader's rflag[w][b], the reader acknowledges it in the
+ * writer's ack[r][b], and step s uses slot parity s & 1, so a writer reuses a slot only after
+ * the step two before it was consumed. The counters live in device memory and advance on the
+ * device, so a captured CUDA graph replays correctly.
+ *
+ * Modes: COPY delivers each stream into the receive buffer (broadcast, allgather, all-to-all,
+ * send/recv); REDUCE combines the streams arriving at a rank with its own contribution, in rank
+ * order, so every rank computes bit-identical results (allreduce one-shot, reduce-scatter,
+ * reduce).
+ */
+#ifndef LOOM_CUDA_KERNELS_H
+#define LOOM_CUDA_KERNELS_H
+
+#define DEV_MAX_LOCAL 8   /* ranks of one node in one exchange */
+#define DEV_MAX_BLOCKS 64 /* lanes per peer */
+#define DEV_MIN_PIECE 4096ull
+#define DEV_THREADS 512
+
+enum { DEV_COPY = 0, DEV_REDUCE = 1 };
+enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
+enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
+
+/* Region layout: four tables of u64 [DEV_MAX_LOCAL][DEV_MAX_BLOCKS], then the slots. */
+#define DEV_TABLE_BYTES (8ull * DEV_MAX_LOCAL * DEV_MAX_BLOCKS)
+#define DEV_OFF_RFLAG 0ull               /* [writer][block]: step published to me */
+#define DEV_OFF_ACK (1 * DEV_TABLE_BYTES) /* [reader][block]: step the reader consumed */
+#define DEV_OFF_SSTEP (2 * DEV_TABLE_BYTES) /* [peer][block]: my last step sent (private) */
+#define DEV_OFF_RSTEP (3 * DEV_TABLE_BYTES) /* [peer][block]: my last step received */
+#define DEV_OFF_SLOTS 65536ull
+/* Slot bytes for writer w, block b, parity p, in a region of nblocks lanes of `slot` bytes. */
+#define DEV_SLOT_OFF(w, b, p, nblocks, slot)                                                       \
+    (DEV_OFF_SLOTS + ((((unsigned long long)(w) * (nblocks) + (b)) * 2ull + (p)) * (slot)))
+
+/* Shared with the host through mapped host memory. */
+typedef struct {
+    volatile int abort; /* the host sets it (abort, a dead peer); the device sets it on failure */
+    volatile int code;  /* DEV_ERR_*; the first failing block writes the record */
+    int peer, block, wait_kind, pad;
+    unsigned long long step, seen, seq, waited_ns;
+} dev_err_t;
+
+/* One peer's part of a call, in bytes. */
+typedef struct {
+    unsigned long long send_off, send_len; /* from the send buffer to that peer */
+    unsigned long long recv_off, recv_len; /* from that peer into the receive buffer */
+} dev_io_t;
+
+typedef struct {
+    int n, me, mode, dtype, op, avg, nblocks, premul;
+    unsigned long long slot;
+    unsigned long long seq, timeout_ns;
+    const char *send;
+    char *recv;
+    /* COPY: my own part (send + self_src -> recv + self_dst, self_len bytes).
+     * REDUCE: my contribution is send + self_src, the result goes to recv + self_dst, and
+     * self_len is the length of the reduced range (0: I only send). */
+    unsigned long long self_src, self_dst, self_len;
+    double scale_f;         /* pre-multiplied sum scalar, host immediate (floating types) */
+    long long scale_i;      /* ... integer types */
+    const void *scale_dev;  /* ... or in device memory (read when the kernel runs) */
+    char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
+    dev_err_t *err;              /* device address of the host-mapped error record */
+    dev_io_t io[DEV_MAX_LOCAL];
+} dev_args_t;
+
+#endif
