@@ -10,7 +10,34 @@
  * Ranks: `-P k` forks k local ranks as children of this process (no launcher needed); otherwise
  * one rank per process from the launcher's environment (LOOM_RANK/LOOM_WORLD_SIZE with an id
  * file, see --help).
+ *
+ * Memory (--mem): host buffers (malloc) by default. `--mem device` puts the buffers in CUDA
+ * device memory (cuMemAlloc). The CUDA driver is used through src/base/cudrv.h, found at run time
+ * with dlopen: nothing here links libcuda or libcudart. Each rank process takes one GPU (rank mod
+ * GPU count under -P; LOCAL_RANK if set, else rank mod GPU count, under a launcher), makes the
+ * GPU's primary context current (the one the CUDA runtime, loom and NCCL use) and creates one
+ * non-blocking stream that every collective is enqueued on.
+ *
+ * Device timing, as nccl-tests does it: the warm-up calls are enqueued and the stream
+ * synchronised, the ranks meet (a one-element allreduce on the same stream), then `iters` calls
+ * are enqueued back to back and the stream is synchronised once; the time is host wall time
+ * (CLOCK_MONOTONIC) from before the first call to the return of cuStreamSynchronize, divided by
+ * iters. No CUDA events are used.
+ *
+ * Device checking uses the host scheme (exact inputs, every element compared), outside the timed
+ * loop: inputs are copied in from a host pattern (the inputs are periodic in the element index,
+ * see tape_ready), outputs are copied back through a 16 MiB host staging buffer, so host memory
+ * stays bounded at any size (8 GiB and more). Outputs up to 256 MiB per rank are checked whole;
+ * larger ones on 16 windows of 16 MiB spread evenly from the first element to the last
+ * (256 MiB checked per rank and size), so #wrong then counts the sampled elements only.
+ *
+ * Backends (--backend): loom (default), or nccl: the machine's NCCL, loaded at run time
+ * (dlopen, --nccl-lib), running the identical sweep on device memory (nccl implies
+ * --mem device). Under -P the parent touches neither CUDA nor NCCL before fork: rank 0's child
+ * makes NCCL's unique id and hands it to its siblings through a shared anonymous mapping; under a
+ * launcher rank 0 writes it to LOOM_ID_FILE.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -20,15 +47,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "loom.h"
+#ifdef LOOM_HAVE_CUDA
+#include "../src/base/cudrv.h"
+#endif
 
 typedef enum { C_ALLREDUCE, C_BROADCAST, C_REDUCE, C_ALLGATHER, C_REDUCESCATTER, C_ALLTOALL } coll_t;
 static const char *coll_names[] = {"allreduce", "broadcast", "reduce", "allgather",
                                    "reducescatter", "alltoall"};
+static const char *loom_fn[] = {"loomAllReduce", "loomBroadcast", "loomReduce", "loomAllGather",
+                                "loomReduceScatter", "loomAlltoAll"};
+
+typedef enum { BE_LOOM, BE_NCCL } backend_t;
 
 typedef struct {
     uint64_t minb, maxb;
@@ -39,6 +74,8 @@ typedef struct {
     int ops[loomNumOps], nops;
     coll_t coll;
     int mem_device;
+    backend_t backend;
+    const char *nccl_lib;
     const char *csv, *json;
     int blocking_inplace; /* 0: oop only, 1: both */
 } opts_t;
@@ -48,12 +85,30 @@ static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", 
 static const size_t type_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
 
-static void die(int rank, const char *what, loomResult_t r, loomComm_t comm)
+/* -P with --backend nccl: rank 0's child publishes NCCL's unique id here (state 1), or says that
+ * it failed before it could (state -1); mapped MAP_SHARED before fork. */
+#define NCCL_ID_BYTES 128
+typedef struct {
+    int state;
+    char id[NCCL_ID_BYTES];
+} id_shm_t;
+
+/* Set in rank 0 while its siblings wait for it: a fatal error marks it failed. */
+static int *g_fail_flag;
+
+_Noreturn static void fatal(void)
+{
+    if (g_fail_flag) __atomic_store_n(g_fail_flag, -1, __ATOMIC_RELEASE);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(2);
+}
+
+_Noreturn static void die(int rank, const char *what, loomResult_t r, loomComm_t comm)
 {
     fprintf(stderr, "loom-perf: rank %d: %s failed: %s (%s)\n", rank, what,
             loomGetErrorString(r), loomGetLastError(comm));
-    fflush(stderr);
-    _exit(2);
+    fatal();
 }
 
 #define CHECK(rank, comm, call)                                                                   \
@@ -195,11 +250,211 @@ static double as_type(int type, double v)
     return load(type, tmp, 0);
 }
 
+/* ---- NCCL, loaded at run time ---- */
+
+#ifdef LOOM_HAVE_CUDA
+typedef struct {
+    char internal[NCCL_ID_BYTES];
+} nccl_uid_t;
+typedef struct nccl_comm_opaque *nccl_comm_t;
+
+/* NCCL's entry points as this program calls them. ncclResult_t, ncclDataType_t and ncclRedOp_t
+ * are int-sized C enums whose values are loom's, so they travel as int. */
+typedef struct {
+    int (*GetUniqueId)(nccl_uid_t *);
+    int (*CommInitRank)(nccl_comm_t *, int, nccl_uid_t, int);
+    int (*CommDestroy)(nccl_comm_t);
+    int (*AllReduce)(const void *, void *, size_t, int, int, nccl_comm_t, cudaStream_t);
+    int (*Broadcast)(const void *, void *, size_t, int, int, nccl_comm_t, cudaStream_t);
+    int (*Reduce)(const void *, void *, size_t, int, int, int, nccl_comm_t, cudaStream_t);
+    int (*AllGather)(const void *, void *, size_t, int, nccl_comm_t, cudaStream_t);
+    int (*ReduceScatter)(const void *, void *, size_t, int, int, nccl_comm_t, cudaStream_t);
+    const char *(*GetErrorString)(int);
+    int (*GetVersion)(int *);
+    /* optional: ncclAlltoAll (NCCL 2.28), else grouped send/receive as nccl-tests does */
+    int (*AlltoAll)(const void *, void *, size_t, int, nccl_comm_t, cudaStream_t);
+    int (*Send)(const void *, size_t, int, int, nccl_comm_t, cudaStream_t);
+    int (*Recv)(void *, size_t, int, int, nccl_comm_t, cudaStream_t);
+    int (*GroupStart)(void);
+    int (*GroupEnd)(void);
+    const char *(*GetLastError)(nccl_comm_t);
+    int version;
+    char path[4096]; /* the file dlopen found */
+} nccl_t;
+
+static nccl_t g_nccl;
+
+/* Loads NCCL from `lib` (a name the dynamic loader searches, or a path). NULL, with the reason in
+ * why, if it cannot be loaded or lacks a required function. */
+static const nccl_t *nccl_load(const char *lib, char *why, size_t whylen)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(why, whylen, "cannot load %s: %s", lib, dlerror());
+        return NULL;
+    }
+    nccl_t *n = &g_nccl;
+    void *anchor = NULL;
+#define NCCL_SYM(field, name, required)                                                            \
+    do {                                                                                           \
+        void *s_ = dlsym(h, name);                                                                 \
+        if (s_ == NULL && (required)) {                                                            \
+            snprintf(why, whylen, "%s has no %s (not an NCCL library?)", lib, name);               \
+            return NULL;                                                                           \
+        }                                                                                          \
+        memcpy(&n->field, &s_, sizeof(s_));                                                        \
+        if (anchor == NULL) anchor = s_;                                                           \
+    } while (0)
+    NCCL_SYM(GetVersion, "ncclGetVersion", 1);
+    NCCL_SYM(GetUniqueId, "ncclGetUniqueId", 1);
+    NCCL_SYM(CommInitRank, "ncclCommInitRank", 1);
+    NCCL_SYM(CommDestroy, "ncclCommDestroy", 1);
+    NCCL_SYM(AllReduce, "ncclAllReduce", 1);
+    NCCL_SYM(Broadcast, "ncclBroadcast", 1);
+    NCCL_SYM(Reduce, "ncclReduce", 1);
+    NCCL_SYM(AllGather, "ncclAllGather", 1);
+    NCCL_SYM(ReduceScatter, "ncclReduceScatter", 1);
+    NCCL_SYM(GetErrorString, "ncclGetErrorString", 1);
+    NCCL_SYM(AlltoAll, "ncclAlltoAll", 0);
+    NCCL_SYM(Send, "ncclSend", 0);
+    NCCL_SYM(Recv, "ncclRecv", 0);
+    NCCL_SYM(GroupStart, "ncclGroupStart", 0);
+    NCCL_SYM(GroupEnd, "ncclGroupEnd", 0);
+    NCCL_SYM(GetLastError, "ncclGetLastError", 0);
+#undef NCCL_SYM
+    Dl_info di;
+    if (dladdr(anchor, &di) && di.dli_fname && di.dli_fname[0])
+        snprintf(n->path, sizeof(n->path), "%s", di.dli_fname);
+    else
+        snprintf(n->path, sizeof(n->path), "%s", lib);
+    n->version = 0;
+    if (n->GetVersion(&n->version) != 0) {
+        snprintf(why, whylen, "ncclGetVersion of %s failed", n->path);
+        return NULL;
+    }
+    return n;
+}
+
+static bool nccl_has_alltoall(const nccl_t *n)
+{
+    return n->AlltoAll || (n->Send && n->Recv && n->GroupStart && n->GroupEnd);
+}
+
+/* NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 + ... before. */
+static void nccl_version_str(int code, char *buf, size_t n)
+{
+    if (code >= 10000)
+        snprintf(buf, n, "%d.%d.%d", code / 10000, code % 10000 / 100, code % 100);
+    else
+        snprintf(buf, n, "%d.%d.%d", code / 1000, code % 1000 / 100, code % 100);
+}
+#endif
+
+/* ---- ranks ---- */
+
 typedef struct {
     loomComm_t comm;
     int rank, nranks;
     const opts_t *o;
+    cudaStream_t stream; /* NULL for host memory */
+    /* this rank's input pattern (tape_ready) */
+    uint8_t *tape;
+    size_t period, tape_chunk, tape_maxn;
+    int tape_type, tape_op;
+    /* device memory */
+    uint8_t *stage; /* host staging for reading outputs back */
+    size_t stage_bytes;
+    int gpu;
+    char gpu_name[256];
+    int64_t pci; /* domain << 16 | bus << 8 | device */
+#ifdef LOOM_HAVE_CUDA
+    const cudrv_t *d;
+    CUdevice cudev;
+    CUcontext cuctx;
+    int ctx_retained;
+    CUdeviceptr scratch; /* the ranks' own small allreduces */
+    size_t scratch_bytes;
+    const nccl_t *nccl; /* --backend nccl */
+    nccl_comm_t ncomm;
+    bool nccl_skip_inplace; /* in-place alltoall is not valid NCCL usage */
+#endif
 } ctx_t;
+
+/* Host staging for device outputs; the largest run of elements one copy moves. */
+#define STAGE_BYTES ((size_t)16 << 20)
+/* Device outputs over CHECK_FULL_BYTES per rank are checked on CHECK_WINDOWS windows of
+ * CHECK_WINDOW_BYTES, spread evenly from the first element to the last. */
+#define CHECK_FULL_BYTES ((size_t)256 << 20)
+#define CHECK_WINDOWS 16
+#define CHECK_WINDOW_BYTES ((size_t)16 << 20)
+/* How long ranks wait for rank 0's NCCL unique id (-P), and how long the parent of -P ranks
+ * on device memory lets the others run on once one has failed (a rank blocked in a collective
+ * with a dead peer would wait for ever). */
+#define ID_WAIT_S 120
+#define FAIL_GRACE_S 10
+
+#ifdef LOOM_HAVE_CUDA
+_Noreturn static void cu_fail(const ctx_t *x, const char *what, CUresult r)
+{
+    fprintf(stderr, "loom-perf: rank %d: GPU %d: %s failed: %s\n", x->rank, x->gpu, what,
+            cudrv_err(r));
+    fatal();
+}
+
+#define CU(x, what, call)                                                                         \
+    do {                                                                                          \
+        CUresult r_ = (call);                                                                     \
+        if (r_ != CUDA_SUCCESS) cu_fail((x), (what), r_);                                         \
+    } while (0)
+
+static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+static void *hptr(CUdeviceptr p) { return (void *)(uintptr_t)p; }
+
+_Noreturn static void nccl_fail(const ctx_t *x, const char *what, int r)
+{
+    const char *last = x->nccl->GetLastError ? x->nccl->GetLastError(x->ncomm) : NULL;
+    bool has = last && last[0];
+    fprintf(stderr, "loom-perf: rank %d: %s failed: %s%s%s%s\n", x->rank, what,
+            x->nccl->GetErrorString(r), has ? " (" : "", has ? last : "", has ? ")" : "");
+    fatal();
+}
+#endif
+
+/* Host to buffer and buffer to host: memcpy for host memory; for device memory an asynchronous
+ * copy on the rank's stream (ordered with the collectives; see stream_sync). */
+static void put_bytes(ctx_t *x, void *dst, const void *src, size_t n)
+{
+    (void)x;
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) {
+        CU(x, "cuMemcpyHtoDAsync", x->d->cuMemcpyHtoDAsync(dptr(dst), src, n, x->stream));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+static void get_bytes(ctx_t *x, void *dst, const void *src, size_t n)
+{
+    (void)x;
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) {
+        CU(x, "cuMemcpyDtoHAsync", x->d->cuMemcpyDtoHAsync(dst, dptr(src), n, x->stream));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* Waits for everything enqueued on the rank's stream (nothing to do for host memory). */
+static void stream_sync(ctx_t *x)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) CU(x, "cuStreamSynchronize", x->d->cuStreamSynchronize(x->stream));
+#else
+    (void)x;
+#endif
+}
 
 static size_t out_count(coll_t c, size_t count, int p)
 {
@@ -229,39 +484,172 @@ static double bus_factor(coll_t c, int p)
     }
 }
 
-static loomResult_t run_coll(ctx_t *x, const void *s, void *r, size_t count, int type, int op)
+/* Runs collective c (host memory), or enqueues it on the rank's stream (device memory), with the
+ * chosen backend; dies on an error. */
+static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op)
 {
-    switch (x->o->coll) {
-    case C_ALLREDUCE: return loomAllReduce(s, r, count, type, op, x->comm, NULL);
-    case C_BROADCAST: return loomBroadcast(s, r, count, type, x->o->root, x->comm, NULL);
-    case C_REDUCE: return loomReduce(s, r, count, type, op, x->o->root, x->comm, NULL);
-    case C_ALLGATHER: return loomAllGather(s, r, count, type, x->comm, NULL);
-    case C_REDUCESCATTER: return loomReduceScatter(s, r, count, type, op, x->comm, NULL);
-    case C_ALLTOALL: return loomAlltoAll(s, r, count, type, x->comm, NULL);
+    const opts_t *o = x->o;
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        const nccl_t *n = x->nccl;
+        nccl_comm_t nc = x->ncomm;
+        cudaStream_t st = x->stream;
+        const char *what = "?";
+        int res = 0;
+        switch (c) {
+        case C_ALLREDUCE:
+            what = "ncclAllReduce";
+            res = n->AllReduce(s, r, count, type, op, nc, st);
+            break;
+        case C_BROADCAST:
+            what = "ncclBroadcast";
+            res = n->Broadcast(s, r, count, type, o->root, nc, st);
+            break;
+        case C_REDUCE:
+            what = "ncclReduce";
+            res = n->Reduce(s, r, count, type, op, o->root, nc, st);
+            break;
+        case C_ALLGATHER:
+            what = "ncclAllGather";
+            res = n->AllGather(s, r, count, type, nc, st);
+            break;
+        case C_REDUCESCATTER:
+            what = "ncclReduceScatter";
+            res = n->ReduceScatter(s, r, count, type, op, nc, st);
+            break;
+        case C_ALLTOALL: {
+            if (n->AlltoAll) {
+                what = "ncclAlltoAll";
+                res = n->AlltoAll(s, r, count, type, nc, st);
+                break;
+            }
+            /* NCCL before 2.28: grouped send/receive, as nccl-tests does */
+            size_t bytes = count * type_sizes[type];
+            what = "ncclGroupStart";
+            res = n->GroupStart();
+            for (int peer = 0; res == 0 && peer < x->nranks; peer++) {
+                what = "ncclSend";
+                res = n->Send((const uint8_t *)s + (size_t)peer * bytes, count, type, peer, nc, st);
+                if (res == 0) {
+                    what = "ncclRecv";
+                    res = n->Recv((uint8_t *)r + (size_t)peer * bytes, count, type, peer, nc, st);
+                }
+            }
+            if (res == 0) {
+                what = "ncclGroupEnd";
+                res = n->GroupEnd();
+            }
+            break;
+        }
+        }
+        if (res != 0) nccl_fail(x, what, res);
+        return;
     }
-    return loomInvalidArgument;
+#endif
+    loomResult_t res = loomInvalidArgument;
+    cudaStream_t st = x->stream;
+    switch (c) {
+    case C_ALLREDUCE: res = loomAllReduce(s, r, count, type, op, x->comm, st); break;
+    case C_BROADCAST: res = loomBroadcast(s, r, count, type, o->root, x->comm, st); break;
+    case C_REDUCE: res = loomReduce(s, r, count, type, op, o->root, x->comm, st); break;
+    case C_ALLGATHER: res = loomAllGather(s, r, count, type, x->comm, st); break;
+    case C_REDUCESCATTER: res = loomReduceScatter(s, r, count, type, op, x->comm, st); break;
+    case C_ALLTOALL: res = loomAlltoAll(s, r, count, type, x->comm, st); break;
+    }
+    if (res != loomSuccess) die(x->rank, loom_fn[c], res, x->comm);
+}
+
+/* Sums n doubles over the ranks, in place: the ranks' own bookkeeping (barrier, results, layout).
+ * Host memory: a loom allreduce on the host buffer. Device memory: through a small device buffer
+ * on the rank's stream, with the backend under test, synchronised. */
+static void allreduce_doubles(ctx_t *x, double *v, size_t n)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) {
+        size_t bytes = n * sizeof(double);
+        if (bytes > x->scratch_bytes) {
+            fprintf(stderr, "loom-perf: rank %d: internal error: %zu bytes for a %zu-byte scratch "
+                            "buffer\n", x->rank, bytes, x->scratch_bytes);
+            fatal();
+        }
+        CU(x, "cuMemcpyHtoDAsync", x->d->cuMemcpyHtoDAsync(x->scratch, v, bytes, x->stream));
+        run_coll(x, C_ALLREDUCE, hptr(x->scratch), hptr(x->scratch), n, loomDouble, loomSum);
+        CU(x, "cuMemcpyDtoHAsync", x->d->cuMemcpyDtoHAsync(v, x->scratch, bytes, x->stream));
+        stream_sync(x);
+        return;
+    }
+#endif
+    CHECK(x->rank, x->comm, loomAllReduce(v, v, n, loomDouble, loomSum, x->comm, NULL));
+}
+
+/*
+ * This rank's inputs for (type, op), as a tape that fills any buffer by copies. input_value(type,
+ * op, rank, g, p) depends on the element index g only through g mod 3 or 17 (sum, avg), g mod 31
+ * (max, min) and g mod 3p (prod), so it is periodic in g with period 3*17*31*p. The tape holds
+ * elements 0 .. period + chunk - 1: a run of up to `chunk` elements starting at global index g is
+ * the tape from element g mod period. chunk is at most STAGE_BYTES, at least the largest fill
+ * (tape_maxn) when that is smaller.
+ */
+static void tape_ready(ctx_t *x, int type, int op)
+{
+    if (x->tape && x->tape_type == type && x->tape_op == op) return;
+    size_t es = type_sizes[type];
+    size_t chunk = STAGE_BYTES / es;
+    if (x->tape_maxn < chunk) chunk = x->tape_maxn > 0 ? x->tape_maxn : 1;
+    size_t period = (size_t)3 * 17 * 31 * (size_t)x->nranks;
+    size_t n = period + chunk;
+    free(x->tape);
+    x->tape = malloc(n * es);
+    if (!x->tape) {
+        fprintf(stderr, "loom-perf: rank %d: out of memory for %zu bytes\n", x->rank, n * es);
+        fatal();
+    }
+    for (size_t i = 0; i < n; i++)
+        store(type, x->tape, i, input_value(type, op, x->rank, i, x->nranks));
+    x->period = period;
+    x->tape_chunk = chunk;
+    x->tape_type = type;
+    x->tape_op = op;
+}
+
+/* Writes elements g .. g+n-1 of this rank's inputs to dst. */
+static void fill_seg(ctx_t *x, uint8_t *dst, size_t g, size_t n, size_t es)
+{
+    while (n > 0) {
+        size_t m = n < x->tape_chunk ? n : x->tape_chunk;
+        put_bytes(x, dst, x->tape + (g % x->period) * es, m * es);
+        dst += m * es;
+        g += m;
+        n -= m;
+    }
 }
 
 /* Fills this rank's input; for in place the input lives inside the output buffer. */
 static void fill_input(ctx_t *x, void *buf, size_t count, int type, int op)
 {
     int p = x->nranks, r = x->rank;
-    size_t n = in_count(x->o->coll, count, p);
-    for (size_t i = 0; i < n; i++) {
-        size_t gi = i;
-        if (x->o->coll == C_ALLTOALL) gi = (i % count) + (size_t)r * count + (i / count) * 7;
-        store(type, buf, i, input_value(type, op, r, gi, p));
+    size_t es = type_sizes[type];
+    tape_ready(x, type, op);
+    if (x->o->coll == C_ALLTOALL) {
+        /* the block bound for rank b holds global indices r*count + 7b + 0 .. count-1 */
+        for (int b = 0; b < p; b++)
+            fill_seg(x, (uint8_t *)buf + (size_t)b * count * es,
+                     (size_t)r * count + (size_t)b * 7, count, es);
+    } else {
+        fill_seg(x, buf, 0, in_count(x->o->coll, count, p), es);
     }
+    stream_sync(x);
 }
 
-static long check_output(ctx_t *x, const void *buf, size_t count, int type, int op)
+/* Compares output elements i0 .. i0+m-1, held at buf[0 .. m-1], with their exact values. */
+static long check_range(ctx_t *x, const void *buf, size_t i0, size_t m, size_t count, int type,
+                        int op)
 {
     int p = x->nranks, r = x->rank;
     long wrong = 0;
     coll_t c = x->o->coll;
-    if (c == C_REDUCE && r != x->o->root) return 0;
-    size_t n = out_count(c, count, p);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t j = 0; j < m; j++) {
+        size_t i = i0 + j;
         double want;
         switch (c) {
         case C_ALLREDUCE:
@@ -279,11 +667,40 @@ static long check_output(ctx_t *x, const void *buf, size_t count, int type, int 
         default: want = 0;
         }
         want = as_type(type, want);
-        double got = load(type, buf, i);
+        double got = load(type, buf, j);
         double tol = 0;
         if (op == loomAvg && (type == loomHalf || type == loomBfloat16))
             tol = fabs(want) * (type == loomHalf ? 1e-3 : 8e-3);
         if (fabs(got - want) > tol) wrong++;
+    }
+    return wrong;
+}
+
+/* Elements of this rank's output differing from the exact result. Host memory: all of them, in
+ * place. Device memory: read back through the staging buffer after the stream's work; all of
+ * them up to CHECK_FULL_BYTES, else CHECK_WINDOWS windows (see the top of the file). */
+static long check_output(ctx_t *x, const void *buf, size_t count, int type, int op)
+{
+    coll_t c = x->o->coll;
+    if (c == C_REDUCE && x->rank != x->o->root) return 0;
+    size_t n = out_count(c, count, x->nranks);
+    if (!x->o->mem_device) return check_range(x, buf, 0, n, count, type, op);
+    size_t es = type_sizes[type], chunk = x->stage_bytes / es;
+    size_t nwin = 1, win = n;
+    if (n * es > CHECK_FULL_BYTES) {
+        nwin = CHECK_WINDOWS;
+        win = CHECK_WINDOW_BYTES / es;
+    }
+    long wrong = 0;
+    for (size_t w = 0; w < nwin; w++) {
+        size_t start = nwin > 1 ? (n - win) * w / (nwin - 1) : 0, end = start + win;
+        for (size_t i = start; i < end;) {
+            size_t m = end - i < chunk ? end - i : chunk;
+            get_bytes(x, x->stage, (const uint8_t *)buf + i * es, m * es);
+            stream_sync(x);
+            wrong += check_range(x, x->stage, i, m, count, type, op);
+            i += m;
+        }
     }
     return wrong;
 }
@@ -301,10 +718,96 @@ static void reduce_results(ctx_t *x, double *t, int nt, long *w, int nw)
     double buf[8];
     memcpy(buf, t, sizeof(double) * (size_t)nt);
     for (int i = 0; i < nw; i++) buf[nt + i] = (double)w[i];
-    CHECK(x->rank, x->comm, loomAllReduce(buf, buf, (size_t)(nt + nw), loomDouble, loomSum,
-                                          x->comm, NULL));
+    allreduce_doubles(x, buf, (size_t)(nt + nw));
     for (int i = 0; i < nt; i++) t[i] = buf[i] / x->nranks;
     for (int i = 0; i < nw; i++) w[i] = (long)buf[nt + i];
+}
+
+/* A benchmark buffer of `bytes` (zeroed), in the memory under test; NULL if out of memory. */
+static void *buf_alloc(ctx_t *x, size_t bytes)
+{
+    (void)x;
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) {
+        CUdeviceptr p = 0;
+        CUresult r = x->d->cuMemAlloc(&p, bytes);
+        if (r != CUDA_SUCCESS) {
+            fprintf(stderr, "loom-perf: rank %d: GPU %d: cuMemAlloc of %zu bytes failed: %s\n",
+                    x->rank, x->gpu, bytes, cudrv_err(r));
+            return NULL;
+        }
+        CU(x, "cuMemsetD8Async", x->d->cuMemsetD8Async(p, 0, bytes, x->stream));
+        stream_sync(x);
+        return hptr(p);
+    }
+#endif
+    void *p = malloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+static void buf_free(ctx_t *x, void *p)
+{
+    if (!p) return;
+#ifdef LOOM_HAVE_CUDA
+    if (x->o->mem_device) {
+        x->d->cuMemFree(dptr(p));
+        return;
+    }
+#else
+    (void)x;
+#endif
+    free(p);
+}
+
+/* Device memory: the header's lines on the backend, the GPUs and the method. Collective. */
+static void device_header(ctx_t *x)
+{
+#ifdef LOOM_HAVE_CUDA
+    const opts_t *o = x->o;
+    int p = x->nranks;
+    double *v = calloc((size_t)p * 3, sizeof(double));
+    if (!v) {
+        fprintf(stderr, "loom-perf: rank %d: out of memory\n", x->rank);
+        fatal();
+    }
+    v[3 * x->rank] = (double)getpid();
+    v[3 * x->rank + 1] = x->gpu;
+    v[3 * x->rank + 2] = (double)x->pci;
+    allreduce_doubles(x, v, (size_t)p * 3);
+    if (x->rank == 0) {
+        if (x->nccl) {
+            char ver[32];
+            nccl_version_str(x->nccl->version, ver, sizeof(ver));
+            printf("# backend: nccl %s (%s)\n", ver, x->nccl->path);
+        } else {
+            int ver = 0;
+            loomGetVersion(&ver);
+            printf("# backend: loom %d.%d.%d\n", ver / 10000, ver / 100 % 100, ver % 100);
+        }
+        printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: host clock "
+               "from the first timed call to the end of cuStreamSynchronize, / iterations\n");
+        printf("# GPU: %s (rank 0)\n", x->gpu_name);
+        for (int r = 0; r < p && r < 64; r++) {
+            int64_t pci = (int64_t)v[3 * r + 2];
+            printf("#   rank %3d  pid %7d  GPU %2d  PCI %04x:%02x:%02x\n", r, (int)v[3 * r],
+                   (int)v[3 * r + 1], (unsigned)(pci >> 16), (unsigned)(pci >> 8) & 0xffu,
+                   (unsigned)pci & 0xffu);
+        }
+        if (p > 64) printf("#   (%d more ranks)\n", p - 64);
+        if (o->check && o->maxb > CHECK_FULL_BYTES)
+            printf("# check: outputs over %zu MiB per rank are checked on %d windows of %zu MiB "
+                   "spread over the buffer\n", CHECK_FULL_BYTES >> 20, CHECK_WINDOWS,
+                   CHECK_WINDOW_BYTES >> 20);
+        if (x->nccl_skip_inplace)
+            printf("# in-place alltoall is not valid NCCL usage: not run (0 and #wrong -1 in its "
+                   "columns)\n");
+        fflush(stdout);
+    }
+    free(v);
+#else
+    (void)x;
+#endif
 }
 
 static int run_rank(ctx_t *x)
@@ -315,6 +818,10 @@ static int run_rank(ctx_t *x)
     if (x->rank == 0) {
         printf("# loom-perf %s: %d ranks, %d warmup + %d timed iterations, check %s\n",
                coll_names[o->coll], p, o->warmup, o->iters, o->check ? "on" : "off");
+        fflush(stdout);
+    }
+    if (o->mem_device) device_header(x);
+    if (x->rank == 0) {
         printf("#\n#                                                  out-of-place                "
                "       in-place\n");
         printf("#       size         count      type   redop    root     time   algbw   busbw "
@@ -336,6 +843,10 @@ static int run_rank(ctx_t *x)
         if (json) fprintf(json, "{\"collective\": \"%s\", \"ranks\": %d, \"results\": [\n",
                           coll_names[o->coll], p);
     }
+    bool skip_ip = false; /* the in-place column is not run */
+#ifdef LOOM_HAVE_CUDA
+    skip_ip = x->nccl_skip_inplace;
+#endif
     uint64_t maxb = o->maxb;
     int first_json = 1;
     long total_wrong = 0;
@@ -347,13 +858,14 @@ static int run_rank(ctx_t *x)
         size_t maxcount = count_for_bytes(o->coll, maxb, es, p);
         size_t maxin = in_count(o->coll, maxcount, p), maxout = out_count(o->coll, maxcount, p);
         size_t big = maxin > maxout ? maxin : maxout;
-        uint8_t *sbuf = malloc(maxin * es + 64), *rbuf = malloc(big * es + 64);
+        x->tape_maxn = maxin;
+        uint8_t *sbuf = buf_alloc(x, maxin * es + 64);
+        uint8_t *rbuf = sbuf ? buf_alloc(x, big * es + 64) : NULL;
         if (!sbuf || !rbuf) {
+            if (o->mem_device) fatal(); /* said why; the other ranks cannot go on alone */
             fprintf(stderr, "loom-perf: out of memory for %zu bytes\n", big * es);
             return 2;
         }
-        memset(sbuf, 0, maxin * es);
-        memset(rbuf, 0, big * es);
         for (int oi = 0; oi < o->nops; oi++) {
             int op = o->ops[oi];
             for (uint64_t bytes = o->minb; bytes <= maxb;) {
@@ -363,6 +875,7 @@ static int run_rank(ctx_t *x)
                 double t[2] = {0, 0};
                 long w[2] = {0, 0};
                 for (int ip = 0; ip < 2; ip++) {
+                    if (ip && skip_ip) continue;
                     void *s = sbuf, *r = rbuf;
                     if (ip) {
                         r = rbuf;
@@ -373,17 +886,23 @@ static int run_rank(ctx_t *x)
                     if (ip && o->coll == C_REDUCESCATTER) inbuf = rbuf, r = rbuf + (size_t)x->rank * count * es;
                     if (o->check) {
                         fill_input(x, inbuf, count, type, op);
-                        CHECK(x->rank, x->comm, run_coll(x, s, r, count, type, op));
+                        run_coll(x, o->coll, s, r, count, type, op);
                         w[ip] = check_output(x, r, count, type, op);
                     }
-                    for (int i = 0; i < o->warmup; i++)
-                        CHECK(x->rank, x->comm, run_coll(x, s, r, count, type, op));
-                    CHECK(x->rank, x->comm, loomAllReduce(t, t, 0, loomDouble, loomSum, x->comm, NULL));
-                    double bar = 0;
-                    CHECK(x->rank, x->comm, loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
+                    for (int i = 0; i < o->warmup; i++) run_coll(x, o->coll, s, r, count, type, op);
+                    if (o->mem_device) {
+                        /* the warm-up done, the ranks meet (on the stream, synchronised) */
+                        stream_sync(x);
+                        double bar = 0;
+                        allreduce_doubles(x, &bar, 1);
+                    } else {
+                        CHECK(x->rank, x->comm, loomAllReduce(t, t, 0, loomDouble, loomSum, x->comm, NULL));
+                        double bar = 0;
+                        CHECK(x->rank, x->comm, loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
+                    }
                     double t0 = now_us();
-                    for (int i = 0; i < o->iters; i++)
-                        CHECK(x->rank, x->comm, run_coll(x, s, r, count, type, op));
+                    for (int i = 0; i < o->iters; i++) run_coll(x, o->coll, s, r, count, type, op);
+                    stream_sync(x);
                     t[ip] = (now_us() - t0) / (o->iters > 0 ? o->iters : 1);
                 }
                 reduce_results(x, t, 2, w, 2);
@@ -397,16 +916,17 @@ static int run_rank(ctx_t *x)
                     bw_sum += bus[0];
                     nbw++;
                     int root = (o->coll == C_BROADCAST || o->coll == C_REDUCE) ? o->root : -1;
+                    long wip = skip_ip ? -1L : w[1];
                     printf("%12zu  %12zu  %8s  %6s  %6d  %8.2f  %6.2f  %6.2f  %5ld  %8.2f  %6.2f  "
                            "%6.2f  %5ld\n",
                            sizeb, count, type_names[type], op_names[op], root, t[0], alg[0],
                            bus[0], o->check ? w[0] : -1L, t[1], alg[1], bus[1],
-                           o->check ? w[1] : -1L);
+                           o->check ? wip : -1L);
                     fflush(stdout);
                     if (csv)
                         fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%ld,%.3f,%.4f,%.4f,%ld\n",
                                 sizeb, count, type_names[type], op_names[op], root, t[0], alg[0],
-                                bus[0], w[0], t[1], alg[1], bus[1], w[1]);
+                                bus[0], w[0], t[1], alg[1], bus[1], wip);
                     if (json) {
                         fprintf(json,
                                 "%s  {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
@@ -416,7 +936,7 @@ static int run_rank(ctx_t *x)
                                 "\"wrong\": %ld}}",
                                 first_json ? "" : ",\n", sizeb, count, type_names[type],
                                 op_names[op], root, t[0], alg[0], bus[0], w[0], t[1], alg[1],
-                                bus[1], w[1]);
+                                bus[1], wip);
                         first_json = 0;
                     }
                 }
@@ -427,8 +947,8 @@ static int run_rank(ctx_t *x)
                 }
             }
         }
-        free(sbuf);
-        free(rbuf);
+        buf_free(x, sbuf);
+        buf_free(x, rbuf);
     }
     if (x->rank == 0) {
         printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
@@ -457,11 +977,19 @@ static void usage(void)
            "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
            "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
            "[allreduce]\n"
-           "  --mem host|device  buffer memory [device where a GPU is found, else host]\n"
+           "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
+           "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
+           "                  count, under a launcher); collectives on a non-blocking stream,\n"
+           "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
+           "                  256 MiB are checked on 16 windows of 16 MiB\n"
+           "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
+           "                  at run time, same sweep; implies --mem device\n"
+           "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
            "  --csv FILE, --json FILE  write the results beside the table\n"
            "Launched one process per rank: torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,\n"
            "MASTER_PORT; LOOM_JOB_SECRET for the secret), or LOOM_RANK, LOOM_WORLD_SIZE and\n"
-           "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it).\n");
+           "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it). With --backend\n"
+           "nccl both ways need LOOM_ID_FILE: rank 0 writes NCCL's unique id there.\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -476,8 +1004,12 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     o->types[o->ntypes++] = loomFloat;
     o->ops[o->nops++] = loomSum;
     o->nranks_local = 0;
-    const char *mem = NULL;
+    o->backend = BE_LOOM;
+    o->nccl_lib = "libnccl.so.2";
+    const char *mem = NULL, *backend = NULL;
     static struct option lo[] = {{"mem", required_argument, 0, 'M'},
+                                 {"backend", required_argument, 0, 'B'},
+                                 {"nccl-lib", required_argument, 0, 'L'},
                                  {"csv", required_argument, 0, 'S'},
                                  {"json", required_argument, 0, 'J'},
                                  {"help", no_argument, 0, 'h'},
@@ -522,6 +1054,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             break;
         }
         case 'M': mem = optarg; break;
+        case 'B': backend = optarg; break;
+        case 'L': o->nccl_lib = optarg; break;
         case 'S': o->csv = optarg; break;
         case 'J': o->json = optarg; break;
         case 'h': usage(); exit(0);
@@ -530,21 +1064,224 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     }
     if (o->minb > o->maxb || o->factor < 1 || o->iters < 0 || o->warmup < 0) return -1;
     if (mem && strcmp(mem, "host") && strcmp(mem, "device")) return -1;
-    if (mem && !strcmp(mem, "device")) {
+    if (backend && strcmp(backend, "loom") && strcmp(backend, "nccl")) return -1;
+    o->mem_device = mem && !strcmp(mem, "device");
+    if (backend && !strcmp(backend, "nccl")) {
+        o->backend = BE_NCCL;
+        if (mem && !strcmp(mem, "host")) {
+            fprintf(stderr, "loom-perf: --backend nccl: NCCL takes device memory only; drop "
+                            "--mem host\n");
+            exit(2);
+        }
+        o->mem_device = 1;
+    }
+#ifndef LOOM_HAVE_CUDA
+    if (o->backend == BE_NCCL) {
+        fprintf(stderr, "loom-perf: --backend nccl: this build of loom has no GPU support (no "
+                        "CUDA toolkit at build time), and NCCL needs device memory\n");
+        exit(2);
+    }
+    if (o->mem_device) {
         fprintf(stderr, "loom-perf: --mem device: this build of loom has no GPU support "
                         "(no CUDA device or toolkit); use --mem host\n");
         exit(2);
     }
+#endif
     return 0;
 }
 
-static int rank_main(const opts_t *o, loomUniqueId id, int rank, int nranks)
+/* How this rank process was started. */
+typedef struct {
+    int rank, nranks;    /* under torchrun nranks is then taken from the communicator */
+    int local_rank;      /* the GPU to use, or -1: rank mod GPU count */
+    int quiet;           /* a -P rank other than 0: errors every rank meets alike are rank 0's */
+    int torchrun;        /* loom: loomCommInitFromEnv */
+    loomUniqueId loom_id;/* loom, not torchrun */
+    id_shm_t *shm;       /* nccl under -P: rank 0 publishes the id here */
+    const char *id_file; /* nccl under a launcher: rank 0 writes the id here */
+} launch_t;
+
+static int write_id_file(const char *path, const void *id, size_t n)
 {
-    ctx_t x = {.rank = rank, .nranks = nranks, .o = o};
-    CHECK(rank, NULL, loomCommInitRank(&x.comm, nranks, id, rank));
-    int rc = run_rank(&x);
-    loomCommDestroy(x.comm);
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f || fwrite(id, n, 1, f) != 1 || fclose(f) != 0 || rename(tmp, path)) {
+        fprintf(stderr, "loom-perf: cannot write %s\n", path);
+        return 2;
+    }
+    return 0;
+}
+
+static int read_id_file(const char *path, void *id, size_t n, int rank)
+{
+    FILE *f = NULL;
+    for (int i = 0; i < 600 && !(f = fopen(path, "rb")); i++) usleep(100000);
+    if (!f || fread(id, n, 1, f) != 1) {
+        fprintf(stderr, "loom-perf: rank %d cannot read the id from %s\n", rank, path);
+        if (f) fclose(f);
+        return 2;
+    }
+    fclose(f);
+    return 0;
+}
+
+#ifdef LOOM_HAVE_CUDA
+/* Device memory: loads NCCL (--backend nccl), then takes this rank's GPU: its primary context
+ * made current, a non-blocking stream, the host staging buffer. */
+static int dev_open(ctx_t *x, const launch_t *L)
+{
+    const opts_t *o = x->o;
+    if (o->backend == BE_NCCL) {
+        char why[4400];
+        x->nccl = nccl_load(o->nccl_lib, why, sizeof(why));
+        if (!x->nccl) {
+            if (!L->quiet) fprintf(stderr, "loom-perf: --backend nccl: %s\n", why);
+            return 2;
+        }
+        if (o->coll == C_ALLTOALL && !nccl_has_alltoall(x->nccl)) {
+            if (!L->quiet)
+                fprintf(stderr, "loom-perf: --backend nccl: %s has neither ncclAlltoAll nor "
+                                "ncclSend/ncclRecv\n", x->nccl->path);
+            return 2;
+        }
+        x->nccl_skip_inplace = o->coll == C_ALLTOALL;
+    }
+    const char *why = NULL;
+    const cudrv_t *d = cudrv_get(&why);
+    if (!d) {
+        if (!L->quiet)
+            fprintf(stderr, "loom-perf: --mem device: %s\n", why ? why : "no usable GPU");
+        return 2;
+    }
+    x->d = d;
+    if (L->local_rank >= 0) {
+        if (L->local_rank >= d->ndev) {
+            fprintf(stderr, "loom-perf: rank %d: --mem device: LOCAL_RANK is %d but the CUDA "
+                            "driver sees %d GPU%s\n", x->rank, L->local_rank, d->ndev,
+                    d->ndev == 1 ? "" : "s");
+            return 2;
+        }
+        x->gpu = L->local_rank;
+    } else {
+        x->gpu = x->rank % d->ndev;
+    }
+    CU(x, "cuDeviceGet", d->cuDeviceGet(&x->cudev, x->gpu));
+    CU(x, "cuDevicePrimaryCtxRetain", d->cuDevicePrimaryCtxRetain(&x->cuctx, x->cudev));
+    x->ctx_retained = 1;
+    CU(x, "cuCtxSetCurrent", d->cuCtxSetCurrent(x->cuctx));
+    CUstream s = NULL;
+    CU(x, "cuStreamCreate", d->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    x->stream = s;
+    if (d->cuDeviceGetName(x->gpu_name, (int)sizeof(x->gpu_name), x->cudev) != CUDA_SUCCESS)
+        snprintf(x->gpu_name, sizeof(x->gpu_name), "?");
+    int dom = 0, bus = 0, dev = 0;
+    d->cuDeviceGetAttribute(&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, x->cudev);
+    d->cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, x->cudev);
+    d->cuDeviceGetAttribute(&dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, x->cudev);
+    x->pci = ((int64_t)dom << 16) | ((int64_t)(bus & 0xff) << 8) | (dev & 0xff);
+    x->stage_bytes = STAGE_BYTES;
+    x->stage = malloc(x->stage_bytes);
+    if (!x->stage) {
+        fprintf(stderr, "loom-perf: rank %d: out of memory\n", x->rank);
+        return 2;
+    }
+    return 0;
+}
+
+/* The device buffer of allreduce_doubles, once the number of ranks is known. */
+static void dev_scratch(ctx_t *x)
+{
+    x->scratch_bytes = ((size_t)x->nranks * 3 + 8) * sizeof(double);
+    CU(x, "cuMemAlloc", x->d->cuMemAlloc(&x->scratch, x->scratch_bytes));
+}
+
+static void dev_close(ctx_t *x)
+{
+    if (!x->d) return;
+    if (x->scratch) x->d->cuMemFree(x->scratch);
+    if (x->stream) x->d->cuStreamDestroy(x->stream);
+    if (x->ctx_retained) x->d->cuDevicePrimaryCtxRelease(x->cudev);
+    free(x->stage);
+}
+
+/* NCCL's unique id: rank 0 makes it and publishes it (shared mapping under -P, else the id
+ * file); the others wait for it. */
+static int nccl_id(ctx_t *x, const launch_t *L, nccl_uid_t *id)
+{
+    if (x->rank == 0) {
+        int r = x->nccl->GetUniqueId(id);
+        if (r != 0) nccl_fail(x, "ncclGetUniqueId", r);
+        if (L->shm) {
+            memcpy(L->shm->id, id, sizeof(*id));
+            __atomic_store_n(&L->shm->state, 1, __ATOMIC_RELEASE);
+            g_fail_flag = NULL;
+            return 0;
+        }
+        return write_id_file(L->id_file, id, sizeof(*id));
+    }
+    if (!L->shm) return read_id_file(L->id_file, id, sizeof(*id), x->rank);
+    double deadline = now_us() + ID_WAIT_S * 1e6;
+    for (;;) {
+        int st = __atomic_load_n(&L->shm->state, __ATOMIC_ACQUIRE);
+        if (st == 1) {
+            memcpy(id, L->shm->id, sizeof(*id));
+            return 0;
+        }
+        if (st < 0) return 2; /* rank 0 failed and said why */
+        if (now_us() > deadline) {
+            fprintf(stderr, "loom-perf: rank %d: no NCCL unique id from rank 0 after %d s\n",
+                    x->rank, ID_WAIT_S);
+            return 2;
+        }
+        usleep(1000);
+    }
+}
+#endif
+
+static int rank_main(const opts_t *o, const launch_t *L)
+{
+    ctx_t x = {.rank = L->rank, .nranks = L->nranks, .o = o, .gpu = -1};
+    int rc = 0;
+    if (L->shm && L->rank == 0) g_fail_flag = &L->shm->state;
+    bool inited = false;
+#ifdef LOOM_HAVE_CUDA
+    if (o->mem_device && (rc = dev_open(&x, L)) != 0) goto fail;
+    if (o->backend == BE_NCCL) {
+        nccl_uid_t id;
+        if ((rc = nccl_id(&x, L, &id)) != 0) goto fail;
+        int r = x.nccl->CommInitRank(&x.ncomm, x.nranks, id, x.rank);
+        if (r != 0) nccl_fail(&x, "ncclCommInitRank", r);
+        inited = true;
+    }
+#endif
+    if (!inited && L->torchrun) {
+        CHECK(L->rank, NULL, loomCommInitFromEnv(&x.comm, NULL));
+        loomCommUserRank(x.comm, &x.rank);
+        loomCommCount(x.comm, &x.nranks);
+    } else if (!inited) {
+        CHECK(L->rank, NULL, loomCommInitRank(&x.comm, L->nranks, L->loom_id, L->rank));
+    }
+#ifdef LOOM_HAVE_CUDA
+    if (o->mem_device) dev_scratch(&x);
+#endif
+    rc = run_rank(&x);
+#ifdef LOOM_HAVE_CUDA
+    if (x.nccl) x.nccl->CommDestroy(x.ncomm);
+#endif
+    if (x.comm) loomCommDestroy(x.comm);
+#ifdef LOOM_HAVE_CUDA
+    dev_close(&x);
+#endif
+    free(x.tape);
+    fflush(stdout);
     return rc;
+#ifdef LOOM_HAVE_CUDA
+fail:
+    if (g_fail_flag) __atomic_store_n(g_fail_flag, -1, __ATOMIC_RELEASE);
+    fflush(stdout);
+    return rc;
+#endif
 }
 
 int main(int argc, char **argv)
@@ -556,51 +1293,56 @@ int main(int argc, char **argv)
     }
     /* loom-perf's own local launch stays on loopback unless told otherwise. */
     if (o.nranks_local > 0) setenv("LOOM_SOCKET_IFNAME", "lo", 0);
+    const char *lr = getenv("LOCAL_RANK");
+    int local_rank = lr && *lr ? atoi(lr) : -1;
     if (o.nranks_local == 0 && getenv("RANK") && getenv("WORLD_SIZE") && getenv("MASTER_ADDR")) {
         /* Started the way torchrun starts ranks: one process per rank. */
-        ctx_t x = {.o = &o};
-        int rank = atoi(getenv("RANK"));
-        CHECK(rank, NULL, loomCommInitFromEnv(&x.comm, NULL));
-        loomCommUserRank(x.comm, &x.rank);
-        loomCommCount(x.comm, &x.nranks);
-        int rc = run_rank(&x);
-        loomCommDestroy(x.comm);
-        return rc;
+        launch_t L = {.rank = atoi(getenv("RANK")), .nranks = atoi(getenv("WORLD_SIZE")),
+                      .local_rank = local_rank, .torchrun = 1};
+        if (o.backend == BE_NCCL && !(L.id_file = getenv("LOOM_ID_FILE"))) {
+            fprintf(stderr, "loom-perf: --backend nccl under torchrun needs LOOM_ID_FILE (a path "
+                            "every rank can read; rank 0 writes NCCL's unique id there)\n");
+            return 2;
+        }
+        return rank_main(&o, &L);
     }
     const char *er = getenv("LOOM_RANK"), *ew = getenv("LOOM_WORLD_SIZE");
     if (o.nranks_local == 0 && er && ew) {
-        int rank = atoi(er), n = atoi(ew);
+        launch_t L = {.rank = atoi(er), .nranks = atoi(ew), .local_rank = local_rank};
         const char *idf = getenv("LOOM_ID_FILE");
         if (!idf) {
             fprintf(stderr, "loom-perf: LOOM_RANK set but no LOOM_ID_FILE\n");
             return 2;
         }
-        loomUniqueId id;
-        if (rank == 0) {
-            CHECK(0, NULL, loomGetUniqueId(&id));
-            char tmp[4096];
-            snprintf(tmp, sizeof(tmp), "%s.tmp", idf);
-            FILE *f = fopen(tmp, "wb");
-            if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, idf)) {
-                fprintf(stderr, "loom-perf: cannot write %s\n", idf);
-                return 2;
-            }
-        } else {
-            FILE *f = NULL;
-            for (int i = 0; i < 600 && !(f = fopen(idf, "rb")); i++) usleep(100000);
-            if (!f || fread(&id, sizeof(id), 1, f) != 1) {
-                fprintf(stderr, "loom-perf: rank %d cannot read the id from %s\n", rank, idf);
-                return 2;
-            }
-            fclose(f);
+        if (o.backend == BE_NCCL) {
+            L.id_file = idf; /* rank 0 writes NCCL's id once its GPU is set up */
+        } else if (L.rank == 0) {
+            CHECK(0, NULL, loomGetUniqueId(&L.loom_id));
+            if (write_id_file(idf, &L.loom_id, sizeof(L.loom_id))) return 2;
+        } else if (read_id_file(idf, &L.loom_id, sizeof(L.loom_id), L.rank)) {
+            return 2;
         }
-        return rank_main(&o, id, rank, n);
+        return rank_main(&o, &L);
     }
     int k = o.nranks_local > 0 ? o.nranks_local : 1;
-    loomUniqueId id;
-    CHECK(0, NULL, loomGetUniqueId(&id));
+    launch_t L = {.nranks = k, .local_rank = -1};
+    if (o.backend == BE_NCCL) {
+        /* No CUDA or NCCL call before fork: rank 0's child makes NCCL's id and publishes it
+         * here. */
+        void *m = mmap(NULL, sizeof(id_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                       -1, 0);
+        if (m == MAP_FAILED) {
+            perror("loom-perf: mmap");
+            return 2;
+        }
+        L.shm = m;
+    } else {
+        /* loom's id: no CUDA context is made here */
+        CHECK(0, NULL, loomGetUniqueId(&L.loom_id));
+    }
     fflush(stdout);
     pid_t *pids = calloc((size_t)k, sizeof(pid_t));
+    bool *killed = calloc((size_t)k, sizeof(bool));
     for (int r = 0; r < k; r++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -610,25 +1352,56 @@ int main(int argc, char **argv)
         if (pid == 0) {
             /* Children die with the parent, so an interrupted run leaves nothing behind. */
             signal(SIGINT, SIG_DFL);
-            _exit(rank_main(&o, id, r, k));
+            L.rank = r;
+            L.quiet = r != 0;
+            _exit(rank_main(&o, &L));
         }
         pids[r] = pid;
     }
-    int rc = 0;
-    for (int n = 0; n < k; n++) {
+    /* With device memory a rank left waiting on a failed peer may wait for ever (NCCL has no
+     * timeout): FAIL_GRACE_S after the first failure the ranks still running are killed. */
+    int rc = 0, failed = -1;
+    double kill_at = 0;
+    for (int n = 0; n < k;) {
         int st;
-        pid_t pid = wait(&st);
+        pid_t pid;
+        if (o.mem_device && failed >= 0) {
+            pid = waitpid(-1, &st, WNOHANG);
+            if (pid == 0) {
+                if (now_us() >= kill_at)
+                    for (int r = 0; r < k; r++)
+                        if (pids[r] > 0 && !killed[r]) {
+                            kill(pids[r], SIGKILL);
+                            killed[r] = true;
+                        }
+                usleep(20000);
+                continue;
+            }
+        } else {
+            pid = wait(&st);
+        }
         if (pid < 0) break;
+        n++;
         int r = 0;
         while (r < k && pids[r] != pid) r++;
-        if (WIFSIGNALED(st)) {
+        if (r < k && killed[r]) {
+            fprintf(stderr, "loom-perf: rank %d (pid %d) stopped: still running %d s after rank "
+                            "%d failed\n", r, (int)pid, FAIL_GRACE_S, failed);
+            rc = 2;
+        } else if (WIFSIGNALED(st)) {
             fprintf(stderr, "loom-perf: rank %d (pid %d) was killed by signal %d\n", r, (int)pid,
                     WTERMSIG(st));
             rc = 2;
         } else if (WEXITSTATUS(st) != 0) {
             if (WEXITSTATUS(st) > rc) rc = WEXITSTATUS(st);
         }
+        if (r < k) pids[r] = -1;
+        if (failed < 0 && r < k && (WIFSIGNALED(st) || WEXITSTATUS(st) >= 2)) {
+            failed = r;
+            kill_at = now_us() + FAIL_GRACE_S * 1e6;
+        }
     }
+    free(killed);
     free(pids);
     return rc;
 }

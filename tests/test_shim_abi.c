@@ -11,7 +11,7 @@
  * - Linking: every name resolves, in the shim (not in /usr/local/cuda), and calls through
  *   pointers of the real header's types work: a communicator made from the real header's
  *   NCCL_CONFIG_INITIALIZER (non-blocking, and as a 2.17 header's smaller struct), an
- *   allreduce with the real enums, the refusals of what loom lacks.
+ *   allreduce, gather and scatter with the real enums, revoke, the refusals of what loom lacks.
  *
  * Built with -DLOOM_SHIM_REAL_NCCL=1 and the CUDA include directory when the real header
  * exists; without it (or with a header older than 2.28, whose ncclConfig_t lacks fields in the
@@ -71,6 +71,9 @@ int main(void)
 
 /* ---- prototypes, checked at compile time ---- */
 
+/* ncclResetDebugInit is deprecated in NVIDIA's header; naming it, even in __typeof__, warns. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #define ABI_VALUE(expr)
 #define ABI_PROTO(ret, name, args)                                                                 \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&name), ret(*) args),                   \
@@ -88,6 +91,7 @@ int main(void)
 #undef ABI_VALUE
 #undef ABI_PROTO
 #undef ABI_PROTO_NOP
+#pragma GCC diagnostic pop
 
 /* ---- values ---- */
 
@@ -126,6 +130,8 @@ static size_t real_abi_values(long long *out, size_t max)
 /* ---- the names, for the linking checks ---- */
 
 typedef void (*any_fn)(void);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 static const struct {
     const char *name;
     any_fn fn;
@@ -142,6 +148,7 @@ static const struct {
 #undef ABI_PROTO
 #undef ABI_PROTO_NOP
 };
+#pragma GCC diagnostic pop
 #define NFUNCTIONS (sizeof(functions) / sizeof(functions[0]))
 
 static int failures;
@@ -293,6 +300,21 @@ static void check_calls(void)
                "%s: allreduce on 1 rank: %s", what, ncclGetLastError(NULL));
         EXPECT(allreduce(x, y, 3, ncclFloat8e4m3, ncclSum, comm, NULL) == ncclInvalidArgument,
                "%s: ncclFloat8e4m3 was not refused", what);
+        /* Gather and scatter on one rank: the root's own part only (a send to itself). */
+        ncclResult_t (*gather)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                               cudaStream_t) = ncclGather;
+        ncclResult_t (*scatter)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                                cudaStream_t) = ncclScatter;
+        int32_t g[3] = {7, -8, 9}, h[3] = {0};
+        EXPECT(gather(g, h, 3, ncclInt32, 0, comm, NULL) == ncclSuccess && h[0] == 7 &&
+                   h[1] == -8 && h[2] == 9,
+               "%s: gather on 1 rank: %s", what, ncclGetLastError(NULL));
+        memset(h, 0, sizeof(h));
+        EXPECT(scatter(g, h, 3, ncclInt32, 0, comm, NULL) == ncclSuccess && h[0] == 7 &&
+                   h[1] == -8 && h[2] == 9,
+               "%s: scatter on 1 rank: %s", what, ncclGetLastError(NULL));
+        EXPECT(gather(g, h, 3, ncclInt32, 1, comm, NULL) == ncclInvalidArgument,
+               "%s: gather to root 1 of 1 rank was not refused", what);
         int n = 0;
         EXPECT(ncclCommCount(comm, &n) == ncclSuccess && n == 1, "%s: count %d", what, n);
         EXPECT(ncclCommDestroy(comm) == ncclSuccess, "%s: destroy", what);
@@ -314,6 +336,26 @@ static void check_calls(void)
 #endif
     const char *e = ncclGetLastError(NULL);
     EXPECT(e && strstr(e, "not supported by loom"), "last error \"%s\"", e ? e : "(null)");
+
+    /* Revoke: flags checked, the handle kept (destroy still needed); the debug reset. */
+    ncclComm_t rc = make_comm(sizeof(ncclConfig_t), "revoke");
+    if (rc) {
+        ncclResult_t (*revoke)(ncclComm_t, int) = ncclCommRevoke;
+        EXPECT(revoke(rc, 1) == ncclInvalidArgument, "ncclCommRevoke with flags 1");
+        EXPECT(revoke(rc, NCCL_REVOKE_DEFAULT) == ncclSuccess, "ncclCommRevoke: %s",
+               ncclGetLastError(NULL));
+        float x = 1, y = 0;
+        EXPECT(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, rc, NULL) == ncclInvalidUsage,
+               "allreduce on a revoked communicator");
+        EXPECT(ncclCommDestroy(rc) == ncclSuccess, "destroy after revoke");
+    }
+    EXPECT(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT) == ncclInvalidArgument,
+           "ncclCommRevoke(NULL)");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    void (*reset_debug)(void) = ncclResetDebugInit;
+#pragma GCC diagnostic pop
+    reset_debug();
     printf("%-34s %s\n", "calls through the real prototypes", failures == before ? "ok" : "FAILED");
 }
 

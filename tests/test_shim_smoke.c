@@ -2,10 +2,11 @@
  * Smoke test of loom's NCCL shim (libnccl.so.2 from src/shim), host memory only, compiled
  * against the shim's own nccl.h. Every exported name is called at least once through the NCCL
  * API: versions and errors with NULL arguments, 2-rank jobs (one thread per rank) running every
- * collective and op, point to point in a group, split, non-blocking init, InitAll, the scalable
- * init, abort, and the calls loom does not support (ncclInvalidUsage with a text). It also checks
- * that the process maps no other libnccl than the shim, that loom's own names are not exported,
- * and that the first call logs the shim's INFO line.
+ * collective and op, gather and scatter, point to point in a group, split, non-blocking init,
+ * InitAll, the scalable init, abort, revoke, ncclResetDebugInit, and the calls loom does not
+ * support (ncclInvalidUsage with a text). It also checks that the process maps no other libnccl
+ * than the shim, that loom's own names are not exported, and that the first call logs the
+ * shim's INFO line.
  *
  * `test_shim_smoke --expect-loom-run` additionally checks what tools/loom-run sets up.
  * Plain main(): exit 0 on success, 1 on failure.
@@ -171,6 +172,101 @@ static float bcast_f(int rank, int i)
 }
 
 /* ---- the 2-rank bodies ---- */
+
+/* ncclGather and ncclScatter: to and from each root, out of place and in place, NULL where
+ * NCCL leaves a buffer unused, inside a group of the caller's, count 0, and the refusals. */
+static int gather_scatter(ncclComm_t comm, int rank, int nranks)
+{
+    int rc = 0;
+    int32_t *all = malloc((size_t)nranks * N * sizeof(int32_t));
+    int32_t *part = malloc(N * sizeof(int32_t));
+    for (int root = 0; root < nranks; root++) {
+        /* Gather out of place: rank r's part, r*10^6 + i, lands at all[r*N + i] on the root. */
+        for (int i = 0; i < N; i++)
+            part[i] = rank * 1000000 + i;
+        for (int j = 0; j < nranks * N; j++)
+            all[j] = -1;
+        OK(ncclGather(part, rank == root ? all : NULL, N, ncclInt32, root, comm, NULL));
+        for (int j = 0; rank == root && j < nranks * N; j++)
+            if (all[j] != (j / N) * 1000000 + j % N) {
+                FAIL("rank %d: gather to %d: [%d] = %d", rank, root, j, (int)all[j]);
+                rc = 1;
+                break;
+            }
+        /* Gather in place: the root's part is already at all[root*N]. */
+        for (int j = 0; j < nranks * N; j++)
+            all[j] = j / N == rank ? 7 * rank + j % N : -1;
+        const int32_t *mine = all + (size_t)rank * N;
+        OK(ncclGather(mine, rank == root ? all : NULL, N, ncclInt32, root, comm, NULL));
+        for (int j = 0; rank == root && j < nranks * N; j++)
+            if (all[j] != 7 * (j / N) + j % N) {
+                FAIL("rank %d: gather in place to %d: [%d] = %d", rank, root, j, (int)all[j]);
+                rc = 1;
+                break;
+            }
+        /* Scatter out of place: block r of the root's buffer goes to rank r. */
+        for (int j = 0; j < nranks * N; j++)
+            all[j] = rank == root ? root * 1000000 + j : -1;
+        for (int i = 0; i < N; i++)
+            part[i] = -1;
+        OK(ncclScatter(rank == root ? all : NULL, part, N, ncclInt32, root, comm, NULL));
+        for (int i = 0; i < N; i++)
+            if (part[i] != root * 1000000 + rank * N + i) {
+                FAIL("rank %d: scatter from %d: [%d] = %d", rank, root, i, (int)part[i]);
+                rc = 1;
+                break;
+            }
+        /* Scatter in place on the root: its block stays where it is. */
+        int32_t *recv = rank == root ? all + (size_t)root * N : part;
+        OK(ncclScatter(rank == root ? all : NULL, recv, N, ncclInt32, root, comm, NULL));
+        for (int i = 0; i < N; i++)
+            if (recv[i] != root * 1000000 + rank * N + i) {
+                FAIL("rank %d: scatter in place from %d: [%d] = %d", rank, root, i, (int)recv[i]);
+                rc = 1;
+                break;
+            }
+    }
+    /* Inside the caller's group, with another collective; then a float gather to the last
+     * rank. Nothing moves before ncclGroupEnd. */
+    {
+        float f[3] = {(float)rank + 0.5f, -1.0f * (float)rank, 2.0f}, g[3 * NRANKS] = {0};
+        int32_t x = rank + 1, y = 0;
+        int root = nranks - 1;
+        OK(ncclGroupStart());
+        OK(ncclGather(f, g, 3, ncclFloat32, root, comm, NULL));
+        OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
+        OK(ncclGroupEnd());
+        EXPECT(y == nranks * (nranks + 1) / 2, "rank %d: allreduce grouped with gather: %d", rank,
+               (int)y);
+        for (int r = 0; rank == root && r < nranks; r++)
+            if (g[3 * r] != (float)r + 0.5f || g[3 * r + 1] != -1.0f * (float)r ||
+                g[3 * r + 2] != 2.0f) {
+                FAIL("rank %d: grouped gather: block %d = %g %g %g", rank, r, (double)g[3 * r],
+                     (double)g[3 * r + 1], (double)g[3 * r + 2]);
+                rc = 1;
+            }
+    }
+    /* Count 0 moves nothing and needs no buffers. */
+    OK(ncclGather(NULL, NULL, 0, ncclFloat32, 0, comm, NULL));
+    OK(ncclScatter(NULL, NULL, 0, ncclFloat32, 0, comm, NULL));
+    /* Refused before anything is queued (every rank refuses alike, so nothing waits). */
+    REFUSED(ncclGather(part, all, N, ncclInt32, nranks, comm, NULL), ncclInvalidArgument, "root");
+    REFUSED(ncclScatter(all, part, N, ncclInt32, -1, comm, NULL), ncclInvalidArgument, "root");
+    REFUSED(ncclGather(part, all, N, ncclFloat8e4m3, 0, comm, NULL), ncclInvalidArgument,
+            "ncclFloat8e4m3");
+    REFUSED(ncclScatter(all, part, N, (ncclDataType_t)99, 0, comm, NULL), ncclInvalidArgument,
+            "datatype");
+    REFUSED(ncclGather(part, NULL, N, ncclInt32, rank, comm, NULL), ncclInvalidArgument,
+            "recvbuff is NULL");
+    REFUSED(ncclScatter(NULL, part, N, ncclInt32, rank, comm, NULL), ncclInvalidArgument,
+            "sendbuff is NULL");
+    /* The root's own part overlapping the whole buffer without being in place. */
+    REFUSED(ncclGather(all + (size_t)rank * N + 1, all, N, ncclInt32, rank, comm, NULL),
+            ncclInvalidArgument, "overlaps");
+    free(all);
+    free(part);
+    return rc;
+}
 
 /* Every collective, op and query on one communicator. */
 static int body_collectives(ncclComm_t *commp, int rank, int nranks, void *arg)
@@ -358,6 +454,9 @@ static int body_collectives(ncclComm_t *commp, int rank, int nranks, void *arg)
         rc |= check_f("allreduce after simulate", rank, out, N, sum_f);
     }
 
+    /* Gather and scatter (loom has neither: the shim builds them from send/recv). */
+    rc |= gather_scatter(comm, rank, nranks);
+
     /* Finalize: later collectives are refused; the harness destroys. */
     OK(ncclCommFinalize(comm));
     REFUSED(ncclAllReduce(in, out, N, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage,
@@ -420,6 +519,50 @@ static int body_abort(ncclComm_t *commp, int rank, int nranks, void *arg)
     OK(ncclCommGetAsyncError(*commp, &async));
     OK(ncclCommAbort(*commp));
     *commp = NULL;
+    return 0;
+}
+
+/* Revoke: after one good allreduce the last rank revokes; the others' next call fails (the
+ * connections close) instead of hanging, and they revoke too. A revoked handle stays valid:
+ * queries answer, calls are refused, a second revoke is harmless, and the harness destroys it
+ * (no use after free, as after ncclCommAbort). */
+static int body_revoke(ncclComm_t *commp, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    ncclComm_t comm = *commp;
+    float x = 1, y = 0;
+    OK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL));
+    EXPECT(y == (float)nranks, "rank %d: allreduce before revoke %g", rank, (double)y);
+    REFUSED(ncclCommRevoke(comm, 1), ncclInvalidArgument, "NCCL_REVOKE_DEFAULT");
+    if (rank != nranks - 1) {
+        ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL);
+        EXPECT(r != ncclSuccess, "rank %d: allreduce with a revoked peer succeeded", rank);
+    }
+    OK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
+    OK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
+    int n = 0, me = -1;
+    OK(ncclCommCount(comm, &n));
+    OK(ncclCommUserRank(comm, &me));
+    EXPECT(n == nranks && me == rank, "rank %d: revoked communicator: count %d, rank %d", rank, n,
+           me);
+    ncclResult_t async = ncclInternalError;
+    OK(ncclCommGetAsyncError(comm, &async));
+    if (rank == nranks - 1) {
+        /* Revoked while healthy: every call says so. */
+        EXPECT(async == ncclSuccess, "rank %d: async error %d after revoke", rank, (int)async);
+        REFUSED(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage,
+                "aborted");
+        REFUSED(ncclGather(&x, &y, 1, ncclFloat32, 0, comm, NULL), ncclInvalidUsage, "aborted");
+        REFUSED(ncclCommFinalize(comm), ncclInvalidUsage, "aborted");
+    } else {
+        /* Broken by the peer first: calls repeat that error (loom reports the first cause). */
+        EXPECT(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess,
+               "rank %d: allreduce on a revoked communicator succeeded", rank);
+        EXPECT(ncclCommFinalize(comm) != ncclSuccess, "rank %d: finalize after revoke", rank);
+    }
+    ncclComm_t child = NULL;
+    EXPECT(ncclCommSplit(comm, 0, rank, &child, NULL) != ncclSuccess && child == NULL,
+           "rank %d: split of a revoked communicator", rank);
     return 0;
 }
 
@@ -580,11 +723,22 @@ static int test_nulls(void)
            "AlltoAll(NULL comm)");
     EXPECT(ncclSend(&f, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument, "Send(NULL)");
     EXPECT(ncclRecv(&f, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument, "Recv(NULL)");
+    REFUSED(ncclGather(&f, &f, 1, ncclFloat, 0, NULL, NULL), ncclInvalidArgument, "comm is NULL");
+    REFUSED(ncclScatter(&f, &f, 1, ncclFloat, 0, NULL, NULL), ncclInvalidArgument, "comm is NULL");
+    REFUSED(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclInvalidArgument, "comm is NULL");
     REFUSED(ncclGroupEnd(), ncclInvalidUsage, "GroupStart");
-    /* No GPU support in this loom: ncclMemAlloc is refused with a reason; freeing NULL is
-     * always fine. */
+    /* Without a usable GPU (a build without CUDA, no driver, no device) ncclMemAlloc is refused
+     * with a reason that names CUDA; with one it allocates. Freeing NULL is always fine. */
     void *p = NULL;
-    REFUSED(ncclMemAlloc(&p, 1024), ncclInvalidUsage, "GPU");
+    ncclResult_t mr = ncclMemAlloc(&p, 1024);
+    if (mr == ncclSuccess) {
+        EXPECT(p != NULL, "ncclMemAlloc succeeded without a pointer");
+        EXPECT(ncclMemFree(p) == ncclSuccess, "ncclMemFree: %s", ncclGetLastError(NULL));
+    } else {
+        const char *e = ncclGetLastError(NULL);
+        EXPECT(mr == ncclInvalidUsage && e && strstr(e, "CUDA"), "ncclMemAlloc -> %d: \"%s\"",
+               (int)mr, e ? e : "(null)");
+    }
     EXPECT(ncclMemFree(NULL) == ncclSuccess, "MemFree(NULL)");
     /* Unsupported calls answer the same whatever their arguments. */
     REFUSED(ncclCommShrink(NULL, NULL, 0, NULL, NULL, 0), ncclInvalidUsage, "not supported");
@@ -616,7 +770,7 @@ static int test_version_errors(void)
         EXPECT(b != NULL, "%s is not exported", pname);
         EXPECT(a == b, "%s and %s are different code", exported[i], pname);
     }
-    EXPECT(sizeof(exported) / sizeof(exported[0]) == 39, "%zu names in the list",
+    EXPECT(sizeof(exported) / sizeof(exported[0]) == 43, "%zu names in the list",
            sizeof(exported) / sizeof(exported[0]));
     /* The version script keeps loom's own API inside. */
     EXPECT(dlsym(RTLD_DEFAULT, "loomAllReduce") == NULL, "the shim exports loomAllReduce");
@@ -693,6 +847,44 @@ static int test_loom_run(void)
     return failures != before;
 }
 
+/* Does the log file hold a line containing text? */
+static int log_has(const char *log, const char *text)
+{
+    FILE *f = fopen(log, "r");
+    int found = 0;
+    char line[4096];
+    while (f && fgets(line, sizeof(line), f))
+        if (strstr(line, text)) found = 1;
+    if (f) fclose(f);
+    return found;
+}
+
+/* ncclResetDebugInit re-reads LOOM_DEBUG: with NONE even warnings stop, with INFO they are back.
+ * (The refusals log a warning each; two different ones tell the phases apart.) */
+static int test_reset_debug(const char *log)
+{
+    int before = failures;
+    const char *old = getenv("LOOM_DEBUG");
+    char saved[64];
+    snprintf(saved, sizeof(saved), "%s", old ? old : "");
+    setenv("LOOM_DEBUG", "NONE", 1);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* as in NVIDIA's header */
+    ncclResetDebugInit();
+    ncclComm_t c = NULL;
+    REFUSED(ncclCommShrink(NULL, NULL, 0, &c, NULL, 0), ncclInvalidUsage, "not supported");
+    EXPECT(!log_has(log, "ncclCommShrink is not supported"),
+           "LOOM_DEBUG=NONE after ncclResetDebugInit still logged a warning");
+    setenv("LOOM_DEBUG", saved, 1);
+    pncclResetDebugInit();
+#pragma GCC diagnostic pop
+    REFUSED(ncclDevCommDestroy(NULL, NULL), ncclInvalidUsage, "not supported");
+    EXPECT(log_has(log, "ncclDevCommDestroy is not supported"),
+           "LOOM_DEBUG=%s after ncclResetDebugInit logged no warning", saved);
+    printf("%-28s %s\n", "ncclResetDebugInit", failures == before ? "ok" : "FAILED");
+    return failures != before;
+}
+
 /* The INFO line of the first call, read back from the log file set up in main. */
 static int test_hello_logged(const char *log)
 {
@@ -728,6 +920,7 @@ int main(int argc, char **argv)
 
     test_version_errors();
     if (log[0]) test_hello_logged(log);
+    if (log[0]) test_reset_debug(log);
     test_maps();
     if (expect_loom_run) test_loom_run();
     test_nulls();
@@ -741,6 +934,7 @@ int main(int argc, char **argv)
         FAIL("ncclGetUniqueId for the scalable init: %s", ncclGetLastError(NULL));
     test_init_all();
     run_job("abort", body_abort, NULL, NULL);
+    run_job("revoke", body_revoke, NULL, NULL);
     /* Nothing above loaded another libnccl on the way (dlopen by loom, say). */
     test_maps();
 

@@ -644,13 +644,9 @@ LOOM_EXPORT loomResult_t loomCommDestroy(loomComm_t comm)
     return loomSuccess;
 }
 
-LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
+bool comm_stop(loomComm_t comm, const char *reason)
 {
-    if (comm == NULL) return loomSuccess;
-    if (comm->magic != COMM_MAGIC)
-        return base_error(loomInvalidArgument, LOG_INIT,
-                          "loomCommAbort: %p is not a live loom communicator", (void *)comm);
-    atomic_store(&comm->aborting, 1);
+    if (atomic_exchange(&comm->aborting, 1)) return true;
 #ifdef LOOM_HAVE_CUDA
     dev_abort(comm); /* kernels in flight stop spinning */
 #endif
@@ -658,16 +654,27 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
     ssize_t n = write(comm->wake_fd, &one, sizeof(one));
     (void)n;
     /* A call blocked on comm in another thread sees the flag within one poll interval and
-     * leaves; wait for it so that the memory below is not freed under it. */
+     * leaves; wait for it so that nothing is torn down under it. */
     uint64_t dl = base_now_ns() + 10000000000ull;
     while (atomic_load(&comm->active_calls) > 0 && base_now_ns() < dl) usleep(1000);
-    if (atomic_load(&comm->active_calls) > 0) {
-        WARN(LOG_INIT, "loomCommAbort: a call on this communicator did not return within 10 s; "
-                       "leaking the communicator instead of freeing it under that call");
-        comm_abort_transports(comm, "the communicator was aborted");
+    bool idle = atomic_load(&comm->active_calls) == 0;
+    if (!idle)
+        WARN(LOG_INIT, "a call on this communicator did not return within 10 s of its abort");
+    comm_abort_transports(comm, reason);
+    return idle;
+}
+
+LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
+{
+    if (comm == NULL) return loomSuccess;
+    if (comm->magic != COMM_MAGIC)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommAbort: %p is not a live loom communicator", (void *)comm);
+    if (!comm_stop(comm, "the communicator was aborted")) {
+        WARN(LOG_INIT, "loomCommAbort: leaking the communicator instead of freeing it under a "
+                       "call that is still inside it");
         return loomSuccess;
     }
-    comm_abort_transports(comm, "the communicator was aborted");
     comm_free(comm);
     return loomSuccess;
 }

@@ -142,6 +142,9 @@ loomResult_t comm_check(loomComm_t comm, const char *fn);
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
 /* The connection to a peer, created on first use over the transport chosen for the pair. */
 loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link);
+/* Stops the communicator without freeing it: later calls fail, blocked calls and kernels in
+ * flight leave, peers learn `reason`. False if a call was still inside after 10 s. */
+bool comm_stop(loomComm_t comm, const char *reason);
 /* Tells every started transport to abort (peers learn `reason`). */
 void comm_abort_transports(loomComm_t comm, const char *reason);
 

@@ -289,9 +289,12 @@ extern "C" __global__ void __launch_bounds__(DEV_THREADS, 1) loom_exchange(const
     }
     __syncthreads();
     const bool scale_push = a.mode == DEV_REDUCE && a.premul;
-    for (u64 k = 0; k < rounds; k++) {
-        /* Push my pieces into the peers' slots. */
-        for (int j = 0; j < n; j++) {
+    /* Pushes run one round ahead of receives: while a peer's piece k is in flight this block
+     * already sends piece k+1, so the links stay busy while it reduces. */
+    for (u64 kp = 0; kp <= rounds; kp++) {
+        /* Push my pieces of round kp into the peers' slots. */
+        for (int j = 0; j < n && kp < rounds; j++) {
+            const u64 k = kp;
             u64 L = a.io[j].send_len;
             if (j == me || L == 0) continue;
             u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
@@ -318,6 +321,8 @@ extern "C" __global__ void __launch_bounds__(DEV_THREADS, 1) loom_exchange(const
             }
             ss[j] = s;
         }
+        if (kp == 0) continue;
+        const u64 k = kp - 1; /* receive round k */
         if (a.mode == DEV_COPY) {
             for (int j = 0; j < n; j++) {
                 u64 L = a.io[j].recv_len;

@@ -9,7 +9,9 @@
 #include "nccl.h"
 
 /* Prototypes: a mismatch with the list is a compile error here, as it is in the test for the
- * real header, so both headers declare the same types. */
+ * real header, so both headers declare the same types. (ncclResetDebugInit is deprecated.) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #define ABI_VALUE(expr)
 #define ABI_PROTO(ret, name, args)                                                                 \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&name), ret(*) args), #name);           \
@@ -19,6 +21,7 @@
 #undef ABI_VALUE
 #undef ABI_PROTO
 #undef ABI_PROTO_NOP
+#pragma GCC diagnostic pop
 
 size_t loom_shim_abi_values(long long *out, size_t max);
 

@@ -7,9 +7,8 @@
  * compiled against this header run on either library. tests/test_shim_abi.c checks every size,
  * offset, value and prototype here against the real header.
  *
- * Deliberately absent: functions of NCCL 2.28 that the shim does not export (ncclGather,
- * ncclScatter, ncclCommRevoke, ncclResetDebugInit), so that using them fails at compile time
- * instead of at run time with an unresolved symbol.
+ * Every host function of NCCL 2.28's nccl.h is declared and exported; the few that loom cannot
+ * serve return ncclInvalidUsage with a text for ncclGetLastError (see docs/shim.md).
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -84,6 +83,9 @@ typedef enum {
 /* ncclCommShrink flags. */
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
+
+/* ncclCommRevoke flags (reserved: must be 0). */
+#define NCCL_REVOKE_DEFAULT 0x00
 
 /*
  * Communicator configuration, NCCL 2.28 layout. The first three fields version the struct:
@@ -201,6 +203,15 @@ const char *pncclGetErrorString(ncclResult_t result);
 const char *ncclGetLastError(ncclComm_t comm);
 const char *pncclGetLastError(ncclComm_t comm);
 
+/* Re-reads loom's logging variables (LOOM_DEBUG, LOOM_DEBUG_SUBSYS; a LOOM_DEBUG_FILE already
+ * open stays open). Deprecated in NCCL 2.28, and so here. */
+__attribute__((deprecated("ncclResetDebugInit is not supported as part of the NCCL API and will "
+                          "be removed in the future"))) void
+ncclResetDebugInit(void);
+__attribute__((deprecated("pncclResetDebugInit is not supported as part of the NCCL API and will "
+                          "be removed in the future"))) void
+pncclResetDebugInit(void);
+
 /* ---- communicators ---- */
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
@@ -232,6 +243,13 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm);
 
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t pncclCommAbort(ncclComm_t comm);
+
+/* Stops the communicator's work at once, as ncclCommAbort does, but keeps the handle valid:
+ * every later call on it fails (ncclInvalidUsage) except the queries, ncclCommGetAsyncError,
+ * ncclCommDestroy and ncclCommAbort. It returns once the communicator is quiescent. loom cannot
+ * split or shrink a revoked communicator. revokeFlags must be NCCL_REVOKE_DEFAULT. */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t *config);
@@ -344,6 +362,20 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t pncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+
+/* On root, recvbuff[r*count ...] = rank r's sendbuff (count elements each; recvbuff is not
+ * used elsewhere). In place when sendbuff == recvbuff + root*count on root. */
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                        int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+
+/* recvbuff = root's sendbuff[rank*count ...] (sendbuff is read on root only). In place when
+ * recvbuff == sendbuff + root*count on root. */
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 
 /* ---- point to point ---- */
 

@@ -19,9 +19,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base.h"
+#include "comm.h"
 #include "nccl.h"
+#include "reduce.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cudrv.h"
+#endif
 
 /* loom is compiled with -fvisibility=hidden; these are the library's only exports (the version
  * script hides the rest, loom's own loomX names included). */
@@ -193,6 +199,45 @@ static void uid_to_loom(const ncclUniqueId *in, loomUniqueId *out)
     memcpy(out->internal, in->internal, sizeof(out->internal));
 }
 
+/*
+ * The CUDA device current in the calling thread, or -1. NCCL binds a new communicator to the
+ * caller's current device (cudaGetDevice), so the shim passes it to loom as cudaDev. With no
+ * current context NCCL would take device 0, but making a context there would give host-only
+ * jobs one they never asked for: then nothing is passed, and loom binds on the first device
+ * buffer. cudrv_get loads the driver and calls cuInit, which makes no context.
+ */
+static int current_cuda_device(void)
+{
+#ifdef LOOM_HAVE_CUDA
+    const cudrv_t *d = cudrv_get(NULL);
+    if (d) {
+        CUcontext c = NULL;
+        CUdevice dev = -1;
+        if (d->cuCtxGetCurrent(&c) == CUDA_SUCCESS && c && d->cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+            return (int)dev;
+    }
+#endif
+    return -1;
+}
+
+/* The loom config for a new communicator: the caller's NCCL config (may be NULL) and the
+ * device to bind to (-1: none; ncclConfig_t has no device field, so nothing there overrides
+ * it). */
+static bool shim_new_config(const ncclConfig_t *config, int dev, loomConfig_t *out, const char *fn)
+{
+    if (config) {
+        if (!shim_config(config, out, fn)) return false;
+    } else {
+        const loomConfig_t def = LOOM_CONFIG_INITIALIZER;
+        *out = def;
+    }
+    if (dev >= 0) {
+        out->cudaDev = dev;
+        INFO(LOG_SHIM, "%s: binding the communicator to CUDA device %d", fn, dev);
+    }
+    return true;
+}
+
 /* ---- versions and errors ---- */
 
 SHIM_API ncclResult_t ncclGetVersion(int *version)
@@ -234,12 +279,11 @@ static ncclResult_t init_rank(const char *fn, ncclComm_t *comm, int nranks, cons
                               int rank, ncclConfig_t *config)
 {
     loomConfig_t cfg;
-    if (config && !shim_config(config, &cfg, fn)) return ncclInvalidArgument;
+    if (!shim_new_config(config, current_cuda_device(), &cfg, fn)) return ncclInvalidArgument;
     loomUniqueId lid;
     uid_to_loom(id, &lid);
     loomComm_t lc = NULL;
-    loomResult_t r =
-        loomCommInitRankConfig(comm ? &lc : NULL, nranks, lid, rank, config ? &cfg : NULL);
+    loomResult_t r = loomCommInitRankConfig(comm ? &lc : NULL, nranks, lid, rank, &cfg);
     if (comm && (r == loomSuccess || r == loomInProgress)) *comm = NC(lc);
     return (ncclResult_t)r;
 }
@@ -311,18 +355,56 @@ SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm)
 }
 
 /* config == NULL: loom's defaults (NCCL inherits the parent's config; the only field loom
- * reads that could differ is blocking, and loom's split completes before returning anyway). */
+ * reads that could differ is blocking, and loom's split completes before returning anyway).
+ * The child's device is the parent's, as in NCCL (its split job takes comm->cudaDev); a parent
+ * not yet bound to one (host memory only so far) gives the caller's current device, which is
+ * what NCCL would have bound the parent to. */
 SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                     ncclConfig_t *config)
 {
     shim_enter();
+    int dev = -1;
+    if (comm == NULL || loomCommCuDevice(LC(comm), &dev) != loomSuccess || dev < 0)
+        dev = current_cuda_device();
     loomConfig_t cfg;
-    if (config && !shim_config(config, &cfg, "ncclCommSplit")) return ncclInvalidArgument;
+    if (!shim_new_config(config, dev, &cfg, "ncclCommSplit")) return ncclInvalidArgument;
     loomComm_t child = NULL;
-    loomResult_t r =
-        loomCommSplit(LC(comm), color, key, newcomm ? &child : NULL, config ? &cfg : NULL);
+    loomResult_t r = loomCommSplit(LC(comm), color, key, newcomm ? &child : NULL, &cfg);
     if (newcomm && r == loomSuccess) *newcomm = NC(child);
     return (ncclResult_t)r;
+}
+
+/*
+ * NCCL's revoke stops the communicator's work and keeps the handle, so that it can be shrunk or
+ * split afterwards. loom has no such call: loomCommAbort stops the work and then frees the
+ * communicator. This is loomCommAbort without the free (src/core/comm.c; keep the two alike):
+ * calls blocked on comm in other threads return promptly, its kernels in flight stop, peers see
+ * the connections close, and from then on every call on the handle fails with loomInvalidUsage
+ * ("being aborted") except the queries, ncclCommGetAsyncError, ncclCommDestroy and
+ * ncclCommAbort. It returns once no call is inside the communicator (NCCL's non-blocking revoke
+ * returns ncclInProgress until then). loom cannot split or shrink a revoked communicator, so its
+ * use is to stop work now and destroy later.
+ */
+SHIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
+{
+    shim_enter();
+    loomComm_t c = LC(comm);
+    if (c == NULL)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "ncclCommRevoke: comm is NULL");
+    if (c->magic != COMM_MAGIC)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "ncclCommRevoke: %p is not a live loom communicator",
+                                        (void *)c);
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "ncclCommRevoke: revokeFlags is %d; NCCL 2.28 allows only "
+                                        "NCCL_REVOKE_DEFAULT (0)",
+                                        revokeFlags);
+    comm_stop(c, "the communicator was revoked (ncclCommRevoke)");
+    INFO(LOG_SHIM, "ncclCommRevoke: rank %d of %d revoked; only destroy or abort remain", c->rank,
+         c->nranks);
+    return ncclSuccess;
 }
 
 SHIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
@@ -530,6 +612,120 @@ SHIM_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
     return (ncclResult_t)loomAlltoAll(sendbuff, recvbuff, count, t, LC(comm), stream);
 }
 
+/* ---- gather and scatter ---- */
+
+/*
+ * loom has no gather or scatter: they are point-to-point groups, as NCCL builds them too. The
+ * root receives from (or sends to) every rank, itself included: its own part is a send to
+ * itself matched with a receive from itself in the same group, which loom turns into a local
+ * copy (skipped when in place). Everything else is checked first, because a call that fails
+ * half-way through the group would leave the calls before it queued: the root's first call is
+ * the receive from itself (a failure leaves nothing), its second the send to itself (a receive
+ * from self with no send is dropped by loom), and the rest touch only buffers already checked.
+ */
+typedef struct {
+    loomDataType_t type;
+    int rank, nranks;
+    size_t bytes; /* one rank's part */
+} rooted_t;
+
+static ncclResult_t rooted_args(const char *fn, ncclComm_t comm, ncclDataType_t datatype,
+                                size_t count, int root, rooted_t *a)
+{
+    if (comm == NULL)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM, "%s: comm is NULL", fn);
+    if (!shim_type(datatype, fn, &a->type)) return ncclInvalidArgument;
+    if ((int)a->type < 0 || a->type >= loomNumTypes)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "%s: invalid datatype %d (expected 0..%d)", fn,
+                                        (int)datatype, (int)ncclBfloat16);
+    loomResult_t r = loomCommCount(LC(comm), &a->nranks);
+    if (r == loomSuccess) r = loomCommUserRank(LC(comm), &a->rank);
+    if (r != loomSuccess) return (ncclResult_t)r;
+    if (root < 0 || root >= a->nranks)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "%s: root %d is outside [0, %d)", fn, root, a->nranks);
+    size_t total;
+    if (__builtin_mul_overflow(count, red_type_size(a->type), &a->bytes) ||
+        __builtin_mul_overflow(a->bytes, (size_t)a->nranks, &total) || total > (size_t)INT64_MAX)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "%s: count %zu of %s times %d ranks overflows the "
+                                        "address space",
+                                        fn, count, red_type_name(a->type), a->nranks);
+    return ncclSuccess;
+}
+
+/* The root's checks: the whole buffer present, and the own part either in place or apart. */
+static ncclResult_t rooted_root_bufs(const char *fn, const char *whole_name, const void *whole,
+                                     const char *part_name, const void *part, const rooted_t *a)
+{
+    size_t total = a->bytes * (size_t)a->nranks;
+    if (whole == NULL)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "%s: %s is NULL on the root with %zu bytes to move", fn,
+                                        whole_name, total);
+    const char *own = (const char *)whole + (size_t)a->rank * a->bytes;
+    uintptr_t w = (uintptr_t)whole, p = (uintptr_t)part;
+    if (part != own && part != NULL && p < w + total && w < p + a->bytes)
+        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
+                                        "%s: %s overlaps %s without being in place (%s + root * "
+                                        "count)",
+                                        fn, part_name, whole_name, whole_name);
+    return ncclSuccess;
+}
+
+SHIM_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclComm_t comm,
+                                 cudaStream_t stream)
+{
+    shim_enter();
+    const char *fn = "ncclGather";
+    rooted_t a;
+    ncclResult_t nr = rooted_args(fn, comm, datatype, count, root, &a);
+    if (nr != ncclSuccess || count == 0) return nr; /* count 0: nothing moves, as in NCCL */
+    loomComm_t lc = LC(comm);
+    if (a.rank != root) return (ncclResult_t)loomSend(sendbuff, count, a.type, root, lc, stream);
+    nr = rooted_root_bufs(fn, "recvbuff", recvbuff, "sendbuff", sendbuff, &a);
+    if (nr != ncclSuccess) return nr;
+    char *out = recvbuff;
+    char *own = out + (size_t)root * a.bytes;
+    loomResult_t r = loomGroupStart();
+    if (r == loomSuccess && (const void *)own != sendbuff) {
+        r = loomRecv(own, count, a.type, root, lc, stream);
+        if (r == loomSuccess) r = loomSend(sendbuff, count, a.type, root, lc, stream);
+    }
+    for (int p = 0; p < a.nranks && r == loomSuccess; p++)
+        if (p != root) r = loomRecv(out + (size_t)p * a.bytes, count, a.type, p, lc, stream);
+    loomResult_t e = loomGroupEnd();
+    return (ncclResult_t)(r != loomSuccess ? r : e);
+}
+
+SHIM_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream)
+{
+    shim_enter();
+    const char *fn = "ncclScatter";
+    rooted_t a;
+    ncclResult_t nr = rooted_args(fn, comm, datatype, count, root, &a);
+    if (nr != ncclSuccess || count == 0) return nr; /* count 0: nothing moves, as in NCCL */
+    loomComm_t lc = LC(comm);
+    if (a.rank != root) return (ncclResult_t)loomRecv(recvbuff, count, a.type, root, lc, stream);
+    nr = rooted_root_bufs(fn, "sendbuff", sendbuff, "recvbuff", recvbuff, &a);
+    if (nr != ncclSuccess) return nr;
+    const char *in = sendbuff;
+    const char *own = in + (size_t)root * a.bytes;
+    loomResult_t r = loomGroupStart();
+    if (r == loomSuccess && (void *)(uintptr_t)own != recvbuff) {
+        r = loomRecv(recvbuff, count, a.type, root, lc, stream);
+        if (r == loomSuccess) r = loomSend(own, count, a.type, root, lc, stream);
+    }
+    for (int p = 0; p < a.nranks && r == loomSuccess; p++)
+        if (p != root) r = loomSend(in + (size_t)p * a.bytes, count, a.type, p, lc, stream);
+    loomResult_t e = loomGroupEnd();
+    return (ncclResult_t)(r != loomSuccess ? r : e);
+}
+
 /* ---- point to point ---- */
 
 SHIM_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
@@ -574,11 +770,26 @@ SHIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
     return unsupported("ncclGroupSimulateEnd");
 }
 
+/* ---- debugging ---- */
+
+/* NCCL re-reads NCCL_DEBUG and its companions; here loom's LOOM_DEBUG and LOOM_DEBUG_SUBSYS are
+ * read again at the next log line (the cached level is reset; base.h exports it for this). A
+ * LOOM_DEBUG_FILE already open stays open: lines in flight on other threads may still use it. */
+SHIM_API void ncclResetDebugInit(void)
+{
+    shim_enter();
+    __atomic_store_n(&log_level_cached, -1, __ATOMIC_RELEASE);
+}
+
 /* ---- profiling names ---- */
 
 SHIM_PROFILING_ALIAS(ncclGetVersion)
 SHIM_PROFILING_ALIAS(ncclGetErrorString)
 SHIM_PROFILING_ALIAS(ncclGetLastError)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* as NVIDIA's header declares it */
+SHIM_PROFILING_ALIAS(ncclResetDebugInit)
+#pragma GCC diagnostic pop
 SHIM_PROFILING_ALIAS(ncclGetUniqueId)
 SHIM_PROFILING_ALIAS(ncclCommInitRank)
 SHIM_PROFILING_ALIAS(ncclCommInitRankConfig)
@@ -587,6 +798,7 @@ SHIM_PROFILING_ALIAS(ncclCommInitAll)
 SHIM_PROFILING_ALIAS(ncclCommFinalize)
 SHIM_PROFILING_ALIAS(ncclCommDestroy)
 SHIM_PROFILING_ALIAS(ncclCommAbort)
+SHIM_PROFILING_ALIAS(ncclCommRevoke)
 SHIM_PROFILING_ALIAS(ncclCommSplit)
 SHIM_PROFILING_ALIAS(ncclCommShrink)
 SHIM_PROFILING_ALIAS(ncclCommGetAsyncError)
@@ -610,6 +822,8 @@ SHIM_PROFILING_ALIAS(ncclAllReduce)
 SHIM_PROFILING_ALIAS(ncclReduceScatter)
 SHIM_PROFILING_ALIAS(ncclAllGather)
 SHIM_PROFILING_ALIAS(ncclAlltoAll)
+SHIM_PROFILING_ALIAS(ncclGather)
+SHIM_PROFILING_ALIAS(ncclScatter)
 SHIM_PROFILING_ALIAS(ncclSend)
 SHIM_PROFILING_ALIAS(ncclRecv)
 SHIM_PROFILING_ALIAS(ncclGroupStart)
