@@ -1,8 +1,8 @@
 /*
- * On a GPU machine: a host-only communicator creates no CUDA context, reports device -1, and a
- * CUDA device buffer is refused with loomInvalidUsage and a text saying why (this version has no
- * device executor yet) instead of being read as host memory. The driver is reached through
- * dlopen, so the program builds without CUDA headers. Exit 77 where no GPU is found.
+ * On a GPU machine: a host-only communicator creates no CUDA context and reports device -1;
+ * the same communicator then takes a CUDA device buffer, binds to its GPU and reduces it (one
+ * rank: the result is the input). The driver is reached through dlopen, so the program builds
+ * without CUDA headers. Exit 77 where no GPU is found.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -17,6 +17,9 @@ typedef int (*fn_state)(int, unsigned *, int *);
 typedef int (*fn_retain)(void **, int);
 typedef int (*fn_setcur)(void *);
 typedef int (*fn_alloc)(unsigned long long *, size_t);
+typedef int (*fn_copy)(void *, unsigned long long, size_t);
+typedef int (*fn_copyin)(unsigned long long, const void *, size_t);
+typedef int (*fn_sync)(void);
 
 int main(void)
 {
@@ -31,6 +34,9 @@ int main(void)
     fn_retain retain = (fn_retain)dlsym(h, "cuDevicePrimaryCtxRetain");
     fn_setcur setcur = (fn_setcur)dlsym(h, "cuCtxSetCurrent");
     fn_alloc alloc = (fn_alloc)dlsym(h, "cuMemAlloc_v2");
+    fn_copy dtoh = (fn_copy)dlsym(h, "cuMemcpyDtoH_v2");
+    fn_copyin htod = (fn_copyin)dlsym(h, "cuMemcpyHtoD_v2");
+    fn_sync sync = (fn_sync)dlsym(h, "cuCtxSynchronize");
     int dev = 0, fails = 0;
     dev_get(&dev, 0);
 
@@ -59,11 +65,20 @@ int main(void)
         printf("FAIL: could not allocate device memory\n");
         return 1;
     }
+    for (int i = 0; i < 256; i++) host[i] = (float)(3 * i);
+    htod(dptr, host, sizeof(host));
     r = loomAllReduce((void *)(uintptr_t)dptr, (void *)(uintptr_t)dptr, 256, loomFloat32,
                       loomSum, comm, NULL);
-    const char *text = loomGetLastError(NULL);
-    printf("device allreduce: %s: %s\n", loomGetErrorString(r), text);
-    if (r != loomInvalidUsage || strstr(text, "device") == NULL) fails++;
+    int sr = sync();
+    float back[256];
+    dtoh(back, dptr, sizeof(back));
+    int bad = 0;
+    for (int i = 0; i < 256; i++) bad += back[i] != (float)(3 * i);
+    loomCommCuDevice(comm, &cudev);
+    printf("device allreduce: %s (%s); sync %d; wrong elements %d; loomCommCuDevice %d (want "
+           "%d)\n",
+           loomGetErrorString(r), loomGetLastError(NULL), sr, bad, cudev, dev);
+    if (r != loomSuccess || sr != 0 || bad || cudev != dev) fails++;
     loomCommDestroy(comm);
     printf("%s\n", fails ? "FAIL" : "PASS");
     return fails ? 1 : 0;
