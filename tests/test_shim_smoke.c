@@ -770,6 +770,7 @@ static int test_version_errors(void)
         EXPECT(b != NULL, "%s is not exported", pname);
         EXPECT(a == b, "%s and %s are different code", exported[i], pname);
     }
+    /* beside them only dlopen, which keeps a second NCCL out (shim.c) */
     EXPECT(sizeof(exported) / sizeof(exported[0]) == 43, "%zu names in the list",
            sizeof(exported) / sizeof(exported[0]));
     /* The version script keeps loom's own API inside. */
@@ -799,6 +800,19 @@ static int test_maps(void)
     if (shim_path(shim, sizeof(shim))) return 1;
     const char *base = strrchr(shim, '/');
     EXPECT(base && strcmp(base + 1, "libnccl.so.2") == 0, "the shim is %s, not libnccl.so.2", shim);
+    /* A framework that loads NVIDIA's library by path (PyTorch's wheels do) gets the shim. */
+    const char *nvidia[] = {"/usr/local/cuda/lib64/libnccl.so.2",
+                            "/usr/lib/x86_64-linux-gnu/libnccl.so.2"};
+    for (size_t i = 0; i < sizeof(nvidia) / sizeof(nvidia[0]); i++) {
+        if (access(nvidia[i], R_OK) != 0) continue;
+        void *h = dlopen(nvidia[i], RTLD_NOW | RTLD_LOCAL);
+        EXPECT(h != NULL, "dlopen(%s) failed: %s", nvidia[i], dlerror());
+        if (h) {
+            EXPECT(dlsym(h, "ncclGetVersion") == (void *)(uintptr_t)&ncclGetVersion,
+                   "dlopen(%s) gave a library other than the shim", nvidia[i]);
+            dlclose(h);
+        }
+    }
     FILE *f = fopen("/proc/self/maps", "r");
     if (f == NULL) {
         FAIL("cannot read /proc/self/maps");

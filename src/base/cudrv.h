@@ -28,7 +28,7 @@
     X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
     X(cuStreamIsCapturing) X(cuStreamWaitEvent) X(cuStreamWaitValue32) X(cuStreamWriteValue32)     \
-    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)           \
+    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)           \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)              \
     X(cuGetErrorName) X(cuStreamGetCtx)

@@ -6,10 +6,12 @@
 
 #include "base.h"
 
-/* The driver API's values (cuda.h), stable since CUDA 4. */
+/* The driver API's values (cuda.h), stable since CUDA 4; this file also builds without it. */
+#ifndef LOOM_HAVE_CUDA
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
 #define CU_MEMORYTYPE_DEVICE 2
+#endif
 
 typedef int (*cu_init_fn)(unsigned int);
 typedef int (*cu_attr_fn)(void *, int, unsigned long long);
@@ -36,6 +38,30 @@ bool mem_have_cuda(void)
     pthread_once(&mem_once, mem_load);
     return cu_attr != NULL;
 }
+
+#ifdef LOOM_HAVE_CUDA
+#include "cudrv.h"
+
+/* One driver call per buffer: type, managed, ordinal together. */
+mem_type_t mem_type_dev(const void *p, int *ordinal)
+{
+    *ordinal = -1;
+    if (p == NULL || !mem_have_cuda()) return MEM_HOST;
+    const cudrv_t *d = cudrv_get(NULL);
+    if (d == NULL) return MEM_HOST;
+    unsigned int type = 0, managed = 0;
+    int ord = -1;
+    CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *val[3] = {&type, &managed, &ord};
+    if (d->cuPointerGetAttributes(3, at, val, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return MEM_HOST;
+    if (managed) return MEM_MANAGED;
+    if (type != CU_MEMORYTYPE_DEVICE) return MEM_HOST;
+    *ordinal = ord;
+    return MEM_DEVICE;
+}
+#endif
 
 mem_type_t mem_type_of(const void *p)
 {

@@ -13,6 +13,9 @@ typedef enum { MEM_HOST = 0, MEM_DEVICE = 1, MEM_MANAGED = 2 } mem_type_t;
 
 /* The memory type of p (MEM_HOST when no CUDA driver is present or p is NULL). */
 mem_type_t mem_type_of(const void *p);
+/* With the device executor built: the type and, for device memory, the device ordinal, in one
+ * driver call. */
+mem_type_t mem_type_dev(const void *p, int *ordinal);
 /* Whether a CUDA driver was found. */
 bool mem_have_cuda(void);
 

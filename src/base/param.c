@@ -44,11 +44,17 @@ static const param_desc_t params[PARAM_COUNT] = {
                        "comma-separated list gives rank r the r-th name"},
     [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
                           "job secret for launches without a unique id (any text)"},
-    [PARAM_CUDA_BLOCKS] = {"CUDA_BLOCKS", PARAM_T_INT, "32", "",
-                           "thread blocks (lanes per peer) of the device kernels, 1-64; rank 0's "
+    [PARAM_CUDA_BLOCKS] = {"CUDA_BLOCKS", PARAM_T_INT, "128", "",
+                           "thread blocks (lanes per peer) of the device kernels, 1-128; rank 0's "
                            "value holds for the job"},
-    [PARAM_CUDA_SLOT] = {"CUDA_SLOT", PARAM_T_SIZE, "256K", "bytes",
+    [PARAM_CUDA_SLOT] = {"CUDA_SLOT", PARAM_T_SIZE, "64K", "bytes",
                          "largest piece one block moves per step through a peer's GPU memory"},
+    [PARAM_CUDA_NSLOT] = {"CUDA_NSLOT", PARAM_T_INT, "4", "",
+                          "slots per block and peer (pieces in flight per lane), 2-16"},
+    [PARAM_CUDA_THREADS] = {"CUDA_THREADS", PARAM_T_INT, "512", "",
+                            "threads per block of the device kernels (half send, half receive)"},
+    [PARAM_CUDA_PUSH_THREADS] = {"CUDA_PUSH_THREADS", PARAM_T_INT, "128", "",
+                                 "threads of each block that send; the others receive"},
     [PARAM_CUDA_ONESHOT] = {"CUDA_ONESHOT", PARAM_T_SIZE, "256K", "bytes",
                             "device allreduce up to this size reduces in one shot (every rank "
                             "reads all inputs); larger ones reduce-scatter then allgather. Two "

@@ -100,7 +100,12 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
         return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
                           fn, name, bytes);
     if (bytes == 0) return loomSuccess;
+#ifdef LOOM_HAVE_CUDA
+    int ord = -1;
+    mem_type_t mt = mem_type_dev(p, &ord);
+#else
     mem_type_t mt = mem_type_of(p);
+#endif
     if (mt == MEM_HOST) {
         call_host = true;
         return loomSuccess;
@@ -112,7 +117,7 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
                           fn, name, p);
 #ifdef LOOM_HAVE_CUDA
     call_dev = true;
-    return dev_attach(call_comm, p, fn, name);
+    return dev_attach(call_comm, p, ord, fn, name);
 #else
     return base_error(loomInvalidUsage, LOG_COLL,
                       "%s: %s (%p) is CUDA device memory, and this build of loom has no device "
@@ -524,9 +529,22 @@ static loomResult_t run_group(void)
         return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
     }
 #ifdef LOOM_HAVE_CUDA
+    /* First device use of communicators: set them up together (one thread may drive several
+     * ranks). */
+    {
+        loomComm_t fresh[n];
+        int nf = 0;
+        for (int i = 0; i < n; i++) {
+            if (!gq[i].dev || dev_ready(gq[i].comm)) continue;
+            int k = 0;
+            while (k < nf && fresh[k] != gq[i].comm) k++;
+            if (k == nf) fresh[nf++] = gq[i].comm;
+        }
+        if (nf) res = dev_setup(fresh, nf);
+    }
     /* Device buffers: ordered on their streams by the device executor, per communicator in
      * call order; nothing to drive here. */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && res == loomSuccess; i++) {
         if (!gq[i].dev || gq[i].comm == NULL) continue;
         loomComm_t c = gq[i].comm;
         int m = 0;
@@ -582,7 +600,7 @@ static loomResult_t run_group(void)
         if (r != loomSuccess) job_fail(&jobs[k], r);
     }
     uint64_t idle_since = base_now_ns();
-    uint64_t spin = jobs[0].comm->spin_ns;
+    uint64_t spin = njobs ? jobs[0].comm->spin_ns : 0;
     for (;;) {
         bool all_done = true, progressed = false;
         for (int k = 0; k < njobs; k++) {
@@ -639,24 +657,37 @@ static loomResult_t run_group(void)
     return res;
 }
 
-/* Internal allgather of raw bytes (communicator split). */
-loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes)
+/* Internal allgathers of raw bytes on k communicators at once, as one group, apart from this
+ * thread's group queue (the device executor sets itself up in the middle of a call, maybe
+ * inside a group, maybe for several ranks that this thread drives). */
+loomResult_t coll_internal_allgather_many(loomComm_t *comms, const void *const *send,
+                                          void *const *recv, size_t bytes, int k)
 {
-    coll_op_t o = {.comm = comm, .kind = OPK_SPLIT, .send = send, .recv = recv, .count = bytes,
-                   .type = loomUint8, .op = loomSum, .root = -1};
-    /* Runs now, apart from this thread's group queue: the device executor sets itself up in
-     * the middle of a call, maybe inside a group. */
     int depth = group_depth, len = gq_len, cap = gq_cap;
     coll_op_t *q = gq;
     loomComm_t cc = call_comm;
     bool cd = call_dev, ch = call_host;
-    group_depth = gq_len = gq_cap = 0;
+    gq_len = gq_cap = 0;
     gq = NULL;
-    loomResult_t r = enqueue(&o);
+    group_depth = 1;
+    loomResult_t r = loomSuccess;
+    for (int i = 0; i < k && r == loomSuccess; i++) {
+        coll_op_t o = {.comm = comms[i], .kind = OPK_SPLIT, .send = send[i], .recv = recv[i],
+                       .count = bytes, .type = loomUint8, .op = loomSum, .root = -1};
+        r = enqueue(&o);
+    }
+    group_depth = 0;
+    if (r == loomSuccess) r = run_group();
     free(gq);
     group_depth = depth, gq_len = len, gq_cap = cap, gq = q;
     call_comm = cc, call_dev = cd, call_host = ch;
     return r;
+}
+
+/* Internal allgather of raw bytes (communicator split). */
+loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes)
+{
+    return coll_internal_allgather_many(&comm, &send, &recv, bytes, 1);
 }
 
 /* ---- entry points ---- */

@@ -69,7 +69,7 @@ struct dev_state {
     CUfunction fn;
     int n, me;                /* ranks of this node in the exchange, and my index */
     int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
-    int nblocks;
+    int nblocks, nslot, threads, push_threads;
     uint64_t slot, oneshot;
     cuda_mem_t mem[DEV_MAX_LOCAL];
     dev_err_t *err; /* host-mapped */
@@ -198,83 +198,23 @@ typedef struct {
     uint8_t uuid[16];
     int32_t dev, nblocks;
     uint64_t slot, oneshot;
-    int32_t pid, pad;
+    int32_t pid, nslot, threads, push_threads;
 } dev_rec_t;
 
 loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
 
 static loomResult_t stage_start(dev_state_t *s);
 
-static loomResult_t setup_exchange(dev_state_t *s)
-{
-    loomComm_t comm = s->comm;
-    const cudrv_t *d = s->d;
-    loomResult_t res = loomSuccess;
-    dev_rec_t *all = calloc((size_t)comm->nranks, sizeof(*all));
-    if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
-    /* The node's ranks, in communicator order (node_ranks lists each node's ranks). */
-    s->n = comm->local_size;
-    s->me = comm->local_rank;
-    if (s->n > DEV_MAX_LOCAL) {
-        free(all);
-        return base_error(loomInvalidUsage, LOG_CUDA,
-                          "rank %d: %d ranks of this communicator are on one node; the device "
-                          "executor takes at most %d GPUs per node",
-                          comm->rank, s->n, DEV_MAX_LOCAL);
-    }
-    for (int j = 0; j < s->n; j++) s->lrank[j] = comm->node_ranks[comm->node_start[comm->node] + j];
-    /* Sizes: rank 0's parameters hold for the job (the layout must match everywhere). */
-    dev_rec_t mine = {.dev = s->dev, .pid = (int32_t)getpid()};
-    mine.nblocks = (int32_t)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_CUDA_BLOCKS), DEV_MAX_BLOCKS));
-    mine.slot = LOOM_MAX(DEV_MIN_PIECE, LOOM_MIN(param_size(PARAM_CUDA_SLOT), 16ull << 20)) &
-                ~15ull;
-    mine.oneshot = param_size(PARAM_CUDA_ONESHOT);
-    CUuuid uu;
-    if (d->cuDeviceGetUuid(&uu, s->cudev) == CUDA_SUCCESS) memcpy(mine.uuid, uu.bytes, 16);
-    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), res, out);
-    s->nblocks = all[0].nblocks;
-    s->slot = all[0].slot;
-    s->oneshot = all[0].oneshot;
-    for (int j = 0; j < s->n; j++) {
-        int q = s->lrank[j];
-        if (q != comm->rank && memcmp(all[q].uuid, mine.uuid, 16) == 0) {
-            res = base_error(loomInvalidUsage, LOG_CUDA,
-                             "rank %d and rank %d of this communicator both use the same GPU "
-                             "(device %d here, device %d there): one rank per GPU",
-                             comm->rank, q, s->dev, all[q].dev);
-            goto out;
-        }
-    }
-    size_t bytes = DEV_OFF_SLOTS + (size_t)s->n * (size_t)s->nblocks * 2 * s->slot;
-    LOOM_CHECK_GOTO(cuda_tp_alloc(d, s->dev, bytes, &s->mem[s->me], &mine.exp), res, out);
-    CUresult cr = d->cuMemsetD8(s->mem[s->me].ptr, 0, s->mem[s->me].size);
-    if (cr == CUDA_SUCCESS) cr = d->cuCtxSynchronize();
-    if (cr != CUDA_SUCCESS) {
-        res = base_error(loomUnhandledCudaError, LOG_CUDA, "clearing the exchange memory: %s",
-                         cudrv_err(cr));
-        goto out;
-    }
-    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), res, out);
-    for (int j = 0; j < s->n; j++) {
-        s->pidfd[j] = -1;
-        if (j == s->me) continue;
-        int q = s->lrank[j];
-        LOOM_CHECK_GOTO(cuda_tp_import(d, s->dev, &all[q].exp, q, &s->mem[j]), res, out);
-        s->pid[j] = all[q].exp.pid;
-        if (all[q].exp.pid != (int32_t)getpid())
-            s->pidfd[j] = (int)syscall(SYS_pidfd_open, (pid_t)all[q].exp.pid, 0);
-    }
-    INFO(LOG_CUDA,
-         "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %llu-byte slots, "
-         "%zu bytes of exchange memory; one shot up to %llu bytes",
-         s->dev, s->n, s->nblocks, (unsigned long long)s->slot, s->mem[s->me].size,
-         (unsigned long long)s->oneshot);
-out:
-    free(all);
-    return res;
-}
+/* Setup runs in three local phases separated by two allgathers. Several communicators that
+ * one thread drives (loomCommInitAll) meet their first device buffers in one group, so the
+ * phases run for all of them together and each allgather is one group across them. */
+typedef struct {
+    dev_state_t *s;
+    dev_rec_t mine;
+    dev_rec_t *all;
+} setup_t;
 
-static loomResult_t dev_setup(loomComm_t comm, int dev)
+static loomResult_t setup_local(loomComm_t comm, int dev, setup_t *u)
 {
     const char *why = NULL;
     const cudrv_t *d = cudrv_get(&why);
@@ -282,7 +222,12 @@ static loomResult_t dev_setup(loomComm_t comm, int dev)
         return base_error(loomInvalidUsage, LOG_CUDA, "rank %d: device buffer but %s",
                           comm->rank, why);
     dev_state_t *s = calloc(1, sizeof(*s));
-    if (s == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    u->all = calloc((size_t)comm->nranks, sizeof(dev_rec_t));
+    if (s == NULL || u->all == NULL) {
+        free(s);
+        return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    }
+    u->s = s;
     s->comm = comm;
     s->d = d;
     s->dev = dev;
@@ -291,7 +236,6 @@ static loomResult_t dev_setup(loomComm_t comm, int dev)
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     comm->dev = s;
-    loomResult_t res = loomSuccess;
     CUresult cr = d->cuDeviceGet(&s->cudev, dev);
     if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->ctx, s->cudev);
     if (cr != CUDA_SUCCESS) {
@@ -311,66 +255,184 @@ static loomResult_t dev_setup(loomComm_t comm, int dev)
         s->flags = (uint32_t *)((char *)s->err + 2048);
         cr = d->cuMemHostGetDevicePointer(&s->err_dev, (void *)s->err, 0);
     }
-    if (cr == CUDA_SUCCESS) s->flags_dev = s->err_dev + 2048;
-    if (cr != CUDA_SUCCESS) {
-        res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                         "rank %d: loading loom's kernels on GPU %d: %s (this build's kernels are "
-                         "for sm_90 with PTX for newer GPUs)",
-                         comm->rank, dev, cudrv_err(cr));
-        goto out;
+    ctx_leave(s, prev);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: loading loom's kernels on GPU %d: %s (this build's kernels are "
+                          "for sm_90 with PTX for newer GPUs)",
+                          comm->rank, dev, cudrv_err(cr));
+    s->flags_dev = s->err_dev + 2048;
+    /* The node's ranks, in communicator order. */
+    s->n = comm->local_size;
+    s->me = comm->local_rank;
+    if (s->n > DEV_MAX_LOCAL)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "rank %d: %d ranks of this communicator are on one node; the device "
+                          "executor takes at most %d GPUs per node",
+                          comm->rank, s->n, DEV_MAX_LOCAL);
+    for (int j = 0; j < s->n; j++)
+        s->lrank[j] = comm->node_ranks[comm->node_start[comm->node] + j];
+    /* Sizes: rank 0's parameters hold for the job (the layout must match everywhere). */
+    dev_rec_t *m = &u->mine;
+    memset(m, 0, sizeof(*m));
+    m->dev = dev;
+    m->pid = (int32_t)getpid();
+    m->nblocks = (int32_t)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_CUDA_BLOCKS), DEV_MAX_BLOCKS));
+    m->slot = LOOM_MAX(DEV_MIN_PIECE, LOOM_MIN(param_size(PARAM_CUDA_SLOT), 16ull << 20)) & ~15ull;
+    m->oneshot = param_size(PARAM_CUDA_ONESHOT);
+    m->nslot = (int32_t)LOOM_MAX(2, LOOM_MIN(param_int(PARAM_CUDA_NSLOT), 16));
+    m->threads = (int32_t)LOOM_MAX(64, LOOM_MIN(param_int(PARAM_CUDA_THREADS), DEV_MAX_THREADS)) /
+                 64 * 64;
+    /* the receive side does more memory traffic (it reads two inputs when it reduces) */
+    m->push_threads = (int32_t)LOOM_MAX(32, LOOM_MIN(param_int(PARAM_CUDA_PUSH_THREADS),
+                                                     m->threads - 32)) / 32 * 32;
+    CUuuid uu;
+    if (d->cuDeviceGetUuid(&uu, s->cudev) == CUDA_SUCCESS) memcpy(m->uuid, uu.bytes, 16);
+    return loomSuccess;
+}
+
+/* After the first allgather: check the layout, allocate and clear the exchange region. */
+static loomResult_t setup_region(setup_t *u)
+{
+    dev_state_t *s = u->s;
+    loomComm_t comm = s->comm;
+    const cudrv_t *d = s->d;
+    dev_rec_t *all = u->all;
+    s->nblocks = all[0].nblocks;
+    s->slot = all[0].slot;
+    s->oneshot = all[0].oneshot;
+    s->nslot = all[0].nslot;
+    s->threads = all[0].threads;
+    s->push_threads = all[0].push_threads;
+    for (int j = 0; j < s->n; j++) {
+        int q = s->lrank[j];
+        if (q != comm->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0)
+            return base_error(loomInvalidUsage, LOG_CUDA,
+                              "rank %d and rank %d of this communicator both use the same GPU "
+                              "(device %d here, device %d there): one rank per GPU",
+                              comm->rank, q, s->dev, all[q].dev);
     }
-    LOOM_CHECK_GOTO(setup_exchange(s), res, out);
-    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->wake_fd < 0 || pthread_create(&s->wd, NULL, wd_main, s) != 0) {
-        res = base_error(loomSystemError, LOG_CUDA, "starting the GPU watchdog thread failed");
-        goto out;
+    size_t bytes = DEV_OFF_SLOTS + (size_t)s->n * (size_t)s->nblocks * (size_t)s->nslot * s->slot;
+    CUcontext prev = ctx_enter(s);
+    loomResult_t res = cuda_tp_alloc(d, s->dev, bytes, &s->mem[s->me], &u->mine.exp);
+    if (res == loomSuccess) {
+        /* A private stream: the first call may come while the caller's stream is being
+         * captured, where work on the legacy stream is not allowed. */
+        CUstream st = NULL;
+        CUresult cr = d->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
+        if (cr == CUDA_SUCCESS) cr = d->cuMemsetD8Async(s->mem[s->me].ptr, 0, s->mem[s->me].size, st);
+        if (cr == CUDA_SUCCESS) cr = d->cuStreamSynchronize(st);
+        if (st) d->cuStreamDestroy(st);
+        if (cr != CUDA_SUCCESS)
+            res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                             "rank %d: clearing the exchange memory: %s", comm->rank,
+                             cudrv_err(cr));
     }
-    s->wd_live = true;
-    s->multinode = comm->nnodes > 1;
-    if (s->multinode) LOOM_CHECK_GOTO(stage_start(s), res, out);
-out:
     ctx_leave(s, prev);
     return res;
 }
 
-loomResult_t dev_attach(loomComm_t comm, const void *ptr, const char *fn, const char *name)
+/* After the second allgather: map the node's other regions and start the watchdog. */
+static loomResult_t setup_peers(setup_t *u)
 {
-    const char *why = NULL;
-    const cudrv_t *d = cudrv_get(&why);
-    if (d == NULL)
-        return base_error(loomInvalidUsage, LOG_CUDA, "%s: %s (%p) looks like device memory but %s",
-                          fn, name, ptr, why);
-    int ord = -1;
-    CUresult cr = d->cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                           (CUdeviceptr)(uintptr_t)ptr);
-    if (cr != CUDA_SUCCESS)
-        return base_error(loomInvalidArgument, LOG_CUDA, "%s: %s (%p): %s", fn, name, ptr,
-                          cudrv_err(cr));
-    if (comm->dev) {
-        if (ord != comm->cuda_dev)
-            return base_error(loomInvalidUsage, LOG_CUDA,
-                              "%s: %s (%p) is on GPU %d, but rank %d of this communicator is "
-                              "bound to GPU %d",
-                              fn, name, ptr, ord, comm->rank, comm->cuda_dev);
-        return loomSuccess;
+    dev_state_t *s = u->s;
+    dev_rec_t *all = u->all;
+    CUcontext prev = ctx_enter(s);
+    loomResult_t res = loomSuccess;
+    for (int j = 0; j < s->n && res == loomSuccess; j++) {
+        if (j == s->me) continue;
+        int q = s->lrank[j];
+        res = cuda_tp_import(s->d, s->dev, &all[q].exp, q, &s->mem[j]);
+        s->pid[j] = all[q].exp.pid;
+        if (all[q].exp.pid != (int32_t)getpid())
+            s->pidfd[j] = (int)syscall(SYS_pidfd_open, (pid_t)all[q].exp.pid, 0);
     }
-    if (atomic_load(&comm->async_error) != loomSuccess)
-        return base_error((loomResult_t)atomic_load(&comm->async_error), LOG_CUDA, "%s: %s", fn,
-                          comm->async_text);
-    if (comm->cuda_dev >= 0 && ord != comm->cuda_dev)
-        return base_error(loomInvalidUsage, LOG_CUDA,
-                          "%s: %s (%p) is on GPU %d, but this communicator was created for GPU %d",
-                          fn, name, ptr, ord, comm->cuda_dev);
-    comm->cuda_dev = ord;
-    loomResult_t r = dev_setup(comm, ord);
-    if (r != loomSuccess) {
-        char text[ERR_TEXT_MAX];
-        snprintf(text, sizeof(text), "%s", base_last_error());
-        comm_set_error(comm, r, text);
-        base_set_error_text(text);
+    ctx_leave(s, prev);
+    LOOM_CHECK(res);
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0 || pthread_create(&s->wd, NULL, wd_main, s) != 0)
+        return base_error(loomSystemError, LOG_CUDA, "starting the GPU watchdog thread failed");
+    s->wd_live = true;
+    INFO(LOG_CUDA,
+         "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %d slots of %llu bytes, "
+         "%zu bytes of exchange memory; one shot up to %llu bytes",
+         s->dev, s->n, s->nblocks, s->nslot, (unsigned long long)s->slot, s->mem[s->me].size,
+         (unsigned long long)s->oneshot);
+    return loomSuccess;
+}
+
+loomResult_t coll_internal_allgather_many(loomComm_t *comms, const void *const *send,
+                                          void *const *recv, size_t bytes, int k);
+
+static loomResult_t gather_recs(setup_t *u, int k)
+{
+    loomComm_t *cs = calloc((size_t)k, sizeof(*cs));
+    const void **snd = calloc((size_t)k, sizeof(*snd));
+    void **rcv = calloc((size_t)k, sizeof(*rcv));
+    loomResult_t r = loomSystemError;
+    if (cs && snd && rcv) {
+        for (int i = 0; i < k; i++) {
+            cs[i] = u[i].s->comm;
+            snd[i] = &u[i].mine;
+            rcv[i] = u[i].all;
+        }
+        r = coll_internal_allgather_many(cs, snd, rcv, sizeof(dev_rec_t), k);
+    } else {
+        base_error(r, LOG_CUDA, "out of memory");
     }
+    free(cs);
+    free(snd);
+    free(rcv);
     return r;
 }
+
+loomResult_t dev_setup(loomComm_t *comms, int k)
+{
+    setup_t *u = calloc((size_t)k, sizeof(*u));
+    if (u == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    loomResult_t res = loomSuccess;
+    for (int i = 0; i < k && res == loomSuccess; i++)
+        res = setup_local(comms[i], comms[i]->cuda_dev, &u[i]);
+    if (res == loomSuccess) res = gather_recs(u, k);
+    for (int i = 0; i < k && res == loomSuccess; i++) res = setup_region(&u[i]);
+    if (res == loomSuccess) res = gather_recs(u, k);
+    for (int i = 0; i < k && res == loomSuccess; i++) res = setup_peers(&u[i]);
+    for (int i = 0; i < k && res == loomSuccess; i++) {
+        dev_state_t *s = u[i].s;
+        s->multinode = s->comm->nnodes > 1;
+        if (!s->multinode) continue;
+        if (k > 1)
+            res = base_error(loomInvalidUsage, LOG_CUDA,
+                             "device buffers across nodes need one thread per rank (one "
+                             "thread drives %d communicators here)",
+                             k);
+        else
+            res = stage_start(s);
+    }
+    if (res != loomSuccess) {
+        char text[ERR_TEXT_MAX];
+        snprintf(text, sizeof(text), "%s", base_last_error());
+        for (int i = 0; i < k; i++) comm_set_error(comms[i], res, text);
+        base_set_error_text(text);
+    }
+    for (int i = 0; i < k; i++) free(u[i].all);
+    free(u);
+    return res;
+}
+
+loomResult_t dev_attach(loomComm_t comm, const void *ptr, int ord, const char *fn,
+                        const char *name)
+{
+    if (comm->cuda_dev >= 0 && ord != comm->cuda_dev)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "%s: %s (%p) is on GPU %d, but rank %d of this communicator is bound "
+                          "to GPU %d",
+                          fn, name, ptr, ord, comm->rank, comm->cuda_dev);
+    comm->cuda_dev = ord;
+    return loomSuccess;
+}
+
+bool dev_ready(loomComm_t comm) { return comm->dev != NULL; }
 
 /* ---- launching ---- */
 
@@ -381,16 +443,18 @@ static bool capturing(dev_state_t *s, CUstream st)
     return cs != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* Orders work of this communicator on `st` after its previous work on another stream. */
+/* Orders work of this communicator on `st` after its previous work on another stream: the
+ * lane counters in device memory must see one kernel at a time. The event is recorded after
+ * every launch (a stream handle may be destroyed by its owner later, so it is never used
+ * afterwards). */
 static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
 {
-    if (!cap && s->have_last && s->last != st) {
-        CUresult cr = s->d->cuStreamWaitEvent(st, s->ev, 0);
-        if (cr != CUDA_SUCCESS)
-            return base_error(loomUnhandledCudaError, LOG_CUDA,
-                              "rank %d: ordering after the previous stream: %s", s->comm->rank,
-                              cudrv_err(cr));
-    }
+    if (cap || !s->have_last || s->last == st) return loomSuccess;
+    CUresult cr = s->d->cuStreamWaitEvent(st, s->ev, 0);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: ordering after the previous stream: %s", s->comm->rank,
+                          cudrv_err(cr));
     return loomSuccess;
 }
 
@@ -415,6 +479,8 @@ static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const v
     a->mode = mode;
     a->nblocks = s->nblocks;
     a->slot = s->slot;
+    a->nslot = s->nslot;
+    a->push_threads = s->push_threads;
     a->timeout_ns = (unsigned long long)(s->comm->timeout_s * 1e9);
     a->send = send;
     a->recv = recv;
@@ -424,11 +490,58 @@ static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const v
     s->opkind[a->seq % 64] = kind;
 }
 
+/* Blocks with work: lanes are independent, so a rank launches only the blocks its streams
+ * use (its peers cut the same streams the same way). */
+static unsigned grid_of(const dev_state_t *s, const dev_args_t *a)
+{
+    unsigned long long most = 0;
+    unsigned long long lens[2 * DEV_MAX_LOCAL + 1];
+    int k = 0;
+    lens[k++] = a->self_len;
+    for (int j = 0; j < a->n; j++) {
+        if (j == a->me) continue;
+        lens[k++] = a->io[j].send_len;
+        lens[k++] = a->io[j].recv_len;
+    }
+    for (int i = 0; i < k; i++) {
+        if (lens[i] == 0) continue;
+        unsigned long long ch = dev_piece_bytes(lens[i], s->nblocks, s->slot);
+        unsigned long long used = (lens[i] + ch - 1) / ch;
+        if (used > most) most = used;
+    }
+    return (unsigned)LOOM_MAX(1, LOOM_MIN(most, (unsigned long long)s->nblocks));
+}
+
+/* Whether anything the kernel writes may overlap what it reads (in place). */
+static int aliases(const dev_args_t *a)
+{
+    uintptr_t slo = UINTPTR_MAX, shi = 0, rlo = UINTPTR_MAX, rhi = 0;
+    for (int j = 0; j < a->n; j++) {
+        if (j == a->me) continue;
+        if (a->io[j].send_len) {
+            uintptr_t lo = (uintptr_t)a->send + a->io[j].send_off;
+            slo = LOOM_MIN(slo, lo), shi = LOOM_MAX(shi, lo + a->io[j].send_len);
+        }
+        if (a->io[j].recv_len) {
+            uintptr_t lo = (uintptr_t)a->recv + a->io[j].recv_off;
+            rlo = LOOM_MIN(rlo, lo), rhi = LOOM_MAX(rhi, lo + a->io[j].recv_len);
+        }
+    }
+    if (a->self_len) {
+        uintptr_t lo = (uintptr_t)a->send + a->self_src;
+        slo = LOOM_MIN(slo, lo), shi = LOOM_MAX(shi, lo + a->self_len);
+        lo = (uintptr_t)a->recv + a->self_dst;
+        rlo = LOOM_MIN(rlo, lo), rhi = LOOM_MAX(rhi, lo + a->self_len);
+    }
+    return slo < rhi && rlo < shi;
+}
+
 static loomResult_t launch(dev_state_t *s, dev_args_t *a, CUstream st)
 {
+    a->alias = aliases(a);
     void *params[] = {a};
-    CUresult cr = s->d->cuLaunchKernel(s->fn, (unsigned)s->nblocks, 1, 1, DEV_THREADS, 1, 1, 0,
-                                       st, params, NULL);
+    CUresult cr = s->d->cuLaunchKernel(s->fn, grid_of(s, a), 1, 1, (unsigned)s->threads, 1, 1, 0, st,
+                                       params, NULL);
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: launching the kernel of %s (device operation %llu): %s",
@@ -671,9 +784,12 @@ loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
         if (res == loomSuccess) res = mark_stream(s, st, cap);
         for (int q = 1; q < k && res == loomSuccess; q++) {
             CUstream sq = (CUstream)ops[i + q].stream;
-            if (sq != st && !cap && s->d->cuStreamWaitEvent(sq, s->ev, 0) != CUDA_SUCCESS)
+            if (sq == st || cap) continue;
+            CUresult cr = s->d->cuStreamWaitEvent(sq, s->ev, 0); /* recorded on st above */
+            if (cr != CUDA_SUCCESS)
                 res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                                 "rank %d: joining the streams of a group", comm->rank);
+                                 "rank %d: joining the streams of a group: %s", comm->rank,
+                                 cudrv_err(cr));
         }
         if (res == loomSuccess) comm->stats.collectives += (uint64_t)k;
         i += k;

@@ -34,10 +34,16 @@ typedef struct {
 
 /* Whether this build has the device executor. */
 bool dev_built(void);
-/* Called for each device buffer of a call: binds the communicator to the buffer's device and,
- * the first time, sets up the exchange with the other ranks (collective: every rank meets its
- * first device buffer in the same call). */
-loomResult_t dev_attach(loomComm_t comm, const void *ptr, const char *fn, const char *name);
+/* Called for each device buffer of a call (ordinal: its GPU): binds the communicator to the
+ * buffer's device (a
+ * buffer on another device is refused). */
+loomResult_t dev_attach(loomComm_t comm, const void *ptr, int ordinal, const char *fn,
+                        const char *name);
+/* Whether the exchange is set up; dev_setup sets it up for k communicators together
+ * (collective: every rank meets its first device call at the same point). On failure each
+ * communicator is marked broken with the reason. */
+bool dev_ready(loomComm_t comm);
+loomResult_t dev_setup(loomComm_t *comms, int k);
 /* Orders ops (all on comm, all with device buffers, in call order) on their streams. */
 loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops);
 /* Turns a failure seen by a kernel or the watchdog into the communicator's error. */

@@ -16,6 +16,7 @@
 typedef unsigned long long u64;
 
 #define DEV_OFF_CLAIM (4 * DEV_TABLE_BYTES) /* int in the region: first failure claims it */
+static_assert(DEV_OFF_CLAIM + 64 <= DEV_OFF_SLOTS, "region tables overlap the slots");
 
 static __device__ __forceinline__ u64 ld_acquire(const u64 *p)
 {
@@ -36,14 +37,7 @@ static __device__ __forceinline__ u64 gtimer()
     return t;
 }
 
-static __device__ __forceinline__ u64 piece_bytes(u64 len, int nb, u64 slot)
-{
-    u64 c = (len + (u64)nb - 1) / (u64)nb;
-    c = (c + 15) & ~15ull;
-    if (c < DEV_MIN_PIECE) c = DEV_MIN_PIECE;
-    if (c > slot) c = slot;
-    return c;
-}
+#define piece_bytes dev_piece_bytes
 
 /* Records the first failure of this rank's kernel and raises the abort word so that every
  * other block stops too. Called by one thread. */
@@ -68,7 +62,7 @@ static __device__ void fail_record(const dev_args_t &a, int code, int peer, int 
 }
 
 /* Spins until *flag >= want; false (after recording why) on abort or timeout. One thread. */
-static __device__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a, int peer,
+static __device__ __noinline__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a, int peer,
                                 int kind)
 {
     u64 v = ld_acquire(flag);
@@ -93,9 +87,9 @@ static __device__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a, 
 
 /* ---- byte copies (block-wide) ---- */
 
-static __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len)
+static __device__ __noinline__ void copy_bytes(char *dst, const char *src, u64 len, int t,
+                                                  int nt)
 {
-    const int t = threadIdx.x, nt = blockDim.x;
     if (dst == src || len == 0) return;
     if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
         const int4 *s = (const int4 *)src;
@@ -180,36 +174,48 @@ template <int DT> static __device__ typename ty<DT>::A scale_of(const dev_args_t
 /* dst = op over src[0..nsrc) (rank order); src[scaled] (if >= 0) is multiplied by the scalar
  * and rounded to the type first; avg divides by navg. */
 template <int DT, int OP>
-static __device__ void reduce_t(char *dst, const char *const *src, int nsrc, int scaled,
-                                u64 bytes, const dev_args_t &a, int navg)
+static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, int nsrc, int scaled,
+                                u64 bytes, const dev_args_t &a, int navg, int t, int nt)
 {
     typedef typename ty<DT>::S S;
     typedef typename ty<DT>::A A;
     const int E = 16 / sizeof(S);
-    const int t = threadIdx.x, nt = blockDim.x;
     A scale = scaled >= 0 ? scale_of<DT>(a) : (A)1;
     u64 nel = bytes / sizeof(S);
     uintptr_t al = (uintptr_t)dst;
     for (int s = 0; s < nsrc; s++) al |= (uintptr_t)src[s];
     u64 nv = (al & 15) == 0 ? nel / E : 0;
-    for (u64 i = t; i < nv; i += nt) {
-        A acc[E];
-#pragma unroll
-        for (int k = 0; k < E; k++) acc[k] = (A)0;
+    /* U independent vectors per thread and iteration, so that enough loads are in flight to
+     * cover the memory latency (fewer for the wide-accumulator small types) */
+    const int U = sizeof(S) == 1 ? 1 : sizeof(S) == 2 ? 2 : 4;
+    for (u64 i0 = t; i0 < nv; i0 += (u64)U * nt) {
+        int nvec = 0;
+        while (nvec < U && i0 + (u64)nvec * nt < nv) nvec++;
+        A acc[U][E];
         for (int s = 0; s < nsrc; s++) {
-            union { int4 v; S e[E]; } u;
-            u.v = __ldcg((const int4 *)src[s] + i);
+            union { int4 v; S e[E]; } u[U];
 #pragma unroll
-            for (int k = 0; k < E; k++) {
-                A x = up<DT>(u.e[k]);
-                if (s == scaled) x = up<DT>(down<DT>(x * scale));
-                acc[k] = s == 0 ? x : apply<OP, A>(acc[k], x);
+            for (int h = 0; h < U; h++)
+                if (h < nvec) u[h].v = __ldcg((const int4 *)src[s] + i0 + (u64)h * nt);
+#pragma unroll
+            for (int h = 0; h < U; h++) {
+#pragma unroll
+                for (int k = 0; k < E; k++) {
+                    A x = up<DT>(u[h].e[k]);
+                    if (s == scaled) x = up<DT>(down<DT>(x * scale));
+                    acc[h][k] = s == 0 ? x : apply<OP, A>(acc[h][k], x);
+                }
             }
         }
-        union { int4 v; S e[E]; } o;
 #pragma unroll
-        for (int k = 0; k < E; k++) o.e[k] = down<DT>(navg > 1 ? acc[k] / (A)navg : acc[k]);
-        ((int4 *)dst)[i] = o.v;
+        for (int h = 0; h < U; h++) {
+            if (h >= nvec) break;
+            union { int4 v; S e[E]; } o;
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                o.e[k] = down<DT>(navg > 1 ? acc[h][k] / (A)navg : acc[h][k]);
+            ((int4 *)dst)[i0 + (u64)h * nt] = o.v;
+        }
     }
     for (u64 i = nv * E + t; i < nel; i += nt) {
         A acc = (A)0;
@@ -224,167 +230,191 @@ static __device__ void reduce_t(char *dst, const char *const *src, int nsrc, int
 
 template <int DT>
 static __device__ void reduce_dt(char *dst, const char *const *src, int nsrc, int scaled,
-                                 u64 bytes, const dev_args_t &a, int navg)
+                                 u64 bytes, const dev_args_t &a, int navg, int t, int nt)
 {
     switch (a.op) {
-    case 0: reduce_t<DT, 0>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 1: reduce_t<DT, 1>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 2: reduce_t<DT, 2>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    default: reduce_t<DT, 3>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 0: reduce_t<DT, 0>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 1: reduce_t<DT, 1>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 2: reduce_t<DT, 2>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    default: reduce_t<DT, 3>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
     }
 }
 
 static __device__ void reduce_any(char *dst, const char *const *src, int nsrc, int scaled,
-                                  u64 bytes, const dev_args_t &a, int navg)
+                                  u64 bytes, const dev_args_t &a, int navg, int t, int nt)
 {
     switch (a.dtype) {
-    case 0: reduce_dt<0>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 1: reduce_dt<1>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 2: reduce_dt<2>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 3: reduce_dt<3>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 4: reduce_dt<4>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 5: reduce_dt<5>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 6: reduce_dt<6>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 7: reduce_dt<7>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    case 8: reduce_dt<8>(dst, src, nsrc, scaled, bytes, a, navg); break;
-    default: reduce_dt<9>(dst, src, nsrc, scaled, bytes, a, navg); break;
+    case 0: reduce_dt<0>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 1: reduce_dt<1>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 2: reduce_dt<2>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 3: reduce_dt<3>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 4: reduce_dt<4>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 5: reduce_dt<5>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 6: reduce_dt<6>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 7: reduce_dt<7>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 8: reduce_dt<8>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    default: reduce_dt<9>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
     }
 }
 
 /* ---- the exchange ---- */
 
-extern "C" __global__ void __launch_bounds__(DEV_THREADS, 1) loom_exchange(const __grid_constant__ dev_args_t a)
+/* Named barrier for one half of the block (ids 1 and 2; 0 is __syncthreads). */
+static __device__ __forceinline__ void half_sync(int id, int nt)
 {
-    const int b = blockIdx.x, t = threadIdx.x, nb = a.nblocks, n = a.n, me = a.me;
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nt) : "memory");
+}
+
+static __device__ __forceinline__ u64 rounds_of(u64 len, int nb, u64 slot)
+{
+    if (len == 0) return 0;
+    u64 per = piece_bytes(len, nb, slot) * (u64)nb;
+    return (len + per - 1) / per;
+}
+
+/* Pieces of round k of a stream of `len` bytes for block b: *pos, *plen; false if none. */
+static __device__ __forceinline__ bool piece_of(u64 len, u64 k, int nb, int b, u64 slot,
+                                                u64 *pos, u64 *plen)
+{
+    if (len == 0) return false;
+    u64 ch = piece_bytes(len, nb, slot), p = (k * nb + b) * ch;
+    if (p >= len) return false;
+    *pos = p;
+    *plen = len - p < ch ? len - p : ch;
+    return true;
+}
+
+struct xshared {
+    int fail;
+    volatile unsigned long long pushed; /* rounds the push half has finished (aliasing) */
+    const char *srcs[DEV_MAX_LOCAL];
+};
+
+/* The push half: my pieces into the peers' slots, round after round. */
+static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &sh, u64 rounds, int t, int nt)
+{
+    const int b = blockIdx.x, nb = a.nblocks, n = a.n, me = a.me;
     char *mine = a.region[me];
-    u64 *rflag = (u64 *)(mine + DEV_OFF_RFLAG);
     u64 *ack = (u64 *)(mine + DEV_OFF_ACK);
     u64 *sstep = (u64 *)(mine + DEV_OFF_SSTEP);
-    u64 *rstep = (u64 *)(mine + DEV_OFF_RSTEP);
-    __shared__ int fail;
-    __shared__ const char *srcs[DEV_MAX_LOCAL];
-    u64 ss[DEV_MAX_LOCAL], rs[DEV_MAX_LOCAL];
-    for (int j = 0; j < n; j++) {
-        ss[j] = sstep[j * DEV_MAX_BLOCKS + b];
-        rs[j] = rstep[j * DEV_MAX_BLOCKS + b];
-    }
-    if (t == 0) fail = 0;
-    /* Rounds: the most pieces any of this rank's streams has per block. */
-    u64 rounds = 0;
-    for (int j = 0; j < n; j++) {
-        u64 L = j == me ? 0 : a.io[j].send_len;
-        for (int d = 0; d < 2; d++) {
-            if (L) {
-                u64 ch = piece_bytes(L, nb, a.slot), per = ch * (u64)nb;
-                u64 r = (L + per - 1) / per;
-                if (r > rounds) rounds = r;
-            }
-            L = j == me ? 0 : a.io[j].recv_len;
-        }
-    }
-    if (a.self_len) {
-        u64 ch = piece_bytes(a.self_len, nb, a.slot), per = ch * (u64)nb;
-        u64 r = (a.self_len + per - 1) / per;
-        if (r > rounds) rounds = r;
-    }
-    __syncthreads();
+    u64 ss[DEV_MAX_LOCAL];
+    for (int j = 0; j < n; j++) ss[j] = sstep[j * DEV_MAX_BLOCKS + b];
     const bool scale_push = a.mode == DEV_REDUCE && a.premul;
-    /* Pushes run one round ahead of receives: while a peer's piece k is in flight this block
-     * already sends piece k+1, so the links stay busy while it reduces. */
-    for (u64 kp = 0; kp <= rounds; kp++) {
-        /* Push my pieces of round kp into the peers' slots. */
-        for (int j = 0; j < n && kp < rounds; j++) {
-            const u64 k = kp;
-            u64 L = a.io[j].send_len;
-            if (j == me || L == 0) continue;
-            u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
-            if (pos >= L) continue;
-            u64 len = L - pos < ch ? L - pos : ch;
+    for (u64 k = 0; k < rounds; k++) {
+        for (int j = 0; j < n; j++) {
+            u64 pos, len;
+            if (j == me || !piece_of(a.io[j].send_len, k, nb, b, a.slot, &pos, &len)) continue;
             u64 s = ss[j] + 1;
-            if (t == 0 && s > 2 && !wait_geq(&ack[j * DEV_MAX_BLOCKS + b], s - 2, a, j,
-                                             DEV_WAIT_ACK))
-                fail = 1;
-            __syncthreads();
-            if (fail) return;
-            char *dst = a.region[j] + DEV_SLOT_OFF(me, b, s & 1, nb, a.slot);
+            if (t == 0 && s > (u64)a.nslot &&
+                !wait_geq(&ack[j * DEV_MAX_BLOCKS + b], s - a.nslot, a, j, DEV_WAIT_ACK))
+                sh.fail = 1;
+            half_sync(1, nt);
+            if (sh.fail) return;
+            char *dst = a.region[j] + DEV_SLOT_OFF(me, b, s % a.nslot, nb, a.nslot, a.slot);
             const char *src = a.send + a.io[j].send_off + pos;
             if (scale_push) {
                 const char *one[1] = {src};
-                reduce_any(dst, one, 1, 0, len, a, 0);
+                reduce_any(dst, one, 1, 0, len, a, 0, t, nt);
             } else {
-                copy_bytes(dst, src, len);
+                copy_bytes(dst, src, len, t, nt);
             }
-            __syncthreads();
-            if (t == 0) {
-                __threadfence_system();
+            half_sync(1, nt);
+            /* the barrier orders the half's stores before this release (cumulativity) */
+            if (t == 0)
                 st_release((u64 *)(a.region[j] + DEV_OFF_RFLAG) + me * DEV_MAX_BLOCKS + b, s);
-            }
             ss[j] = s;
         }
-        if (kp == 0) continue;
-        const u64 k = kp - 1; /* receive round k */
+        if (t == 0) sh.pushed = k + 1;
+    }
+    if (t == 0)
+        for (int j = 0; j < n; j++) sstep[j * DEV_MAX_BLOCKS + b] = ss[j];
+}
+
+/* The receive half: peers' pieces out of my slots, copied or reduced. */
+static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &sh, u64 rounds, int t, int nt)
+{
+    const int b = blockIdx.x, nb = a.nblocks, n = a.n, me = a.me;
+    char *mine = a.region[me];
+    u64 *rflag = (u64 *)(mine + DEV_OFF_RFLAG);
+    u64 *rstep = (u64 *)(mine + DEV_OFF_RSTEP);
+    u64 rs[DEV_MAX_LOCAL];
+    for (int j = 0; j < n; j++) rs[j] = rstep[j * DEV_MAX_BLOCKS + b];
+    for (u64 k = 0; k < rounds; k++) {
+        /* Writing over my input (in place) waits until the push half has sent this round. */
+        if (a.alias && t == 0)
+            while (sh.pushed < k + 1 && !sh.fail) __nanosleep(32);
         if (a.mode == DEV_COPY) {
             for (int j = 0; j < n; j++) {
-                u64 L = a.io[j].recv_len;
-                if (j == me || L == 0) continue;
-                u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
-                if (pos >= L) continue;
-                u64 len = L - pos < ch ? L - pos : ch;
+                u64 pos, len;
+                if (j == me || !piece_of(a.io[j].recv_len, k, nb, b, a.slot, &pos, &len))
+                    continue;
                 u64 s = rs[j] + 1;
                 if (t == 0 && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], s, a, j, DEV_WAIT_DATA))
-                    fail = 1;
-                __syncthreads();
-                if (fail) return;
+                    sh.fail = 1;
+                half_sync(2, nt);
+                if (sh.fail) return;
                 copy_bytes(a.recv + a.io[j].recv_off + pos,
-                           mine + DEV_SLOT_OFF(j, b, s & 1, nb, a.slot), len);
-                __syncthreads();
-                if (t == 0) {
-                    __threadfence();
+                           mine + DEV_SLOT_OFF(j, b, s % a.nslot, nb, a.nslot, a.slot), len, t, nt);
+                half_sync(2, nt);
+                if (t == 0)
                     st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b, s);
-                }
                 rs[j] = s;
             }
-            u64 L = a.self_len;
-            if (L) {
-                u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
-                if (pos < L)
-                    copy_bytes(a.recv + a.self_dst + pos, a.send + a.self_src + pos,
-                               L - pos < ch ? L - pos : ch);
-            }
-        } else if (a.self_len) {
-            u64 L = a.self_len;
-            u64 ch = piece_bytes(L, nb, a.slot), pos = (k * nb + b) * ch;
-            if (pos >= L) continue;
-            u64 len = L - pos < ch ? L - pos : ch;
-            for (int j = 0; j < n; j++) {
-                if (j == me) continue;
-                if (t == 0 &&
-                    !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j, DEV_WAIT_DATA))
-                    fail = 1;
-            }
+            u64 pos, len;
+            if (piece_of(a.self_len, k, nb, b, a.slot, &pos, &len))
+                copy_bytes(a.recv + a.self_dst + pos, a.send + a.self_src + pos, len, t, nt);
+        } else {
+            u64 pos, len;
+            if (!piece_of(a.self_len, k, nb, b, a.slot, &pos, &len)) continue;
+            if (t == 0)
+                for (int j = 0; j < n; j++)
+                    if (j != me && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j,
+                                             DEV_WAIT_DATA))
+                        sh.fail = 1;
             if (t < n)
-                srcs[t] = t == me ? a.send + a.self_src + pos
-                                  : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) & 1, nb, a.slot);
-            __syncthreads();
-            if (fail) return;
-            reduce_any(a.recv + a.self_dst + pos, srcs, n, a.premul ? me : -1, len, a,
-                       a.avg ? n : 0);
-            __syncthreads();
-            if (t == 0) __threadfence();
+                sh.srcs[t] = t == me ? a.send + a.self_src + pos
+                                     : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) % a.nslot, nb, a.nslot,
+                                                                a.slot);
+            half_sync(2, nt);
+            if (sh.fail) return;
+            reduce_any(a.recv + a.self_dst + pos, sh.srcs, n, a.premul ? me : -1, len, a,
+                       a.avg ? n : 0, t, nt);
+            half_sync(2, nt);
             for (int j = 0; j < n; j++) {
                 if (j == me) continue;
                 rs[j]++;
-                if (t == 0) {
+                if (t == 0)
                     st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b,
                                rs[j]);
-                }
             }
         }
     }
+    if (t == 0)
+        for (int j = 0; j < n; j++) rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
+}
+
+/* Each block is two halves that run side by side: one pushes round after round, the other
+ * receives; slots (two per lane) bound how far the pushes run ahead. */
+extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
+    loom_exchange(const __grid_constant__ dev_args_t a)
+{
+    __shared__ xshared sh;
+    const int t = threadIdx.x, np = a.push_threads;
     if (t == 0) {
-        for (int j = 0; j < n; j++) {
-            sstep[j * DEV_MAX_BLOCKS + b] = ss[j];
-            rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
-        }
+        sh.fail = 0;
+        sh.pushed = 0;
     }
+    u64 rounds = rounds_of(a.self_len, a.nblocks, a.slot);
+    for (int j = 0; j < a.n; j++) {
+        if (j == a.me) continue;
+        u64 r = rounds_of(a.io[j].send_len, a.nblocks, a.slot);
+        if (r > rounds) rounds = r;
+        r = rounds_of(a.io[j].recv_len, a.nblocks, a.slot);
+        if (r > rounds) rounds = r;
+    }
+    __syncthreads();
+    if (t < np) push_half(a, sh, rounds, t, np);
+    else recv_half(a, sh, rounds, t - np, (int)blockDim.x - np);
+    /* a failed half must not leave the other waiting at a barrier: both only wait at their
+     * own barrier, and the waits see sh.fail or the abort word */
 }

@@ -9,8 +9,8 @@
  * (slots, flags and step counters), so that blocks never wait for one another, only for the
  * same block of a peer. Per lane and direction a step counter advances once per piece; a
  * writer publishes step s in the reader's rflag[w][b], the reader acknowledges it in the
- * writer's ack[r][b], and step s uses slot parity s & 1, so a writer reuses a slot only after
- * the step two before it was consumed. The counters live in device memory and advance on the
+ * writer's ack[r][b], and step s uses slot s mod nslot, so a writer reuses a slot only after
+ * the step nslot before it was consumed. The counters live in device memory and advance on the
  * device, so a captured CUDA graph replays correctly.
  *
  * Modes: COPY delivers each stream into the receive buffer (broadcast, allgather, all-to-all,
@@ -22,9 +22,9 @@
 #define LOOM_CUDA_KERNELS_H
 
 #define DEV_MAX_LOCAL 8   /* ranks of one node in one exchange */
-#define DEV_MAX_BLOCKS 64 /* lanes per peer */
+#define DEV_MAX_BLOCKS 128 /* lanes per peer */
 #define DEV_MIN_PIECE 4096ull
-#define DEV_THREADS 512
+#define DEV_MAX_THREADS 512 /* threads per block: half push, half receive */
 
 enum { DEV_COPY = 0, DEV_REDUCE = 1 };
 enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
@@ -37,9 +37,28 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 #define DEV_OFF_SSTEP (2 * DEV_TABLE_BYTES) /* [peer][block]: my last step sent (private) */
 #define DEV_OFF_RSTEP (3 * DEV_TABLE_BYTES) /* [peer][block]: my last step received */
 #define DEV_OFF_SLOTS 65536ull
-/* Slot bytes for writer w, block b, parity p, in a region of nblocks lanes of `slot` bytes. */
-#define DEV_SLOT_OFF(w, b, p, nblocks, slot)                                                       \
-    (DEV_OFF_SLOTS + ((((unsigned long long)(w) * (nblocks) + (b)) * 2ull + (p)) * (slot)))
+/* Slot p (of nslot) for writer w, block b, in a region of nblocks lanes of `slot` bytes. */
+#define DEV_SLOT_OFF(w, b, p, nblocks, nslot, slot)                                                \
+    (DEV_OFF_SLOTS +                                                                               \
+     ((((unsigned long long)(w) * (nblocks) + (b)) * (unsigned long long)(nslot) + (p)) * (slot)))
+
+#ifdef __CUDACC__
+#define DEV_HD __host__ __device__
+#else
+#define DEV_HD
+#endif
+
+/* The piece size of a stream of len bytes over nb lanes: an even share, 16-byte aligned, at
+ * least DEV_MIN_PIECE, at most a slot. Host and device cut streams the same way. */
+static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, int nb,
+                                                         unsigned long long slot)
+{
+    unsigned long long c = (len + (unsigned long long)nb - 1) / (unsigned long long)nb;
+    c = (c + 15) & ~15ull;
+    if (c < DEV_MIN_PIECE) c = DEV_MIN_PIECE;
+    if (c > slot) c = slot;
+    return c;
+}
 
 /* Shared with the host through mapped host memory. */
 typedef struct {
@@ -57,6 +76,9 @@ typedef struct {
 
 typedef struct {
     int n, me, mode, dtype, op, avg, nblocks, premul;
+    int alias; /* the receive buffer overlaps the send buffer (in place) */
+    int nslot; /* slots per lane: pieces a lane has in flight */
+    int push_threads, pad2; /* the first push_threads of a block push, the rest receive */
     unsigned long long slot;
     unsigned long long seq, timeout_ns;
     const char *send;

@@ -91,6 +91,46 @@ static inline void shim_enter(void)
     pthread_once(&hello_once, hello);
 }
 
+/* ---- one NCCL per process ---- */
+
+/*
+ * Frameworks load NVIDIA's libnccl by its full path as well (PyTorch's wheels preload the
+ * nvidia-* packages' libraries with ctypes), which the dynamic linker cannot match with this
+ * library's SONAME: a second NCCL would sit in the process, unused but mapped, and a program
+ * that looks it up by handle could reach it. While the shim is loaded, dlopen of any other
+ * libnccl.so* answers with the shim itself, and says so at INFO.
+ */
+static bool other_nccl(const char *file, const char **self)
+{
+    static const char *me;
+    if (me == NULL) {
+        Dl_info info;
+        if (dladdr((const void *)(uintptr_t)&other_nccl, &info) && info.dli_fname)
+            me = info.dli_fname;
+    }
+    *self = me;
+    if (file == NULL || me == NULL || strchr(file, '/') == NULL) return false;
+    const char *base = strrchr(file, '/') + 1;
+    if (strncmp(base, "libnccl.so", 10) != 0) return false;
+    char a[4096], b[4096];
+    if (realpath(file, a) == NULL || realpath(me, b) == NULL) return false;
+    return strcmp(a, b) != 0;
+}
+
+SHIM_API void *dlopen(const char *file, int mode)
+{
+    static void *(*real)(const char *, int);
+    if (real == NULL) real = (void *(*)(const char *, int))dlsym(RTLD_NEXT, "dlopen");
+    const char *self = NULL;
+    if (real && other_nccl(file, &self)) {
+        INFO(LOG_SHIM, "dlopen(%s): NCCL is served by loom's shim (%s) in this process; "
+                       "answering with the shim instead of loading a second NCCL",
+             file, self);
+        return real(self, mode);
+    }
+    return real ? real(file, mode) : NULL;
+}
+
 /* ---- translation helpers ---- */
 
 static ncclResult_t unsupported(const char *fn)
