@@ -128,19 +128,19 @@ else
     missing gpu_guard "$dir/tests/gpu_guard was not built"
 fi
 if [ -x "$dir/tests/gpu_coll" ]; then
-    run gpu_coll 900 "$dir/tests/gpu_coll"
+    run gpu_coll 600 "$dir/tests/gpu_coll"
 else
     missing gpu_coll "$dir/tests/gpu_coll was not built (was $dir configured without CUDA?)"
 fi
 for script in tests/gpu/*.sh; do
     if [ ! -f "$script" ] || [ ! -x "$script" ]; then continue; fi
-    run "$(basename "$script" .sh)" 1800 "$script" "$dir"
+    run "$(basename "$script" .sh)" 600 "$script" "$dir"
 done
 
 if [ "$perf" -eq 1 ]; then
     if [ -x "$dir/loom-perf" ]; then
-        run perf_loom 1800 "$dir/loom-perf" -P 2 --mem device -b 8 -e 8G -f 2
-        run perf_nccl 1800 "$dir/loom-perf" -P 2 --mem device -b 8 -e 8G -f 2 --backend nccl
+        run perf_loom 900 "$dir/loom-perf" -P 2 --mem device -b 8 -e 8G -f 2
+        run perf_nccl 900 "$dir/loom-perf" -P 2 --mem device -b 8 -e 8G -f 2 --backend nccl
     else
         missing perf_loom "$dir/loom-perf was not built"
     fi
