@@ -55,6 +55,12 @@ static const param_desc_t params[PARAM_COUNT] = {
                             "threads per block of the device kernels (half send, half receive)"},
     [PARAM_CUDA_PUSH_THREADS] = {"CUDA_PUSH_THREADS", PARAM_T_INT, "128", "",
                                  "threads of each block that send; the others receive"},
+    [PARAM_CUDA_COUPLE] = {"CUDA_COUPLE", PARAM_T_INT, "0", "",
+                           "1: a block receives round k only after it pushed round k (as in "
+                           "place), so its own input is still in L2 when it reduces"},
+    [PARAM_CUDA_EMPTY] = {"CUDA_EMPTY", PARAM_T_INT, "0", "",
+                          "debugging: launch kernels that return at once, to time the host "
+                          "path alone (results are wrong)"},
     [PARAM_CUDA_ONESHOT] = {"CUDA_ONESHOT", PARAM_T_SIZE, "256K", "bytes",
                             "device allreduce up to this size reduces in one shot (every rank "
                             "reads all inputs); larger ones reduce-scatter then allgather. Two "

@@ -69,7 +69,7 @@ struct dev_state {
     CUfunction fn;
     int n, me;                /* ranks of this node in the exchange, and my index */
     int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
-    int nblocks, nslot, threads, push_threads;
+    int nblocks, nslot, threads, push_threads, empty, couple;
     uint64_t slot, oneshot;
     cuda_mem_t mem[DEV_MAX_LOCAL];
     dev_err_t *err; /* host-mapped */
@@ -304,6 +304,8 @@ static loomResult_t setup_region(setup_t *u)
     s->nslot = all[0].nslot;
     s->threads = all[0].threads;
     s->push_threads = all[0].push_threads;
+    s->empty = (int)param_int(PARAM_CUDA_EMPTY);
+    s->couple = (int)param_int(PARAM_CUDA_COUPLE);
     for (int j = 0; j < s->n; j++) {
         int q = s->lrank[j];
         if (q != comm->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0)
@@ -312,7 +314,7 @@ static loomResult_t setup_region(setup_t *u)
                               "(device %d here, device %d there): one rank per GPU",
                               comm->rank, q, s->dev, all[q].dev);
     }
-    size_t bytes = DEV_OFF_SLOTS + (size_t)s->n * (size_t)s->nblocks * (size_t)s->nslot * s->slot;
+    size_t bytes = DEV_REGION_BYTES(s->n, s->nblocks, s->nslot, s->slot);
     CUcontext prev = ctx_enter(s);
     loomResult_t res = cuda_tp_alloc(d, s->dev, bytes, &s->mem[s->me], &u->mine.exp);
     if (res == loomSuccess) {
@@ -481,6 +483,7 @@ static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const v
     a->slot = s->slot;
     a->nslot = s->nslot;
     a->push_threads = s->push_threads;
+    a->empty = s->empty;
     a->timeout_ns = (unsigned long long)(s->comm->timeout_s * 1e9);
     a->send = send;
     a->recv = recv;
@@ -538,7 +541,7 @@ static int aliases(const dev_args_t *a)
 
 static loomResult_t launch(dev_state_t *s, dev_args_t *a, CUstream st)
 {
-    a->alias = aliases(a);
+    a->alias = s->couple || aliases(a);
     void *params[] = {a};
     CUresult cr = s->d->cuLaunchKernel(s->fn, grid_of(s, a), 1, 1, (unsigned)s->threads, 1, 1, 0, st,
                                        params, NULL);

@@ -38,6 +38,7 @@ static __device__ __forceinline__ u64 gtimer()
 }
 
 #define piece_bytes dev_piece_bytes
+#define L_of(x) (x)
 
 /* Records the first failure of this rank's kernel and raises the abort word so that every
  * other block stops too. Called by one thread. */
@@ -61,22 +62,33 @@ static __device__ void fail_record(const dev_args_t &a, int code, int peer, int 
     e->abort = 1;
 }
 
-/* Spins until *flag >= want; false (after recording why) on abort or timeout. One thread. */
-static __device__ __noinline__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a, int peer,
-                                int kind)
+static __device__ __forceinline__ u64 ld_relaxed(const u64 *p)
 {
-    u64 v = ld_acquire(flag);
-    if (v >= want) return true;
-    u64 start = gtimer();
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Spins until *flag >= want; false (after recording why) on abort or timeout. One thread.
+ * The spin reads relaxed (cheap) and acquires once it sees the step; the abort word lives in
+ * host memory (a PCIe read), so it is looked at rarely. */
+static __device__ __noinline__ bool wait_geq(const u64 *flag, u64 want, const dev_args_t &a,
+                                             int peer, int kind)
+{
+    if (ld_acquire(flag) >= want) return true;
+    u64 start = gtimer(), v = 0;
     for (unsigned it = 1;; it++) {
-        v = ld_acquire(flag);
-        if (v >= want) return true;
-        if ((it & 127) == 0) {
-            if (a.err->abort) {
-                fail_record(a, DEV_ERR_ABORT, peer, kind, want, v, gtimer() - start);
+        v = ld_relaxed(flag);
+        if (v >= want) {
+            ld_acquire(flag);
+            return true;
+        }
+        if ((it & 1023) == 0) {
+            u64 waited = gtimer() - start;
+            if ((it & 16383) == 0 && a.err->abort) {
+                fail_record(a, DEV_ERR_ABORT, peer, kind, want, v, waited);
                 return false;
             }
-            u64 waited = gtimer() - start;
             if (a.timeout_ns && waited > a.timeout_ns) {
                 fail_record(a, DEV_ERR_TIMEOUT, peer, kind, want, v, waited);
                 return false;
@@ -285,10 +297,66 @@ static __device__ __forceinline__ bool piece_of(u64 len, u64 k, int nb, int b, u
 }
 
 struct xshared {
-    int fail;
+    volatile int fail;
     volatile unsigned long long pushed; /* rounds the push half has finished (aliasing) */
     const char *srcs[DEV_MAX_LOCAL];
 };
+
+/* ---- low-latency pieces (see kernels.h) ---- */
+
+static __device__ __forceinline__ unsigned gather4(const char *p, u64 left)
+{
+    if (left >= 4 && ((uintptr_t)p & 3) == 0) return *(const unsigned *)p;
+    unsigned v = 0;
+    for (int i = 0; i < 4 && (u64)i < left; i++) v |= (unsigned)(unsigned char)p[i] << (8 * i);
+    return v;
+}
+
+static __device__ __forceinline__ void scatter4(char *p, u64 left, unsigned v)
+{
+    if (left >= 4 && ((uintptr_t)p & 3) == 0) {
+        *(unsigned *)p = v;
+        return;
+    }
+    for (int i = 0; i < 4 && (u64)i < left; i++) p[i] = (char)(v >> (8 * i));
+}
+
+static __device__ void ll_push(u64 *dst, const char *src, u64 len, u64 step, int t, int nt)
+{
+    for (u64 c = t; c * 4 < len; c += nt) {
+        u64 w = (u64)gather4(src + c * 4, len - c * 4) | ((u64)(unsigned)step << 32);
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dst + c), "l"(w) : "memory");
+    }
+}
+
+/* Waits for every word of the piece; false on abort or timeout (then *fail is set). */
+static __device__ bool ll_take(char *dst, const u64 *src, u64 len, u64 step, int t, int nt,
+                               const dev_args_t &a, int peer, volatile int *fail)
+{
+    const unsigned want = (unsigned)step;
+    for (u64 c = t; c * 4 < len; c += nt) {
+        u64 w;
+        u64 start = 0;
+        for (unsigned it = 0;; it++) {
+            asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(src + c) : "memory");
+            if ((unsigned)(w >> 32) == want) break;
+            if ((it & 1023) == 1023) {
+                if (*fail) return false;
+                if (start == 0) start = gtimer();
+                u64 waited = gtimer() - start;
+                if (((it & 16383) == 16383 && a.err->abort) ||
+                    (a.timeout_ns && waited > a.timeout_ns)) {
+                    fail_record(a, a.err->abort ? DEV_ERR_ABORT : DEV_ERR_TIMEOUT, peer,
+                                DEV_WAIT_DATA, step, w >> 32, waited);
+                    *fail = 1;
+                    return false;
+                }
+            }
+        }
+        scatter4(dst + c * 4, len - c * 4, (unsigned)w);
+    }
+    return true;
+}
 
 /* The push half: my pieces into the peers' slots, round after round. */
 static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &sh, u64 rounds, int t, int nt)
@@ -310,6 +378,13 @@ static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &s
                 sh.fail = 1;
             half_sync(1, nt);
             if (sh.fail) return;
+            if (dev_is_ll(a.io[j].send_len, nb, a.slot, scale_push)) {
+                ll_push((u64 *)(a.region[j] +
+                                DEV_LL_SLOT_OFF(me, b, s % a.nslot, n, nb, a.nslot, a.slot)),
+                        a.send + a.io[j].send_off + pos, len, s, t, nt);
+                ss[j] = s;
+                continue;
+            }
             char *dst = a.region[j] + DEV_SLOT_OFF(me, b, s % a.nslot, nb, a.nslot, a.slot);
             const char *src = a.send + a.io[j].send_off + pos;
             if (scale_push) {
@@ -349,6 +424,19 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
                 if (j == me || !piece_of(a.io[j].recv_len, k, nb, b, a.slot, &pos, &len))
                     continue;
                 u64 s = rs[j] + 1;
+                if (dev_is_ll(L_of(a.io[j].recv_len), nb, a.slot, 0)) {
+                    ll_take(a.recv + a.io[j].recv_off + pos,
+                            (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, s % a.nslot, n, nb,
+                                                                 a.nslot, a.slot)),
+                            len, s, t, nt, a, j, &sh.fail);
+                    half_sync(2, nt);
+                    if (sh.fail) return;
+                    if (t == 0)
+                        st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b,
+                                   s);
+                    rs[j] = s;
+                    continue;
+                }
                 if (t == 0 && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], s, a, j, DEV_WAIT_DATA))
                     sh.fail = 1;
                 half_sync(2, nt);
@@ -366,15 +454,26 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
         } else {
             u64 pos, len;
             if (!piece_of(a.self_len, k, nb, b, a.slot, &pos, &len)) continue;
-            if (t == 0)
+            const bool ll = dev_is_ll(a.self_len, nb, a.slot, a.premul);
+            if (ll) {
+                /* gather each peer's words into its unpack area, then reduce from there */
+                for (int j = 0; j < n; j++)
+                    if (j != me)
+                        ll_take(mine + DEV_UNPACK_OFF(j, b, n, nb, a.nslot, a.slot),
+                                (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, (rs[j] + 1) % a.nslot,
+                                                                     n, nb, a.nslot, a.slot)),
+                                len, rs[j] + 1, t, nt, a, j, &sh.fail);
+            } else if (t == 0) {
                 for (int j = 0; j < n; j++)
                     if (j != me && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j,
                                              DEV_WAIT_DATA))
                         sh.fail = 1;
+            }
             if (t < n)
                 sh.srcs[t] = t == me ? a.send + a.self_src + pos
-                                     : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) % a.nslot, nb, a.nslot,
-                                                                a.slot);
+                             : ll   ? mine + DEV_UNPACK_OFF(t, b, n, nb, a.nslot, a.slot)
+                                    : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) % a.nslot, nb, a.nslot,
+                                                          a.slot);
             half_sync(2, nt);
             if (sh.fail) return;
             reduce_any(a.recv + a.self_dst + pos, sh.srcs, n, a.premul ? me : -1, len, a,
@@ -400,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
 {
     __shared__ xshared sh;
     const int t = threadIdx.x, np = a.push_threads;
+    if (a.empty) return; /* LOOM_CUDA_EMPTY: timing of everything but the kernel's work */
     if (t == 0) {
         sh.fail = 0;
         sh.pushed = 0;

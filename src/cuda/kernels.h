@@ -60,6 +60,34 @@ static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, 
     return c;
 }
 
+/*
+ * Small pieces travel in low-latency form (as NCCL's LL protocol): each 8-byte word carries 4
+ * bytes of data and the 32-bit step, written with one 64-bit store, so the receiver needs no
+ * separate flag, no fence and no barrier before it reads. They have their own slots (a stale
+ * word of a bulk piece could look like a valid step) after the bulk slots, and an unpack area
+ * per lane where the receiver gathers a peer's piece before it reduces.
+ */
+#define DEV_LL_PIECE 4096ull  /* data bytes of one low-latency piece */
+#define DEV_LL_MAX 65536ull   /* streams up to this length go in low-latency pieces */
+#define DEV_LL_SLOT (2 * DEV_LL_PIECE)
+#define DEV_LL_BASE(n, nb, nslot, slot)                                                            \
+    (DEV_OFF_SLOTS + (unsigned long long)(n) * (nb) * (nslot) * (slot))
+#define DEV_LL_SLOT_OFF(w, b, p, n, nb, nslot, slot)                                               \
+    (DEV_LL_BASE(n, nb, nslot, slot) +                                                             \
+     ((((unsigned long long)(w) * (nb) + (b)) * (unsigned long long)(nslot) + (p)) * DEV_LL_SLOT))
+#define DEV_UNPACK_OFF(j, b, n, nb, nslot, slot)                                                   \
+    (DEV_LL_BASE(n, nb, nslot, slot) + (unsigned long long)(n) * (nb) * (nslot) * DEV_LL_SLOT +    \
+     ((unsigned long long)(j) * (nb) + (b)) * DEV_LL_PIECE)
+#define DEV_REGION_BYTES(n, nb, nslot, slot) DEV_UNPACK_OFF(n, 0, n, nb, nslot, slot)
+
+/* Whether a stream of len bytes goes in low-latency pieces (premul pushes are typed: bulk). */
+static DEV_HD inline int dev_is_ll(unsigned long long len, int nb, unsigned long long slot,
+                                   int premul_push)
+{
+    return len > 0 && len <= DEV_LL_MAX && !premul_push &&
+           dev_piece_bytes(len, nb, slot) <= DEV_LL_PIECE;
+}
+
 /* Shared with the host through mapped host memory. */
 typedef struct {
     volatile int abort; /* the host sets it (abort, a dead peer); the device sets it on failure */
@@ -78,7 +106,8 @@ typedef struct {
     int n, me, mode, dtype, op, avg, nblocks, premul;
     int alias; /* the receive buffer overlaps the send buffer (in place) */
     int nslot; /* slots per lane: pieces a lane has in flight */
-    int push_threads, pad2; /* the first push_threads of a block push, the rest receive */
+    int push_threads; /* the first push_threads of a block push, the rest receive */
+    int empty;        /* debugging: the kernel returns at once (LOOM_CUDA_EMPTY) */
     unsigned long long slot;
     unsigned long long seq, timeout_ns;
     const char *send;
