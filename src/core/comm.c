@@ -11,6 +11,7 @@
 #include "param.h"
 #include "memtype.h"
 #ifdef LOOM_HAVE_CUDA
+#include "cudrv.h"
 #include "dev.h"
 #endif
 
@@ -445,9 +446,33 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
         size_t len = strcspn(p, ",");
         mine.node_hash = base_hash64(p, len, 0x6e6f6465);
     }
+    mine.gpu_dev = -1;
+#ifdef LOOM_HAVE_CUDA
+    /* A GPU named at init is known to the others at once, so that two ranks on one GPU fail
+     * here, as NCCL's "duplicate GPU" does (no context is created for this). */
+    const cudrv_t *d = comm->cuda_dev >= 0 ? cudrv_get(NULL) : NULL;
+    CUdevice dv;
+    CUuuid uu;
+    if (d && d->cuDeviceGet(&dv, comm->cuda_dev) == CUDA_SUCCESS &&
+        d->cuDeviceGetUuid(&uu, dv) == CUDA_SUCCESS) {
+        memcpy(mine.gpu_uuid, uu.bytes, 16);
+        mine.gpu_dev = comm->cuda_dev;
+    }
+#endif
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
     LOOM_CHECK(comm_layout(comm));
+    for (int q = 0; q < comm->nranks; q++) {
+        const peer_info_t *p = &comm->peers[q];
+        if (q == comm->rank || mine.gpu_dev < 0 || p->gpu_dev < 0 ||
+            p->node_hash != comm->peers[comm->rank].node_hash ||
+            memcmp(p->gpu_uuid, mine.gpu_uuid, 16) != 0)
+            continue;
+        return base_error(loomInvalidUsage, LOG_INIT,
+                          "rank %d and rank %d of this communicator are both on the same GPU "
+                          "(device %d here, device %d there): one rank per GPU",
+                          comm->rank, q, mine.gpu_dev, p->gpu_dev);
+    }
     comm_tune_for_cores(comm);
     INFO(LOG_INIT,
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "

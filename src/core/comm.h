@@ -39,6 +39,9 @@ typedef struct {
     uint64_t node_hash; /* node identity (host + boot id + netns, or LOOM_NODE_ID) */
     uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES]; /* per transport; empty: not offered */
     char host[HOST_NAME_LEN];
+    uint8_t gpu_uuid[16]; /* the GPU named at init (config), all zero: none yet */
+    int32_t gpu_dev;      /* its ordinal on that rank, -1: none */
+    int32_t pad;
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
