@@ -64,9 +64,16 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# torchrun with 2 workers on this node; rendezvous at 127.0.0.1 (static: no host name needed).
+# torchrun with TORCH_SHIM_NPROC (default 2) workers on this node, one GPU each; rendezvous at
+# 127.0.0.1 (static: no host name needed).
+nproc=${TORCH_SHIM_NPROC:-2}
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${ngpu:-0}" -lt "$nproc" ]; then
+    echo "SKIP: $nproc processes need $nproc GPUs (found ${ngpu:-0})"
+    exit 77
+fi
 torchrun_words() {
-    echo python3 -m torch.distributed.run --nnodes=1 --nproc_per_node=2 \
+    echo python3 -m torch.distributed.run --nnodes=1 --nproc_per_node="$nproc" \
         --master_addr=127.0.0.1 --master_port="$(free_port)"
 }
 
