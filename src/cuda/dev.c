@@ -1188,7 +1188,11 @@ static void dev_stop_threads(dev_state_t *s)
 void dev_abort(loomComm_t comm)
 {
     dev_state_t *s = comm->dev;
-    if (s && s->err) s->err->abort = 1;
+    if (s == NULL) return;
+    if (s->err) s->err->abort = 1;
+    /* the proxy may be blocked in a host collective of the staging communicators */
+    if (s->stage) comm_stop(s->stage, "the parent communicator was aborted");
+    if (s->cross) comm_stop(s->cross, "the parent communicator was aborted");
 }
 
 void dev_free(loomComm_t comm)
