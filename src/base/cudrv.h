@@ -31,7 +31,8 @@
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)           \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)              \
-    X(cuGetErrorName) X(cuStreamGetCtx)
+    X(cuGetErrorName) X(cuStreamGetCtx) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)               \
+    X(cuIpcCloseMemHandle)
 
 typedef struct {
 #define CUDRV_MEMBER(n) __typeof__(n) *n;

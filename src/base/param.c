@@ -58,6 +58,10 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_CUDA_COUPLE] = {"CUDA_COUPLE", PARAM_T_INT, "0", "",
                            "1: a block receives round k only after it pushed round k (as in "
                            "place), so its own input is still in L2 when it reduces"},
+    [PARAM_CUDA_DIRECT] = {"CUDA_DIRECT", PARAM_T_SIZE, "4M", "bytes",
+                           "allreduce from this size reads the peers' buffers where they are "
+                           "(CUDA IPC, mapped once per allocation) instead of through loom's "
+                           "slots; 0: never"},
     [PARAM_CUDA_EMPTY] = {"CUDA_EMPTY", PARAM_T_INT, "0", "",
                           "debugging: launch kernels that return at once, to time the host "
                           "path alone (results are wrong)"},

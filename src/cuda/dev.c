@@ -37,6 +37,7 @@ extern const unsigned char loom_kernels_fatbin[];
 extern const size_t loom_kernels_fatbin_size;
 
 #define STAGE_RING 4 /* pinned pieces in flight per communicator (allreduce pipeline) */
+#define DEV_IPC_CACHE 32 /* mapped user allocations per peer (LRU) */
 
 /* A collective the proxy runs on host memory for the stream. */
 typedef struct {
@@ -79,6 +80,18 @@ struct dev_state {
     bool have_last;
     uint64_t seq;
     int opkind[64]; /* kind of the last launches, by seq, for error texts */
+    /* direct allreduce: user buffers mapped through CUDA IPC, cached by allocation identity
+     * (CU_POINTER_ATTRIBUTE_BUFFER_ID: a caching allocator reuses addresses, never ids) */
+    bool direct_ok;
+    uint64_t direct_min, ipc_clock;
+    struct ipc_out {
+        uint64_t id, use;
+        CUipcMemHandle h;
+    } ipc_out[DEV_IPC_CACHE];
+    struct ipc_in {
+        uint64_t id, use;
+        CUdeviceptr base;
+    } ipc_in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
     /* watchdog: peers' process exits and kernel failures */
     pthread_t wd;
     bool wd_live;
@@ -351,6 +364,16 @@ static loomResult_t setup_peers(setup_t *u)
     }
     ctx_leave(s, prev);
     LOOM_CHECK(res);
+    /* Direct mapping of user buffers needs CUDA IPC between processes: every local rank in its
+     * own process (the same answer on every rank: all know all pids). */
+    s->direct_min = param_size(PARAM_CUDA_DIRECT);
+    s->direct_ok = s->direct_min > 0;
+    for (int j = 0; j < s->n; j++)
+        for (int k = 0; k < j; k++) {
+            int pj = j == s->me ? (int)getpid() : s->pid[j];
+            int pk = k == s->me ? (int)getpid() : s->pid[k];
+            if (pj == pk) s->direct_ok = false;
+        }
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (s->wake_fd < 0 || pthread_create(&s->wd, NULL, wd_main, s) != 0)
         return base_error(loomSystemError, LOG_CUDA, "starting the GPU watchdog thread failed");
@@ -600,13 +623,135 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
                                   bool cap);
 
 /* Same-node collectives: the plans of the exchange. */
-static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st)
+typedef struct {
+    int32_t ok, pad;
+    uint64_t sid, soff, rid, roff;
+    CUipcMemHandle sh, rh;
+} direct_rec_t;
+
+/* The IPC handle of the allocation holding p, and p's offset in it. */
+static bool ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off,
+                       CUipcMemHandle *h)
+{
+    const cudrv_t *d = s->d;
+    CUdeviceptr base = 0, dp = (CUdeviceptr)(uintptr_t)p;
+    size_t size = 0;
+    unsigned long long bid = 0;
+    if (d->cuPointerGetAttribute(&bid, CU_POINTER_ATTRIBUTE_BUFFER_ID, dp) != CUDA_SUCCESS ||
+        d->cuMemGetAddressRange(&base, &size, dp) != CUDA_SUCCESS)
+        return false;
+    *id = bid;
+    *off = dp - base;
+    struct ipc_out *lru = &s->ipc_out[0];
+    for (int i = 0; i < DEV_IPC_CACHE; i++) {
+        struct ipc_out *e = &s->ipc_out[i];
+        if (e->use && e->id == bid) {
+            e->use = ++s->ipc_clock;
+            *h = e->h;
+            return true;
+        }
+        if (e->use < lru->use) lru = e;
+    }
+    /* memory from the VMM API (expandable segments) has no legacy handle: the slot path */
+    if (d->cuIpcGetMemHandle(h, base) != CUDA_SUCCESS) return false;
+    *lru = (struct ipc_out){.id = bid, .use = ++s->ipc_clock, .h = *h};
+    return true;
+}
+
+/* Rank j's allocation `id`, mapped here (opened once, then from the cache). */
+static loomResult_t ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHandle *h,
+                               CUdeviceptr *base)
+{
+    struct ipc_in *lru = &s->ipc_in[j][0];
+    for (int i = 0; i < DEV_IPC_CACHE; i++) {
+        struct ipc_in *e = &s->ipc_in[j][i];
+        if (e->use && e->id == id) {
+            e->use = ++s->ipc_clock;
+            *base = e->base;
+            return loomSuccess;
+        }
+        if (e->use < lru->use) lru = e;
+    }
+    if (lru->use) { /* evict: kernels already queued may still read through it */
+        if (s->have_last) s->d->cuEventSynchronize(s->ev);
+        s->d->cuIpcCloseMemHandle(lru->base);
+        lru->use = 0;
+    }
+    CUresult cr = s->d->cuIpcOpenMemHandle(base, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: mapping rank %d's buffer (allocation %llu): "
+                          "cuIpcOpenMemHandle: %s",
+                          s->comm->rank, s->lrank[j], (unsigned long long)id, cudrv_err(cr));
+    *lru = (struct ipc_in){.id = id, .use = ++s->ipc_clock, .base = *base};
+    return loomSuccess;
+}
+
+/* A large allreduce reading the peers' inputs where they are (DEV_DIRECT). Every rank enters
+ * on the same conditions; what only a rank knows (its buffers exportable, its stream not being
+ * captured) travels in the exchange, and all go direct only if all can. */
+static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
+                               bool *done)
+{
+    size_t es = red_type_size(o->type), S = o->count * es;
+    *done = false;
+    if (!s->direct_ok || S < s->direct_min || (int)o->op >= loomNumOps || s->n < 2)
+        return loomSuccess;
+    direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->comm->nranks, sizeof(*all));
+    if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    if (mine.ok)
+        mine.ok = ipc_export(s, o->send, &mine.sid, &mine.soff, &mine.sh) &&
+                  ipc_export(s, o->recv, &mine.rid, &mine.roff, &mine.rh);
+    const void *sp = &mine;
+    void *rp = all;
+    loomResult_t res = coll_internal_allgather_many(&s->comm, &sp, &rp, sizeof(mine), 1);
+    bool ok = res == loomSuccess;
+    for (int j = 0; j < s->n && ok; j++) ok = all[s->lrank[j]].ok;
+    dev_args_t a;
+    if (ok) {
+        args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
+        set_reduction(s, &a, o->type, o->op);
+        for (int j = 0; j < s->n && res == loomSuccess; j++) {
+            if (j == s->me) continue;
+            const direct_rec_t *r = &all[s->lrank[j]];
+            CUdeviceptr sb = 0, rb = 0;
+            res = ipc_import(s, j, r->sid, &r->sh, &sb);
+            if (res == loomSuccess) res = ipc_import(s, j, r->rid, &r->rh, &rb);
+            a.peer_send[j] = (const char *)(uintptr_t)(sb + r->soff);
+            a.peer_recv[j] = (char *)(uintptr_t)(rb + r->roff);
+        }
+    }
+    free(all);
+    LOOM_CHECK(res);
+    if (!ok) return loomSuccess;
+    size_t off, len;
+    seg_of(o->count, es, s->n, s->me, &off, &len);
+    a.self_src = a.self_dst = off * es;
+    a.self_len = len * es;
+    void *params[] = {&a};
+    CUresult cr = s->d->cuLaunchKernel(s->fn, (unsigned)s->nblocks, 1, 1, (unsigned)s->threads, 1,
+                                       1, 0, st, params, NULL);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the direct allreduce (device operation %llu): %s",
+                          s->comm->rank, a.seq, cudrv_err(cr));
+    *done = true;
+    return loomSuccess;
+}
+
+static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
+                              bool *done);
+
+static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
 {
     size_t es = red_type_size(o->type), S = o->count * es;
     int n = s->n, me = s->me;
     dev_args_t a;
     switch (o->kind) {
     case OPK_ALLREDUCE: {
+        bool done = false;
+        LOOM_CHECK(run_direct(s, o, st, cap, &done));
+        if (done) return loomSuccess;
         bool oneshot = n <= 2 || S <= s->oneshot;
         if (oneshot) {
             args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
@@ -782,7 +927,7 @@ loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
         } else if (k > 1 || o->kind == OPK_SEND || o->kind == OPK_RECV) {
             res = run_p2p(s, o, k, st);
         } else {
-            res = run_local(s, o, st);
+            res = run_local(s, o, st, cap);
         }
         if (res == loomSuccess) res = mark_stream(s, st, cap);
         for (int q = 1; q < k && res == loomSuccess; q++) {
@@ -1211,6 +1356,9 @@ void dev_free(loomComm_t comm)
     }
     if (s->stage) loomCommDestroy(s->stage);
     if (s->cross) loomCommDestroy(s->cross);
+    for (int j = 0; j < DEV_MAX_LOCAL; j++)
+        for (int i = 0; i < DEV_IPC_CACHE; i++)
+            if (s->ipc_in[j][i].use) d->cuIpcCloseMemHandle(s->ipc_in[j][i].base);
     for (int j = 0; j < DEV_MAX_LOCAL; j++) {
         if (s->mem[j].mapped || s->mem[j].fd > 0) cuda_tp_release(d, &s->mem[j]);
         if (s->pidfd[j] >= 0) close(s->pidfd[j]);

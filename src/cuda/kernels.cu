@@ -16,7 +16,8 @@
 typedef unsigned long long u64;
 
 #define DEV_OFF_CLAIM (4 * DEV_TABLE_BYTES) /* int in the region: first failure claims it */
-static_assert(DEV_OFF_CLAIM + 64 <= DEV_OFF_SLOTS, "region tables overlap the slots");
+static_assert(DEV_OFF_CLAIM + 64 <= DEV_OFF_ARRIVE, "the claim word overlaps a table");
+static_assert(DEV_OFF_DSTEP + DEV_TABLE_BYTES <= DEV_OFF_SLOTS, "region tables overlap the slots");
 
 static __device__ __forceinline__ u64 ld_acquire(const u64 *p)
 {
@@ -492,6 +493,50 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
         for (int j = 0; j < n; j++) rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
 }
 
+/* DEV_DIRECT: see kernels.h. */
+static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
+{
+    const int b = blockIdx.x, t = threadIdx.x, nt = blockDim.x, n = a.n, me = a.me;
+    char *mine = a.region[me];
+    u64 *dstep = (u64 *)(mine + DEV_OFF_DSTEP);
+    const u64 s = dstep[b] + 1;
+    if (t == 0) {
+        for (int j = 0; j < n; j++)
+            if (j != me)
+                st_release((u64 *)(a.region[j] + DEV_OFF_ARRIVE) + me * DEV_MAX_BLOCKS + b, s);
+        for (int j = 0; j < n; j++)
+            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_ARRIVE) + j * DEV_MAX_BLOCKS + b, s,
+                                     a, j, DEV_WAIT_DATA))
+                sh.fail = 1;
+    }
+    __syncthreads();
+    if (sh.fail) return;
+    u64 len = a.self_len, ch = ((len + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
+    u64 pos = (u64)b * ch;
+    if (pos < len) {
+        u64 plen = len - pos < ch ? len - pos : ch;
+        if (t < n)
+            sh.srcs[t] = (t == me ? a.send : a.peer_send[t]) + a.self_src + pos;
+        __syncthreads();
+        char *out = a.recv + a.self_dst + pos;
+        reduce_any(out, sh.srcs, n, -1, plen, a, a.avg ? n : 0, t, nt);
+        __syncthreads();
+        for (int j = 0; j < n; j++)
+            if (j != me) copy_bytes(a.peer_recv[j] + a.self_dst + pos, out, plen, t, nt);
+    }
+    __syncthreads();
+    if (t == 0) {
+        for (int j = 0; j < n; j++)
+            if (j != me)
+                st_release((u64 *)(a.region[j] + DEV_OFF_DONE) + me * DEV_MAX_BLOCKS + b, s);
+        for (int j = 0; j < n; j++)
+            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_DONE) + j * DEV_MAX_BLOCKS + b, s,
+                                     a, j, DEV_WAIT_ACK))
+                sh.fail = 1;
+        if (!sh.fail) dstep[b] = s;
+    }
+}
+
 /* Each block is two halves that run side by side: one pushes round after round, the other
  * receives; slots (two per lane) bound how far the pushes run ahead. */
 extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
@@ -500,6 +545,12 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
     __shared__ xshared sh;
     const int t = threadIdx.x, np = a.push_threads;
     if (a.empty) return; /* LOOM_CUDA_EMPTY: timing of everything but the kernel's work */
+    if (a.mode == DEV_DIRECT) {
+        if (t == 0) sh.fail = 0;
+        __syncthreads();
+        direct_allreduce(a, sh);
+        return;
+    }
     if (t == 0) {
         sh.fail = 0;
         sh.pushed = 0;

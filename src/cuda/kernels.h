@@ -26,7 +26,12 @@
 #define DEV_MIN_PIECE 4096ull
 #define DEV_MAX_THREADS 512 /* threads per block: half push, half receive */
 
-enum { DEV_COPY = 0, DEV_REDUCE = 1 };
+enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2 };
+/* DEV_DIRECT (allreduce, two-shot, no slots): every rank maps the others' send and receive
+ * buffers (CUDA IPC, cached by allocation), reads segment `me` of every input straight from the
+ * peers, reduces it, and writes the result into every rank's receive buffer. Blocks meet their
+ * peers' blocks twice: on arrival (the inputs are ready) and when done (nobody still reads my
+ * input or writes my output). Local memory sees each byte about once. */
 enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
 enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 
@@ -36,6 +41,9 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 #define DEV_OFF_ACK (1 * DEV_TABLE_BYTES) /* [reader][block]: step the reader consumed */
 #define DEV_OFF_SSTEP (2 * DEV_TABLE_BYTES) /* [peer][block]: my last step sent (private) */
 #define DEV_OFF_RSTEP (3 * DEV_TABLE_BYTES) /* [peer][block]: my last step received */
+#define DEV_OFF_ARRIVE (5 * DEV_TABLE_BYTES) /* [peer][block]: direct ops the peer started */
+#define DEV_OFF_DONE (6 * DEV_TABLE_BYTES)   /* [peer][block]: direct ops the peer finished */
+#define DEV_OFF_DSTEP (7 * DEV_TABLE_BYTES)  /* [0][block]: my direct ops (private) */
 #define DEV_OFF_SLOTS 65536ull
 /* Slot p (of nslot) for writer w, block b, in a region of nblocks lanes of `slot` bytes. */
 #define DEV_SLOT_OFF(w, b, p, nblocks, nslot, slot)                                                \
@@ -120,6 +128,8 @@ typedef struct {
     long long scale_i;      /* ... integer types */
     const void *scale_dev;  /* ... or in device memory (read when the kernel runs) */
     char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
+    const char *peer_send[DEV_MAX_LOCAL]; /* DEV_DIRECT: the ranks' buffers, mapped here */
+    char *peer_recv[DEV_MAX_LOCAL];
     dev_err_t *err;              /* device address of the host-mapped error record */
     dev_io_t io[DEV_MAX_LOCAL];
 } dev_args_t;
