@@ -280,21 +280,13 @@ static __device__ __forceinline__ void half_sync(int id, int nt)
 
 static __device__ __forceinline__ u64 rounds_of(u64 len, int nb, u64 slot)
 {
-    if (len == 0) return 0;
-    u64 per = piece_bytes(len, nb, slot) * (u64)nb;
-    return (len + per - 1) / per;
+    return dev_rounds_of(len, nb, slot);
 }
 
-/* Pieces of round k of a stream of `len` bytes for block b: *pos, *plen; false if none. */
-static __device__ __forceinline__ bool piece_of(u64 len, u64 k, int nb, int b, u64 slot,
-                                                u64 *pos, u64 *plen)
+static __device__ __forceinline__ bool piece_of(u64 len, u64 k, int nb, int b, u64 slot, u64 *pos,
+                                                u64 *plen)
 {
-    if (len == 0) return false;
-    u64 ch = piece_bytes(len, nb, slot), p = (k * nb + b) * ch;
-    if (p >= len) return false;
-    *pos = p;
-    *plen = len - p < ch ? len - p : ch;
-    return true;
+    return dev_piece_of(len, k, nb, b, slot, pos, plen);
 }
 
 struct xshared {

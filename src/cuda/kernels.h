@@ -96,6 +96,29 @@ static DEV_HD inline int dev_is_ll(unsigned long long len, int nb, unsigned long
            dev_piece_bytes(len, nb, slot) <= DEV_LL_PIECE;
 }
 
+/* Round k of a stream of len bytes for block b of nb: *pos and *plen; 0 if the block has no
+ * piece in that round. The kernel and the host (launch sizes, tests) cut streams this way. */
+static DEV_HD inline int dev_piece_of(unsigned long long len, unsigned long long k, int nb, int b,
+                                      unsigned long long slot, unsigned long long *pos,
+                                      unsigned long long *plen)
+{
+    if (len == 0) return 0;
+    unsigned long long ch = dev_piece_bytes(len, nb, slot), p = (k * (unsigned long long)nb + b) * ch;
+    if (p >= len) return 0;
+    *pos = p;
+    *plen = len - p < ch ? len - p : ch;
+    return 1;
+}
+
+/* Rounds a stream of len bytes takes over nb lanes. */
+static DEV_HD inline unsigned long long dev_rounds_of(unsigned long long len, int nb,
+                                                      unsigned long long slot)
+{
+    if (len == 0) return 0;
+    unsigned long long per = dev_piece_bytes(len, nb, slot) * (unsigned long long)nb;
+    return (len + per - 1) / per;
+}
+
 /* Shared with the host through mapped host memory. */
 typedef struct {
     volatile int abort; /* the host sets it (abort, a dead peer); the device sets it on failure */
