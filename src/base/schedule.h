@@ -59,7 +59,7 @@ typedef enum {
     OPK_ALLTOALL,
     OPK_SEND,
     OPK_RECV,
-    OPK_SPLIT, /* internal allgathers of the communicator itself */
+    OPK_SPLIT, /* internal allgathers: split, device setup, direct allreduce handles */
 } sched_opkind_t;
 
 typedef struct {

@@ -62,7 +62,7 @@ const char *opkind_name(int kind)
     case OPK_ALLTOALL: return "alltoall";
     case OPK_SEND: return "send";
     case OPK_RECV: return "recv";
-    case OPK_SPLIT: return "split";
+    case OPK_SPLIT: return "internal exchange (split, device setup or handles)";
     default: return "operation";
     }
 }
