@@ -395,13 +395,18 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     LOOM_CHECK(sched_status(s));
     cache_commit(comm, s);
 buffers:
-    if (s->tmp_elems) {
-        j->tmp = malloc(s->tmp_elems * es);
-        if (j->tmp == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+    /* Scratch is the communicator's, kept between calls like its staging (one schedule runs
+     * at a time per communicator): a fresh block per call faulted in every page each time. */
+    if (s->tmp_elems && s->tmp_elems * es > comm->tmp_bytes) {
+        free(comm->tmp_buf);
+        comm->tmp_bytes = 0;
+        comm->tmp_buf = malloc(s->tmp_elems * es);
+        if (comm->tmp_buf == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+        comm->tmp_bytes = s->tmp_elems * es;
     }
     j->bufs[SCHED_BUF_SEND] = (void *)send;
     j->bufs[SCHED_BUF_RECV] = recv;
-    j->bufs[SCHED_BUF_TMP] = j->tmp;
+    j->bufs[SCHED_BUF_TMP] = s->tmp_elems ? comm->tmp_buf : NULL;
     return loomSuccess;
 }
 

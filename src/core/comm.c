@@ -146,6 +146,7 @@ static void comm_free(loomComm_t comm)
     sched_free(&comm->sched);
     for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++) sched_free(&comm->cache[i].s);
     free(comm->staging);
+    free(comm->tmp_buf);
     free(comm->peers);
     free(comm->links);
     free(comm->node_of);
@@ -379,6 +380,12 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     int pick = ALGO_RING;
     for (int i = 0; i < ALGO_COUNT; i++)
         if (cost[i] < cost[pick]) pick = i;
+    /* Two ranks sharing memory: recursive doubling is one exchange of the whole buffer, pulled
+     * by cross-memory attach while the peer does the same, whereas the ring's second half waits
+     * slice by slice for the peer's reductions, which the model above does not see. Measured
+     * (64 MiB float, 2-core VM, real data): rd 36-40 ms, ring 54-61 ms out of place, in place
+     * alike (perf/RESULTS.md). Over TCP the ring stays ahead (34-41 against 53-58 ms). */
+    if (comm->nranks == 2 && !multi && loc != net) pick = ALGO_RD;
     /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
     log_level_t lvl = pick != comm->last_pick ? LOG_INFO : LOG_TRACE;
     comm->last_pick = pick;

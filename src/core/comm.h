@@ -113,6 +113,8 @@ struct loomComm {
      * communicator) so that big calls do not map and fault fresh pages each time. */
     uint8_t *staging;
     size_t staging_bytes;
+    uint8_t *tmp_buf; /* schedules' scratch (SCHED_BUF_TMP), kept likewise */
+    size_t tmp_bytes;
     sched_t sched; /* point-to-point schedules, rebuilt each time */
     /* Collective schedules by shape: a training loop repeats the same few calls, and building
      * a schedule (with its dependencies) costs more than small calls themselves. */
