@@ -119,8 +119,6 @@ struct dev_state {
     stage_job_t *qhead, *qtail;
 };
 
-bool dev_built(void) { return true; }
-
 static const char *kind_name(int k) { return opkind_name(k); }
 
 /* ---- context ---- */

@@ -32,8 +32,6 @@ typedef struct {
     cudaStream_t stream;
 } dev_op_t;
 
-/* Whether this build has the device executor. */
-bool dev_built(void);
 /* Called for each device buffer of a call (ordinal: its GPU): binds the communicator to the
  * buffer's device (a
  * buffer on another device is refused). */

@@ -39,7 +39,6 @@ static __device__ __forceinline__ u64 gtimer()
 }
 
 #define piece_bytes dev_piece_bytes
-#define L_of(x) (x)
 
 /* Records the first failure of this rank's kernel and raises the abort word so that every
  * other block stops too. Called by one thread. */
@@ -417,7 +416,7 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
                 if (j == me || !piece_of(a.io[j].recv_len, k, nb, b, a.slot, &pos, &len))
                     continue;
                 u64 s = rs[j] + 1;
-                if (dev_is_ll(L_of(a.io[j].recv_len), nb, a.slot, 0)) {
+                if (dev_is_ll(a.io[j].recv_len, nb, a.slot, 0)) {
                     ll_take(a.recv + a.io[j].recv_off + pos,
                             (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, s % a.nslot, n, nb,
                                                                  a.nslot, a.slot)),
