@@ -1,17 +1,50 @@
 #include "memtype.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "base.h"
 
-/* The driver API's values (cuda.h), stable since CUDA 4; this file also builds without it. */
-#ifndef LOOM_HAVE_CUDA
+#ifdef LOOM_HAVE_CUDA
+/* Builds with the device executor ask the one driver table (cudrv.c) for everything. */
+#include "cudrv.h"
+
+bool mem_have_cuda(void) { return cudrv_get(NULL) != NULL; }
+
+/* One driver call per buffer: type, managed, ordinal together. */
+mem_type_t mem_type_dev(const void *p, int *ordinal)
+{
+    *ordinal = -1;
+    const cudrv_t *d = p ? cudrv_get(NULL) : NULL;
+    if (d == NULL) return MEM_HOST;
+    unsigned int type = 0, managed = 0;
+    int ord = -1;
+    CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *val[3] = {&type, &managed, &ord};
+    /* Host memory unknown to CUDA answers with an error: it is plain host memory. */
+    if (d->cuPointerGetAttributes(3, at, val, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return MEM_HOST;
+    if (managed) return MEM_MANAGED;
+    if (type != CU_MEMORYTYPE_DEVICE) return MEM_HOST;
+    *ordinal = ord;
+    return MEM_DEVICE;
+}
+
+mem_type_t mem_type_of(const void *p)
+{
+    int ord;
+    return mem_type_dev(p, &ord);
+}
+
+#else
+/* Builds without the CUDA toolkit still recognise device pointers (to refuse them clearly):
+ * the two driver calls they need, found at run time. Values from cuda.h, stable since CUDA 4. */
+#include <dlfcn.h>
+#include <pthread.h>
+
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
 #define CU_MEMORYTYPE_DEVICE 2
-#endif
 
 typedef int (*cu_init_fn)(unsigned int);
 typedef int (*cu_attr_fn)(void *, int, unsigned long long);
@@ -39,35 +72,10 @@ bool mem_have_cuda(void)
     return cu_attr != NULL;
 }
 
-#ifdef LOOM_HAVE_CUDA
-#include "cudrv.h"
-
-/* One driver call per buffer: type, managed, ordinal together. */
-mem_type_t mem_type_dev(const void *p, int *ordinal)
-{
-    *ordinal = -1;
-    if (p == NULL || !mem_have_cuda()) return MEM_HOST;
-    const cudrv_t *d = cudrv_get(NULL);
-    if (d == NULL) return MEM_HOST;
-    unsigned int type = 0, managed = 0;
-    int ord = -1;
-    CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
-    void *val[3] = {&type, &managed, &ord};
-    if (d->cuPointerGetAttributes(3, at, val, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
-        return MEM_HOST;
-    if (managed) return MEM_MANAGED;
-    if (type != CU_MEMORYTYPE_DEVICE) return MEM_HOST;
-    *ordinal = ord;
-    return MEM_DEVICE;
-}
-#endif
-
 mem_type_t mem_type_of(const void *p)
 {
     if (p == NULL || !mem_have_cuda()) return MEM_HOST;
     unsigned int type = 0, managed = 0;
-    /* Host memory unknown to CUDA answers with an error: it is plain host memory. */
     if (cu_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)p) != 0)
         return MEM_HOST;
     if (cu_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (unsigned long long)(uintptr_t)p) ==
@@ -76,3 +84,4 @@ mem_type_t mem_type_of(const void *p)
         return MEM_MANAGED;
     return type == CU_MEMORYTYPE_DEVICE ? MEM_DEVICE : MEM_HOST;
 }
+#endif
