@@ -1058,7 +1058,6 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
     size_t off = 0, len = o->count;
     const char *src = o->send;
     char *dst = o->recv;
-    loomRedOp_t cross_op = o->op;
     if (s->hier_ok) {
         /* reduce-scatter inside the node (sum; premul scaled there) */
         dev_args_t a;
@@ -1075,7 +1074,6 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
         a.self_len = len * es;
         LOOM_CHECK(launch(s, &a, st));
         src = o->recv;
-        cross_op = pm >= 0 ? loomSum : o->op == loomAvg ? loomSum : o->op;
     }
     /* the shard (or the whole buffer) through the pinned ring, piece by piece */
     size_t chunk = LOOM_MAX(param_size(PARAM_CUDA_STAGE_CHUNK), 4096) / es * es;
@@ -1094,9 +1092,12 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
                                               pl, st));
             host_op_t hop = {.kind = OPK_ALLREDUCE, .count = pl / es, .type = o->type,
                              .root = -1, .hsend = h, .hrecv = h, .cross = s->hier_ok};
-            host_reduction(&hop, s, s->hier_ok ? cross_op : o->op);
-            if (s->hier_ok) {
-                hop.scaled = false; /* scaled inside the node already */
+            if (!s->hier_ok) {
+                host_reduction(&hop, s, o->op);
+            } else {
+                /* the node's reduce-scatter already scaled a premul sum; avg divides once, by
+                 * all ranks, after the sum across nodes */
+                hop.op = pm >= 0 || o->op == loomAvg ? loomSum : o->op;
                 if (o->op == loomAvg) hop.div = s->comm->nranks;
             }
             LOOM_CHECK(post_job(s, &hop, 1, &vals[k % STAGE_RING]));
