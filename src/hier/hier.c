@@ -26,28 +26,63 @@ static int max_local(const sched_topo_t *t)
     return m;
 }
 
-/* Local chunk c is made of shards c, c+ls, c+2ls... each cut into slices: its "units". */
-static uint64_t chunk_units(uint64_t count, int nshards, int ls, int c, uint64_t sl)
-{
-    uint64_t u = 0;
-    for (int k = c; k < nshards; k += ls) u += sched_nslices(shard_span(count, nshards, k).len, sl);
-    return u;
-}
+/* Local chunk c is made of shards c, c+ls, c+2ls... each cut into pieces: its "units", in the
+ * order they pass the node-local ring. Alone on one node (N == 1), a shard's units are its slices
+ * in order. Across nodes, a shard is cut as its cross-node ring cuts it, and its units come in
+ * the order that ring, as run by this node, reads them (before it: the reduce-scatter, finish
+ * false) or finishes them (after it: the allgather, finish true). The cross-node ring starts on
+ * every chunk and channel of its region at once; node-local slices in plain order would hand it
+ * its second piece only halfway through the node-local reduce-scatter, and the node-local
+ * allgather would wait for the ring's last slice before most of its own. Which rank reduces what,
+ * and in which order, does not change: only when and in which cut. */
+typedef struct {
+    ring_span_t *u;
+    uint64_t n;
+} units_t;
 
-/* Offset and length of unit u of chunk c (u < chunk_units). */
-static span_t chunk_unit(uint64_t count, int nshards, int ls, int c, uint64_t sl, uint64_t u)
+static bool chunk_units(units_t *out, uint64_t count, int nshards, int ls, int c,
+                        const ring_params_t *prm, int N, int node, bool finish)
 {
+    uint64_t sl = prm->slice_elems, n = 0;
+    out->u = NULL;
+    out->n = 0;
     for (int k = c; k < nshards; k += ls) {
         span_t sp = shard_span(count, nshards, k);
-        uint64_t n = sched_nslices(sp.len, sl);
-        if (u < n) {
-            span_t r = {sp.off + u * sl, sched_slice_len(sp.len, sl, u)};
-            return r;
+        ring_span_t *pc = NULL;
+        uint64_t np;
+        if (N > 1) {
+            bool oom = false;
+            np = ring_allreduce_pieces(sp.len, prm, N, node, finish, &pc, &oom);
+            if (oom) return false;
+        } else {
+            np = sched_nslices(sp.len, sl);
         }
-        u -= n;
+        ring_span_t *u = realloc(out->u, (size_t)(n + np) * sizeof(*u) + 1);
+        if (u == NULL) {
+            free(pc);
+            return false;
+        }
+        out->u = u;
+        for (uint64_t j = 0; j < np; j++) {
+            if (pc) {
+                u[n + j].off = sp.off + pc[j].off;
+                u[n + j].len = pc[j].len;
+            } else {
+                u[n + j].off = sp.off + j * sl;
+                u[n + j].len = sched_slice_len(sp.len, sl, j);
+            }
+        }
+        free(pc);
+        n += np;
     }
-    span_t none = {0, 0};
-    return none;
+    out->n = n;
+    return true;
+}
+
+static ring_span_t unit_at(const units_t *cu, uint64_t u)
+{
+    ring_span_t none = {0, 0};
+    return u < cu->n ? cu->u[u] : none;
 }
 
 /* A node-local ring over chunks of shards, emitted by wavefront (step + unit) like the flat
@@ -55,19 +90,31 @@ static span_t chunk_unit(uint64_t count, int nshards, int ls, int c, uint64_t sl
  * reduce: reduce-scatter (step k sends chunk li-k-1, reduces chunk li-k-2, ending with chunk
  * li complete here); else allgather (step k forwards chunk li-k, receives chunk li-k-1). */
 static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int li,
-                       uint64_t count, int nshards, uint64_t sl, bool reduce, uint8_t last_flags)
+                       uint64_t count, int nshards, const ring_params_t *prm, int N, int node,
+                       bool reduce, uint8_t last_flags)
 {
     int next = local[mod(li + 1, ls)], prev = local[mod(li - 1, ls)];
     int K = ls - 1;
+    units_t *cu = calloc((size_t)ls, sizeof(*cu));
+    if (cu == NULL) {
+        s->oom = true;
+        return;
+    }
     uint64_t U = 0;
-    for (int c = 0; c < ls; c++) U = LOOM_MAX(U, chunk_units(count, nshards, ls, c, sl));
+    for (int c = 0; c < ls; c++) {
+        if (!chunk_units(&cu[c], count, nshards, ls, c, prm, N, node, !reduce)) {
+            s->oom = true;
+            goto out;
+        }
+        U = LOOM_MAX(U, cu[c].n);
+    }
     for (int64_t d = 0; d < (int64_t)K + (int64_t)U - 1; d++) {
         for (int k = (int)LOOM_MIN((int64_t)K - 1, d); k >= 0 && d - k < (int64_t)U; k--) {
             uint64_t u = (uint64_t)(d - k);
             int sc = reduce ? mod(li - k - 1, ls) : mod(li - k, ls);
             int rc = reduce ? mod(li - k - 2, ls) : mod(li - k - 1, ls);
-            span_t a = chunk_unit(count, nshards, ls, sc, sl, u);
-            span_t b = chunk_unit(count, nshards, ls, rc, sl, u);
+            ring_span_t a = unit_at(&cu[sc], u);
+            ring_span_t b = unit_at(&cu[rc], u);
             uint32_t sbuf = reduce && k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV;
             sched_send(s, desc, next, sbuf, a.off, a.len);
             if (reduce)
@@ -77,6 +124,9 @@ static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int 
                 sched_recv(s, desc, prev, SCHED_BUF_RECV, b.off, b.len);
         }
     }
+out:
+    for (int c = 0; c < ls; c++) free(cu[c].u);
+    free(cu);
 }
 
 /* This rank's node as a ring group: its ranks, their number, and this rank's place. */
@@ -98,12 +148,11 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
     const int *local = lg.ranks;
     int ls = lg.n, li = lg.me;
     int S = max_local(t);
-    uint64_t sl = prm->slice_elems;
     /* 1. node-local reduce-scatter; partial sums go to the output buffer */
     if (ls == 1) {
         if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
     } else {
-        local_ring(s, desc, local, ls, li, count, S, sl, true,
+        local_ring(s, desc, local, ls, li, count, S, prm, N, node, true,
                    avg && N == 1 ? STEP_F_AVG : 0);
     }
     /* 2. each owned shard across nodes, by the ranks that own it in every node */
@@ -126,7 +175,7 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
         free(ranks);
     }
     /* 3. node-local allgather of the owned chunks */
-    if (ls > 1) local_ring(s, desc, local, ls, li, count, S, sl, false, 0);
+    if (ls > 1) local_ring(s, desc, local, ls, li, count, S, prm, N, node, false, 0);
 }
 
 void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,

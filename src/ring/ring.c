@@ -12,6 +12,8 @@
  */
 #include "ring.h"
 
+#include <stdlib.h>
+
 #include "base.h"
 
 static inline int mod(int a, int p) { return ((a % p) + p) % p; }
@@ -121,6 +123,68 @@ void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
             }
         }
     }
+}
+
+typedef struct {
+    uint64_t wave, j;
+    int c;
+    ring_span_t sp;
+} piece_t;
+
+static int piece_cmp(const void *a, const void *b)
+{
+    const piece_t *x = a, *y = b;
+    if (x->wave != y->wave) return x->wave < y->wave ? -1 : 1;
+    if (x->j != y->j) return x->j < y->j ? -1 : 1;
+    return (x->c > y->c) - (x->c < y->c);
+}
+
+size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, int me,
+                             bool finish, ring_span_t **out, bool *oom)
+{
+    *out = NULL;
+    if (count == 0) return 0;
+    ring_params_t prm = *prm0;
+    prm.nchannels = p > 1 ? nchannels_for(count, prm0, p) : 1;
+    if (p < 1) p = 1;
+    uint64_t sl = prm.slice_elems;
+    size_t n = 0;
+    for (int c = 0; c < prm.nchannels; c++)
+        for (int ch = 0; ch < p; ch++)
+            n += sched_nslices(chunk_span(count, prm.nchannels, c, p, ch).len, sl);
+    piece_t *k = malloc(n * sizeof(*k));
+    ring_span_t *o = malloc(n * sizeof(*o));
+    if (k == NULL || o == NULL) {
+        free(k);
+        free(o);
+        *oom = true;
+        return 0;
+    }
+    size_t m = 0;
+    for (int c = 0; c < prm.nchannels; c++) {
+        for (int ch = 0; ch < p; ch++) {
+            span_t a = chunk_span(count, prm.nchannels, c, p, ch);
+            uint64_t ns = sched_nslices(a.len, sl);
+            /* the wavefront (step + slice) at which the ring reads or finishes slice j */
+            uint64_t lag;
+            if (finish) lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
+            else lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
+            if (p == 1) lag = 0;
+            for (uint64_t j = 0; j < ns; j++) {
+                k[m].wave = j + lag;
+                k[m].j = j;
+                k[m].c = c;
+                k[m].sp.off = a.off + j * sl;
+                k[m].sp.len = sched_slice_len(a.len, sl, j);
+                m++;
+            }
+        }
+    }
+    qsort(k, n, sizeof(*k), piece_cmp);
+    for (size_t i = 0; i < n; i++) o[i] = k[i].sp;
+    free(k);
+    *out = o;
+    return n;
 }
 
 void ring_reduce_scatter(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm0,

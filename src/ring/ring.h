@@ -46,6 +46,23 @@ void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring
 void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
                            uint32_t out_buf, uint64_t base, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
+/* A range of elements. */
+typedef struct {
+    uint64_t off, len;
+} ring_span_t;
+
+/* The pieces (channel, chunk, slice) that ring_allreduce_region cuts `count` elements into, as
+ * offsets from the region's start, covering it once, in the order member `me` of a ring of p
+ * uses them: finish false, the order its reduce-scatter first reads them (its own chunk's slice
+ * j is sent at step 0, chunk me-1-i's slice j is reduced at step i, one slice later per step);
+ * finish true, the order in which their final values are there (chunk me+1 after the last
+ * reduction, the others as the allgather brings them). A phase feeding the ring, or fed by it,
+ * that goes through its region in this order meets it slice by slice. Returns the number of
+ * pieces in *out (malloc'ed by the call, freed by the caller); 0 with *out NULL when count is 0
+ * or memory ran out (then *oom is set). */
+size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm, int p, int me, bool finish,
+                             ring_span_t **out, bool *oom);
+
 /* The root sends from root_buf (SCHED_BUF_SEND for a plain broadcast). */
 void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count,
                           int root, uint32_t root_buf, const ring_params_t *prm, bool inplace);
