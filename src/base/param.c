@@ -72,6 +72,10 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_CUDA_STAGE_CHUNK] = {"CUDA_STAGE_CHUNK", PARAM_T_SIZE, "4M", "bytes",
                                 "piece size when device data crosses nodes through pinned host "
                                 "memory (copies overlap the network piece by piece)"},
+    [PARAM_CUDA_LL] = {"CUDA_LL", PARAM_T_SIZE, "2M", "bytes",
+                       "device allreduce of at most this many bytes times (ranks on the node - 1) "
+                       "goes in low-latency words (one shot, no flags or fences; twice the "
+                       "bytes on the link); 0: never. Rank 0's value holds for the job"},
 };
 
 typedef struct {

@@ -39,6 +39,7 @@ typedef enum {
     PARAM_CUDA_EMPTY,
     PARAM_CUDA_ONESHOT,
     PARAM_CUDA_STAGE_CHUNK,
+    PARAM_CUDA_LL,
     PARAM_COUNT
 } param_id_t;
 

@@ -72,6 +72,7 @@ struct dev_state {
     int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
     int nblocks, nslot, threads, push_threads, empty, couple;
     uint64_t slot, oneshot;
+    uint64_t lla_max, lla_cap; /* DEV_LLA: largest S*(n-1), chunks per writer and parity */
     cuda_mem_t mem[DEV_MAX_LOCAL];
     dev_err_t *err; /* host-mapped */
     CUdeviceptr err_dev;
@@ -208,7 +209,7 @@ typedef struct {
     cuda_export_t exp;
     uint8_t uuid[16];
     int32_t dev, nblocks;
-    uint64_t slot, oneshot;
+    uint64_t slot, oneshot, lla_max;
     int32_t pid, nslot, threads, push_threads;
 } dev_rec_t;
 
@@ -291,6 +292,7 @@ static loomResult_t setup_local(loomComm_t comm, int dev, setup_t *u)
     m->nblocks = (int32_t)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_CUDA_BLOCKS), DEV_MAX_BLOCKS));
     m->slot = LOOM_MAX(DEV_MIN_PIECE, LOOM_MIN(param_size(PARAM_CUDA_SLOT), 16ull << 20)) & ~15ull;
     m->oneshot = param_size(PARAM_CUDA_ONESHOT);
+    m->lla_max = LOOM_MIN(param_size(PARAM_CUDA_LL), 64ull << 20);
     m->nslot = (int32_t)LOOM_MAX(2, LOOM_MIN(param_int(PARAM_CUDA_NSLOT), 16));
     m->threads = (int32_t)LOOM_MAX(64, LOOM_MIN(param_int(PARAM_CUDA_THREADS), DEV_MAX_THREADS)) /
                  64 * 64;
@@ -312,6 +314,9 @@ static loomResult_t setup_region(setup_t *u)
     s->nblocks = all[0].nblocks;
     s->slot = all[0].slot;
     s->oneshot = all[0].oneshot;
+    s->lla_max = s->n > 1 ? all[0].lla_max : 0;
+    s->lla_cap = (s->lla_max / (uint64_t)LOOM_MAX(1, s->n - 1) + 7) / 8;
+    if (s->lla_cap == 0) s->lla_max = 0;
     s->nslot = all[0].nslot;
     s->threads = all[0].threads;
     s->push_threads = all[0].push_threads;
@@ -325,7 +330,7 @@ static loomResult_t setup_region(setup_t *u)
                               "(device %d here, device %d there): one rank per GPU",
                               comm->rank, q, s->dev, all[q].dev);
     }
-    size_t bytes = DEV_REGION_BYTES(s->n, s->nblocks, s->nslot, s->slot);
+    size_t bytes = DEV_REGION_BYTES(s->n, s->nblocks, s->nslot, s->slot, s->lla_cap);
     CUcontext prev = ctx_enter(s);
     loomResult_t res = cuda_tp_alloc(d, s->dev, bytes, &s->mem[s->me], &u->mine.exp);
     if (res == loomSuccess) {
@@ -378,9 +383,10 @@ static loomResult_t setup_peers(setup_t *u)
     s->wd_live = true;
     INFO(LOG_CUDA,
          "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %d slots of %llu bytes, "
-         "%zu bytes of exchange memory; one shot up to %llu bytes",
+         "%zu bytes of exchange memory; one shot up to %llu bytes, low-latency allreduce up to %llu",
          s->dev, s->n, s->nblocks, s->nslot, (unsigned long long)s->slot, s->mem[s->me].size,
-         (unsigned long long)s->oneshot);
+         (unsigned long long)s->oneshot,
+         (unsigned long long)(s->lla_max / (uint64_t)LOOM_MAX(1, s->n - 1)));
     return loomSuccess;
 }
 
@@ -737,8 +743,27 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     return loomSuccess;
 }
 
-static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
-                              bool *done);
+/* A small or medium allreduce in low-latency words (DEV_LLA): one launch, no flags. */
+static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st)
+{
+    dev_args_t a;
+    size_t S = o->count * red_type_size(o->type);
+    args_init(s, &a, DEV_LLA, o->kind, o->send, o->recv);
+    set_reduction(s, &a, o->type, o->op);
+    a.self_len = S;
+    a.lla_base = DEV_LLA_BASE(s->n, s->nblocks, s->nslot, s->slot);
+    a.lla_cap = s->lla_cap;
+    unsigned grid, threads;
+    dev_lla_launch(S, s->nblocks, &grid, &threads);
+    void *params[] = {&a};
+    CUresult cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the low-latency allreduce (device operation %llu): "
+                          "%s",
+                          s->comm->rank, a.seq, cudrv_err(cr));
+    return loomSuccess;
+}
 
 static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
 {
@@ -747,6 +772,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     dev_args_t a;
     switch (o->kind) {
     case OPK_ALLREDUCE: {
+        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla_max) return run_lla(s, o, st);
         bool done = false;
         LOOM_CHECK(run_direct(s, o, st, cap, &done));
         if (done) return loomSuccess;

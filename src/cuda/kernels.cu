@@ -528,6 +528,164 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
     }
 }
 
+/* ---- DEV_LLA: see kernels.h ---- */
+
+static __device__ __forceinline__ void lla_put(char *p, u64 v, unsigned flag)
+{
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v),
+                 "r"(flag), "r"((unsigned)(v >> 32)), "r"(flag)
+                 : "memory");
+}
+
+/* The 8 bytes of a word once both halves carry `flag`. */
+static __device__ __forceinline__ bool lla_get(const char *p, unsigned flag, u64 *v,
+                                               unsigned *seen)
+{
+    unsigned x, f1, y, f2;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(x), "=r"(f1), "=r"(y), "=r"(f2)
+                 : "l"(p)
+                 : "memory");
+    *v = (u64)x | (u64)y << 32;
+    *seen = f1 != flag ? f1 : f2;
+    return f1 == flag && f2 == flag;
+}
+
+/* Up to 8 bytes of a buffer whose elements are aligned to their size (zeros past the end). */
+static __device__ __forceinline__ u64 load8(const char *p, u64 left)
+{
+    if (left >= 8 && ((uintptr_t)p & 7) == 0) return *(const u64 *)p;
+    if (left >= 8 && ((uintptr_t)p & 3) == 0)
+        return (u64)((const unsigned *)p)[0] | (u64)((const unsigned *)p)[1] << 32;
+    u64 v = 0;
+    for (int i = 0; i < 8 && (u64)i < left; i++) v |= (u64)(unsigned char)p[i] << (8 * i);
+    return v;
+}
+
+static __device__ __forceinline__ void store8(char *p, u64 left, u64 v)
+{
+    if (left >= 8 && ((uintptr_t)p & 7) == 0) {
+        *(u64 *)p = v;
+    } else if (left >= 8 && ((uintptr_t)p & 3) == 0) {
+        ((unsigned *)p)[0] = (unsigned)v;
+        ((unsigned *)p)[1] = (unsigned)(v >> 32);
+    } else {
+        for (int i = 0; i < 8 && (u64)i < left; i++) p[i] = (char)(v >> (8 * i));
+    }
+}
+
+/* Spins for a peer's word; false (after recording why) on abort, timeout, or another thread's
+ * failure. */
+static __device__ __noinline__ bool lla_wait(const dev_args_t &a, const char *p, unsigned flag,
+                                             int peer, volatile int *fail, u64 *v)
+{
+    unsigned seen;
+    if (lla_get(p, flag, v, &seen)) return true;
+    u64 start = gtimer();
+    for (unsigned it = 1;; it++) {
+        if (lla_get(p, flag, v, &seen)) return true;
+        if ((it & 1023) == 0) {
+            if (*fail) return false;
+            u64 waited = gtimer() - start;
+            bool ab = (it & 16383) == 0 && a.err->abort;
+            if (ab || (a.timeout_ns && waited > a.timeout_ns)) {
+                fail_record(a, ab ? DEV_ERR_ABORT : DEV_ERR_TIMEOUT, peer, DEV_WAIT_DATA, flag,
+                            seen, waited);
+                *fail = 1;
+                return false;
+            }
+        }
+    }
+}
+
+/* Returns the lane's step (read here, beside the first input load, not before the call). */
+template <int DT, int OP>
+static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep,
+                                           volatile int *fail)
+{
+    typedef typename ty<DT>::S S;
+    typedef typename ty<DT>::A A;
+    const int E = 8 / sizeof(S);
+    union W {
+        u64 v;
+        S e[E];
+    };
+    const u64 step = *lstep + 1;
+    const int n = a.n, me = a.me;
+    const u64 len = a.self_len, nchunk = (len + 7) / 8;
+    const u64 first = (u64)blockIdx.x * DEV_LLA_SPAN, stride = DEV_LLA_SPAN * (u64)a.nblocks;
+    const unsigned flag = (unsigned)step;
+    const int par = (int)(step & 1);
+    const A scale = a.premul ? scale_of<DT>(a) : (A)1;
+    char *mine = a.region[me] + a.lla_base;
+    /* my contribution (premultiplied: the value every rank sees) */
+    auto own = [&](u64 c) {
+        W w;
+        w.v = load8(a.send + c * 8, len - c * 8);
+        if (a.premul)
+#pragma unroll
+            for (int k = 0; k < E; k++) w.e[k] = down<DT>(up<DT>(w.e[k]) * scale);
+        return w;
+    };
+    for (u64 r = first; r < nchunk; r += stride)
+        for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
+            W w = own(c);
+            for (int j = 0; j < n; j++)
+                if (j != me)
+                    lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap), w.v,
+                            flag);
+        }
+    for (u64 r = first; r < nchunk; r += stride)
+        for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
+            A acc[E];
+            for (int j = 0; j < n; j++) {
+                W w;
+                if (j == me) w = own(c);
+                else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail,
+                                   &w.v))
+                    return step;
+#pragma unroll
+                for (int k = 0; k < E; k++)
+                    acc[k] = j == 0 ? up<DT>(w.e[k]) : apply<OP, A>(acc[k], up<DT>(w.e[k]));
+            }
+            W o;
+#pragma unroll
+            for (int k = 0; k < E; k++) o.e[k] = down<DT>(a.avg ? acc[k] / (A)n : acc[k]);
+            store8(a.recv + c * 8, len - c * 8, o.v);
+        }
+    return step;
+}
+
+template <int DT>
+static __device__ u64 lla_dt(const dev_args_t &a, const u64 *lstep, volatile int *fail)
+{
+    switch (a.op) {
+    case 0: return lla_run<DT, 0>(a, lstep, fail);
+    case 1: return lla_run<DT, 1>(a, lstep, fail);
+    case 2: return lla_run<DT, 2>(a, lstep, fail);
+    default: return lla_run<DT, 3>(a, lstep, fail);
+    }
+}
+
+static __device__ void lla_allreduce(const dev_args_t &a, xshared &sh)
+{
+    u64 *lstep = (u64 *)(a.region[a.me] + DEV_OFF_LSTEP) + blockIdx.x, step;
+    switch (a.dtype) {
+    case 0: step = lla_dt<0>(a, lstep, &sh.fail); break;
+    case 1: step = lla_dt<1>(a, lstep, &sh.fail); break;
+    case 2: step = lla_dt<2>(a, lstep, &sh.fail); break;
+    case 3: step = lla_dt<3>(a, lstep, &sh.fail); break;
+    case 4: step = lla_dt<4>(a, lstep, &sh.fail); break;
+    case 5: step = lla_dt<5>(a, lstep, &sh.fail); break;
+    case 6: step = lla_dt<6>(a, lstep, &sh.fail); break;
+    case 7: step = lla_dt<7>(a, lstep, &sh.fail); break;
+    case 8: step = lla_dt<8>(a, lstep, &sh.fail); break;
+    default: step = lla_dt<9>(a, lstep, &sh.fail); break;
+    }
+    __syncthreads(); /* every thread has read the step */
+    if (threadIdx.x == 0 && !sh.fail) *lstep = step;
+}
+
 /* Each block is two halves that run side by side: one pushes round after round, the other
  * receives; slots (two per lane) bound how far the pushes run ahead. */
 extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
@@ -536,10 +694,11 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
     __shared__ xshared sh;
     const int t = threadIdx.x, np = a.push_threads;
     if (a.empty) return; /* LOOM_CUDA_EMPTY: timing of everything but the kernel's work */
-    if (a.mode == DEV_DIRECT) {
+    if (a.mode == DEV_DIRECT || a.mode == DEV_LLA) {
         if (t == 0) sh.fail = 0;
         __syncthreads();
-        direct_allreduce(a, sh);
+        if (a.mode == DEV_LLA) lla_allreduce(a, sh);
+        else direct_allreduce(a, sh);
         return;
     }
     if (t == 0) {

@@ -26,12 +26,22 @@
 #define DEV_MIN_PIECE 4096ull
 #define DEV_MAX_THREADS 512 /* threads per block: half push, half receive */
 
-enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2 };
+enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
 /* DEV_DIRECT (allreduce, two-shot, no slots): every rank maps the others' send and receive
  * buffers (CUDA IPC, cached by allocation), reads segment `me` of every input straight from the
  * peers, reduces it, and writes the result into every rank's receive buffer. Blocks meet their
  * peers' blocks twice: on arrival (the inputs are ready) and when done (nobody still reads my
  * input or writes my output). Local memory sees each byte about once. */
+/* DEV_LLA (allreduce of small and medium messages, one shot): every thread owns 8-byte chunks
+ * of the buffer; it pushes each (premultiplied if asked) to every peer as one 16-byte
+ * low-latency word {low half, step, high half, step}, then waits for the peers' words of the
+ * same chunks and reduces them with its own in rank order. No fences, no barriers, no
+ * acknowledgements: a lane (block) has two slots per writer, used by parity of the lane's
+ * step, and a writer can reach step s+2 of a lane only after finishing s+1, which needed the
+ * reader's words of s+1, which the reader pushed only after its kernel of step s had read
+ * everything (one kernel of a communicator at a time). Chunk c belongs to block
+ * (c / DEV_LLA_SPAN) mod nblocks in every launch, so each lane's slots see only its own steps. */
+#define DEV_LLA_SPAN 512ull /* chunks of a block per round: one per thread of a full block */
 enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
 enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 
@@ -44,6 +54,7 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 #define DEV_OFF_ARRIVE (5 * DEV_TABLE_BYTES) /* [peer][block]: direct ops the peer started */
 #define DEV_OFF_DONE (6 * DEV_TABLE_BYTES)   /* [peer][block]: direct ops the peer finished */
 #define DEV_OFF_DSTEP (7 * DEV_TABLE_BYTES)  /* [0][block]: my direct ops (private) */
+#define DEV_OFF_LSTEP (DEV_OFF_DSTEP + 8ull * DEV_MAX_BLOCKS) /* [1][block]: DEV_LLA steps */
 #define DEV_OFF_SLOTS 65536ull
 /* Slot p (of nslot) for writer w, block b, in a region of nblocks lanes of `slot` bytes. */
 #define DEV_SLOT_OFF(w, b, p, nblocks, nslot, slot)                                                \
@@ -86,7 +97,13 @@ static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, 
 #define DEV_UNPACK_OFF(j, b, n, nb, nslot, slot)                                                   \
     (DEV_LL_BASE(n, nb, nslot, slot) + (unsigned long long)(n) * (nb) * (nslot) * DEV_LL_SLOT +    \
      ((unsigned long long)(j) * (nb) + (b)) * DEV_LL_PIECE)
-#define DEV_REGION_BYTES(n, nb, nslot, slot) DEV_UNPACK_OFF(n, 0, n, nb, nslot, slot)
+/* DEV_LLA's slots: [writer][parity][chunk] words of 16 bytes, `cap` chunks per writer and
+ * parity (0 when the communicator has no DEV_LLA path). */
+#define DEV_LLA_BASE(n, nb, nslot, slot) DEV_UNPACK_OFF(n, 0, n, nb, nslot, slot)
+#define DEV_LLA_OFF(w, par, c, cap)                                                               \
+    ((((unsigned long long)(w) * 2 + (par)) * (unsigned long long)(cap) + (c)) * 16ull)
+#define DEV_REGION_BYTES(n, nb, nslot, slot, cap)                                                  \
+    (DEV_LLA_BASE(n, nb, nslot, slot) + DEV_LLA_OFF(n, 0, 0, cap))
 
 /* Whether a stream of len bytes goes in low-latency pieces (premul pushes are typed: bulk). */
 static DEV_HD inline int dev_is_ll(unsigned long long len, int nb, unsigned long long slot,
@@ -94,6 +111,18 @@ static DEV_HD inline int dev_is_ll(unsigned long long len, int nb, unsigned long
 {
     return len > 0 && len <= DEV_LL_MAX && !premul_push &&
            dev_piece_bytes(len, nb, slot) <= DEV_LL_PIECE;
+}
+
+/* DEV_LLA's launch for len bytes over nb lanes: every lane with chunks, full blocks unless one
+ * block suffices (then a warp multiple of threads, one per chunk). */
+static DEV_HD inline void dev_lla_launch(unsigned long long len, int nb, unsigned *grid,
+                                         unsigned *threads)
+{
+    unsigned long long chunks = (len + 7) / 8, spans = (chunks + DEV_LLA_SPAN - 1) / DEV_LLA_SPAN;
+    *grid = (unsigned)(spans < (unsigned long long)nb ? spans : (unsigned long long)nb);
+    if (*grid == 0) *grid = 1;
+    *threads = chunks >= DEV_LLA_SPAN ? (unsigned)DEV_LLA_SPAN : (unsigned)((chunks + 31) / 32 * 32);
+    if (*threads == 0) *threads = 32;
 }
 
 /* Round k of a stream of len bytes for block b of nb: *pos and *plen; 0 if the block has no
@@ -134,23 +163,26 @@ typedef struct {
 } dev_io_t;
 
 typedef struct {
+    /* what every kernel reads first, together (one pass through the constant cache) */
     int n, me, mode, dtype, op, avg, nblocks, premul;
     int alias; /* the receive buffer overlaps the send buffer (in place) */
     int nslot; /* slots per lane: pieces a lane has in flight */
     int push_threads; /* the first push_threads of a block push, the rest receive */
     int empty;        /* debugging: the kernel returns at once (LOOM_CUDA_EMPTY) */
-    unsigned long long slot;
-    unsigned long long seq, timeout_ns;
     const char *send;
     char *recv;
     /* COPY: my own part (send + self_src -> recv + self_dst, self_len bytes).
      * REDUCE: my contribution is send + self_src, the result goes to recv + self_dst, and
      * self_len is the length of the reduced range (0: I only send). */
     unsigned long long self_src, self_dst, self_len;
+    unsigned long long lla_base, lla_cap; /* DEV_LLA: slot offset in the regions, chunks */
+    char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
+    /* the rest */
+    unsigned long long slot;
+    unsigned long long seq, timeout_ns;
     double scale_f;         /* pre-multiplied sum scalar, host immediate (floating types) */
     long long scale_i;      /* ... integer types */
     const void *scale_dev;  /* ... or in device memory (read when the kernel runs) */
-    char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
     const char *peer_send[DEV_MAX_LOCAL]; /* DEV_DIRECT: the ranks' buffers, mapped here */
     char *peer_recv[DEV_MAX_LOCAL];
     dev_err_t *err;              /* device address of the host-mapped error record */

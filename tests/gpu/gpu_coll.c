@@ -22,6 +22,7 @@
  *   coll       broadcast and reduce (every root), allgather, reducescatter, alltoall, send/recv
  *   streams    3 communicators (loomCommSplit) on 3 streams at once; one communicator on 2 streams
  *   graph      CUDA graph capture of loom calls, replayed 100 times with new inputs
+ *   burst      270 allreduces of changing sizes queued back to back, one synchronize
  *   big        one uint8 sum allreduce of 2^31+4099 elements (sampled check)
  *   initall    one process drives every GPU: loomCommInitAll, group from one thread, threads
  *   samegpu    two ranks of one communicator on GPU 0 must get loomInvalidUsage
@@ -1191,6 +1192,66 @@ static void grp_streams(ctx_t *c)
     }
 }
 
+/* ---- bursts ----------------------------------------------------------------------------- */
+
+/* Many allreduces of changing sizes queued back to back with one synchronize at the end: the
+ * low-latency path reuses its slots without acknowledgements, by step parity per lane, and the
+ * sizes here change the number of lanes a launch uses from call to call (1 block, a few, all of
+ * them, then the slot path just past the low-latency limit) so that any slot reused too early
+ * shows up as a wrong result. */
+static void grp_burst(ctx_t *c)
+{
+    static const size_t counts[] = {1, 300, 2048, 65536, 262144, 262145, 5, 131072, 1025};
+    enum { NC = sizeof(counts) / sizeof(counts[0]), NOPS = 270 };
+    size_t off[NOPS], total = 0;
+    for (int i = 0; i < NOPS; i++) {
+        off[i] = total;
+        total += (counts[i % NC] * 4 + 255) & ~(size_t)255;
+    }
+    reg_t A, B;
+    reg_alloc(c, &A, total);
+    reg_alloc(c, &B, total);
+    uint8_t *in = halloc(c, total), *exp = halloc(c, total);
+    memset(in, POISON, total);
+    memset(exp, POISON, total);
+    for (int i = 0; i < NOPS; i++) {
+        int t = i % 2 ? I32 : F32, o = i % 2 ? K_MAX : K_SUM;
+        uint64_t salt = mix(0x6275727374ull ^ (uint64_t)i);
+        gen_fill(o, t, salt, c->rank, c->nranks, 0, counts[i % NC], in + off[i]);
+        ref_fill(o, o, t, salt, c->nranks, 0, counts[i % NC], exp + off[i]);
+    }
+    case_begin(c, c->nranks,
+               "burst: %d allreduces back to back (float sum / int32 max, %d sizes 4 B..1 MiB+4, "
+               "every third in place), one synchronize",
+               NOPS, (int)NC);
+    reg_poison(c, &A, total);
+    reg_poison(c, &B, total);
+    for (int i = 0; i < NOPS; i++) {
+        size_t bytes = counts[i % NC] * 4;
+        if (i % 3 == 2) reg_put(c, &B, off[i], in + off[i], bytes);
+        else reg_put(c, &A, off[i], in + off[i], bytes);
+    }
+    for (int i = 0; i < NOPS; i++) {
+        int t = i % 2 ? I32 : F32;
+        CUdeviceptr sp = (i % 3 == 2 ? B.base : A.base) + off[i], rp = B.base + off[i];
+        if (!lok(c,
+                 loomAllReduce(P(sp), P(rp), counts[i % NC], (loomDataType_t)t,
+                               i % 2 ? loomMax : loomSum, c->comm, c->s),
+                 c->comm, "loomAllReduce"))
+            break;
+    }
+    if (sync_ok(c, c->s, c->comm)) {
+        for (int i = 0; i < NOPS; i++) reg_expect(&B, off[i], exp + off[i], counts[i % NC] * 4);
+        reg_check(c, &A, 0, total, F32, "sendbuffs (must stay unchanged)");
+        reg_check(c, &B, 0, total, F32, "recvbuffs");
+    }
+    case_end(c);
+    free(in);
+    free(exp);
+    reg_free(c, &A);
+    reg_free(c, &B);
+}
+
 /* ---- CUDA graphs ------------------------------------------------------------------------ */
 
 static void grp_graph(ctx_t *c)
@@ -1720,6 +1781,7 @@ static const group_t groups[] = {
      "broadcast, reduce (every root), allgather, reducescatter, alltoall, send/recv"},
     {"streams", grp_streams, M_ALL, 1, 150, 1, "3 comms on 3 streams; one comm on 2 streams"},
     {"graph", grp_graph, M_ALL, 1, 150, 1, "CUDA graph capture, 100 replays"},
+    {"burst", grp_burst, M_ALL, 1, 120, 1, "270 allreduces of 9 sizes back to back, one sync"},
     {"big", grp_big, M_ALL, 1, 240, 1, "allreduce of 2^31+4099 uint8"},
     {"initall", grp_initall, M_SINGLE, 1, 150, 0, "one process, every GPU (loomCommInitAll)"},
     {"samegpu", grp_samegpu, M_SAMEGPU, 1, 90, 2, "2 ranks on GPU 0 -> loomInvalidUsage"},
