@@ -25,7 +25,7 @@
     X(cuMemHostGetDevicePointer) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)   \
     X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)      \
     X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuModuleLoadData)          \
-    X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+    X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
     X(cuStreamIsCapturing) X(cuStreamWaitEvent) X(cuStreamWaitValue32) X(cuStreamWriteValue32)     \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)           \

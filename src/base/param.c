@@ -76,6 +76,10 @@ static const param_desc_t params[PARAM_COUNT] = {
                        "device allreduce of at most this many bytes times (ranks on the node - 1) "
                        "goes in low-latency words (one shot, no flags or fences; twice the "
                        "bytes on the link); 0: never. Rank 0's value holds for the job"},
+    [PARAM_CUDA_PDL] = {"CUDA_PDL", PARAM_T_INT, "1", "",
+                        "1: launch the low-latency allreduce as a programmatic dependent launch "
+                        "(the GPU schedules it while the kernel before it is still running); "
+                        "0: plain launches"},
 };
 
 typedef struct {

@@ -40,6 +40,7 @@ typedef enum {
     PARAM_CUDA_ONESHOT,
     PARAM_CUDA_STAGE_CHUNK,
     PARAM_CUDA_LL,
+    PARAM_CUDA_PDL,
     PARAM_COUNT
 } param_id_t;
 

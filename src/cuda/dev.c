@@ -73,6 +73,9 @@ struct dev_state {
     int nblocks, nslot, threads, push_threads, empty, couple;
     uint64_t slot, oneshot;
     uint64_t lla_max, lla_cap; /* DEV_LLA: largest S*(n-1), chunks per writer and parity */
+    uint64_t lla_step;         /* DEV_LLA: the last step the host numbered */
+    bool lla_lanes;            /* DEV_LLA: since a captured call, the lanes count their steps */
+    bool pdl;                  /* DEV_LLA: programmatic dependent launches */
     cuda_mem_t mem[DEV_MAX_LOCAL];
     dev_err_t *err; /* host-mapped */
     CUdeviceptr err_dev;
@@ -321,6 +324,7 @@ static loomResult_t setup_region(setup_t *u)
     s->threads = all[0].threads;
     s->push_threads = all[0].push_threads;
     s->empty = (int)param_int(PARAM_CUDA_EMPTY);
+    s->pdl = param_int(PARAM_CUDA_PDL) != 0;
     s->couple = (int)param_int(PARAM_CUDA_COUPLE);
     for (int j = 0; j < s->n; j++) {
         int q = s->lrank[j];
@@ -744,7 +748,7 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
 }
 
 /* A small or medium allreduce in low-latency words (DEV_LLA): one launch, no flags. */
-static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st)
+static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
 {
     dev_args_t a;
     size_t S = o->count * red_type_size(o->type);
@@ -753,10 +757,26 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st)
     a.self_len = S;
     a.lla_base = DEV_LLA_BASE(s->n, s->nblocks, s->nslot, s->slot);
     a.lla_cap = s->lla_cap;
+    /* a graph replays its launches with the step it captured: from the first capture on,
+     * the lanes number their own steps (kernels.h) */
+    if (cap) s->lla_lanes = true;
+    a.lla_step = s->lla_lanes ? 0 : ++s->lla_step;
     unsigned grid, threads;
     dev_lla_launch(S, s->nblocks, &grid, &threads);
     void *params[] = {&a};
-    CUresult cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+    CUresult cr;
+    if (s->pdl && !cap) {
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof(at));
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1,
+                              .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
+                              .hStream = st, .attrs = &at, .numAttrs = 1};
+        cr = s->d->cuLaunchKernelEx(&cfg, s->fn, params, NULL);
+    } else {
+        cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+    }
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: launching the low-latency allreduce (device operation %llu): "
@@ -772,7 +792,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     dev_args_t a;
     switch (o->kind) {
     case OPK_ALLREDUCE: {
-        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla_max) return run_lla(s, o, st);
+        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla_max) return run_lla(s, o, st, cap);
         bool done = false;
         LOOM_CHECK(run_direct(s, o, st, cap, &done));
         if (done) return loomSuccess;

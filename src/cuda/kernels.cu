@@ -598,7 +598,7 @@ static __device__ __noinline__ bool lla_wait(const dev_args_t &a, const char *p,
     }
 }
 
-/* Returns the lane's step (read here, beside the first input load, not before the call). */
+/* Returns the step this lane used. */
 template <int DT, int OP>
 static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep,
                                            volatile int *fail)
@@ -610,48 +610,88 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
         u64 v;
         S e[E];
     };
-    const u64 step = *lstep + 1;
+    /* the host's step (one per call), or, in launches a graph may replay, the lane's own */
+    const u64 step = a.lla_step ? a.lla_step : *lstep + 1;
     const int n = a.n, me = a.me;
     const u64 len = a.self_len, nchunk = (len + 7) / 8;
     const u64 first = (u64)blockIdx.x * DEV_LLA_SPAN, stride = DEV_LLA_SPAN * (u64)a.nblocks;
     const unsigned flag = (unsigned)step;
     const int par = (int)(step & 1);
-    const A scale = a.premul ? scale_of<DT>(a) : (A)1;
     char *mine = a.region[me] + a.lla_base;
-    /* my contribution (premultiplied: the value every rank sees) */
-    auto own = [&](u64 c) {
-        W w;
-        w.v = load8(a.send + c * 8, len - c * 8);
-        if (a.premul)
+    /* my contribution as every rank sees it (premultiplied) */
+    auto scaled = [&](W w) {
+        if (a.premul) {
+            const A scale = scale_of<DT>(a);
 #pragma unroll
             for (int k = 0; k < E; k++) w.e[k] = down<DT>(up<DT>(w.e[k]) * scale);
+        }
         return w;
     };
+    auto push = [&](u64 c, const W &w) {
+        for (int j = 0; j < n; j++)
+            if (j != me)
+                lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap), w.v, flag);
+    };
+    auto finish = [&](u64 c, const A *acc) {
+        W o;
+#pragma unroll
+        for (int k = 0; k < E; k++) o.e[k] = down<DT>(a.avg ? acc[k] / (A)n : acc[k]);
+        store8(a.recv + c * 8, len - c * 8, o.v);
+    };
+    if (nchunk <= stride) {
+        /* at most one chunk per thread (the latency case): the input load and the first look
+         * at every peer's word go out together, before anything waits */
+        const u64 c = first + threadIdx.x;
+        if (c >= nchunk) return step;
+        W w, pw[DEV_MAX_LOCAL];
+        w.v = load8(a.send + c * 8, len - c * 8);
+        bool got[DEV_MAX_LOCAL];
+        unsigned seen;
+#pragma unroll
+        for (int j = 0; j < DEV_MAX_LOCAL; j++)
+            got[j] = j >= n || j == me ||
+                     lla_get(mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, &pw[j].v, &seen);
+        w = scaled(w);
+        push(c, w);
+        A acc[E];
+#pragma unroll
+        for (int j = 0; j < DEV_MAX_LOCAL; j++) {
+            if (j >= n) break;
+            if (!got[j] &&
+                !lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail, &pw[j].v))
+                return step;
+            const W &x = j == me ? w : pw[j];
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                acc[k] = j == 0 ? up<DT>(x.e[k]) : apply<OP, A>(acc[k], up<DT>(x.e[k]));
+        }
+        finish(c, acc);
+        return step;
+    }
+    /* several chunks per thread: push them all, then take the peers' */
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
-            W w = own(c);
-            for (int j = 0; j < n; j++)
-                if (j != me)
-                    lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap), w.v,
-                            flag);
+            W w;
+            w.v = load8(a.send + c * 8, len - c * 8);
+            push(c, scaled(w));
         }
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
             A acc[E];
             for (int j = 0; j < n; j++) {
                 W w;
-                if (j == me) w = own(c);
-                else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail,
-                                   &w.v))
+                if (j == me) {
+                    w.v = load8(a.send + c * 8, len - c * 8);
+                    w = scaled(w);
+                } else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail,
+                                     &w.v)) {
                     return step;
+                }
 #pragma unroll
                 for (int k = 0; k < E; k++)
                     acc[k] = j == 0 ? up<DT>(w.e[k]) : apply<OP, A>(acc[k], up<DT>(w.e[k]));
             }
-            W o;
-#pragma unroll
-            for (int k = 0; k < E; k++) o.e[k] = down<DT>(a.avg ? acc[k] / (A)n : acc[k]);
-            store8(a.recv + c * 8, len - c * 8, o.v);
+            finish(c, acc);
         }
     return step;
 }
@@ -695,6 +735,14 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
     const int t = threadIdx.x, np = a.push_threads;
     if (a.empty) return; /* LOOM_CUDA_EMPTY: timing of everything but the kernel's work */
     if (a.mode == DEV_DIRECT || a.mode == DEV_LLA) {
+        if (a.mode == DEV_LLA) {
+            /* Launched as a programmatic dependent (PDL, Hopper and later): the next launch
+             * may be scheduled now and wait at its own griddepcontrol.wait, which returns
+             * once this grid has completed and its writes are visible; nothing here touches
+             * memory before that wait. Without the launch attribute both are no-ops. */
+            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+        }
         if (t == 0) sh.fail = 0;
         __syncthreads();
         if (a.mode == DEV_LLA) lla_allreduce(a, sh);

@@ -36,11 +36,14 @@ enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
  * of the buffer; it pushes each (premultiplied if asked) to every peer as one 16-byte
  * low-latency word {low half, step, high half, step}, then waits for the peers' words of the
  * same chunks and reduces them with its own in rank order. No fences, no barriers, no
- * acknowledgements: a lane (block) has two slots per writer, used by parity of the lane's
- * step, and a writer can reach step s+2 of a lane only after finishing s+1, which needed the
- * reader's words of s+1, which the reader pushed only after its kernel of step s had read
- * everything (one kernel of a communicator at a time). Chunk c belongs to block
- * (c / DEV_LLA_SPAN) mod nblocks in every launch, so each lane's slots see only its own steps. */
+ * acknowledgements: each writer has two slots per chunk in a reader's region, used by parity
+ * of the step, and a writer can reach the next use of a slot only after finishing an
+ * allreduce in between, which needed the reader's words of that one, which the reader pushed
+ * only after its kernel before had read everything (a communicator's kernels run one at a
+ * time). Steps: the host numbers its calls (one step for every lane); a launch that a graph
+ * may replay has no host step, and each lane counts from the step it last used (every lane
+ * records it), so steps in a slot only grow. Chunk c belongs to block
+ * (c / DEV_LLA_SPAN) mod nblocks in every launch. */
 #define DEV_LLA_SPAN 512ull /* chunks of a block per round: one per thread of a full block */
 enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
 enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
@@ -176,6 +179,7 @@ typedef struct {
      * self_len is the length of the reduced range (0: I only send). */
     unsigned long long self_src, self_dst, self_len;
     unsigned long long lla_base, lla_cap; /* DEV_LLA: slot offset in the regions, chunks */
+    unsigned long long lla_step; /* DEV_LLA: the call's step, or 0: each lane counts its own */
     char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
     /* the rest */
     unsigned long long slot;
