@@ -34,5 +34,19 @@ for o in avg max; do
         fail=$((fail + 1))
     fi
 done
+# Two GPUs on each of two "nodes" (4 ranks, rank r on GPU r mod 2; the two ranks of a GPU are
+# on different nodes): the hierarchical device allreduce (reduce-scatter over NVLink inside the
+# node, the shards across nodes through pinned memory, allgather over NVLink).
+for t in float bfloat16 int32; do
+    if LOOM_NODE_ID=staged-node-a,staged-node-a,staged-node-b,staged-node-b \
+        "$perf" -P 4 --mem device -C allreduce -d "$t" -b 8 -e 16M -f 16 -n 3 -w 1 -c 1 \
+        >/tmp/staged_hier.txt 2>&1; then
+        echo "ok   staged hierarchical allreduce 2x2 $t"
+    else
+        echo "FAIL staged hierarchical allreduce 2x2 $t:"
+        tail -20 /tmp/staged_hier.txt
+        fail=$((fail + 1))
+    fi
+done
 echo "staged: $fail failed"
 [ "$fail" -eq 0 ]
