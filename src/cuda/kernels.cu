@@ -512,8 +512,9 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
         char *out = a.recv + a.self_dst + pos;
         reduce_any(out, sh.srcs, n, -1, plen, a, a.avg ? n : 0, t, nt);
         __syncthreads();
-        for (int j = 0; j < n; j++)
-            if (j != me) copy_bytes(a.peer_recv[j] + a.self_dst + pos, out, plen, t, nt);
+        if (a.direct_fanout)
+            for (int j = 0; j < n; j++)
+                if (j != me) copy_bytes(a.peer_recv[j] + a.self_dst + pos, out, plen, t, nt);
     }
     __syncthreads();
     if (t == 0) {

@@ -29,7 +29,8 @@
 enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
 /* DEV_DIRECT (allreduce, two-shot, no slots): every rank maps the others' send and receive
  * buffers (CUDA IPC, cached by allocation), reads segment `me` of every input straight from the
- * peers, reduces it, and writes the result into every rank's receive buffer. Blocks meet their
+ * peers, reduces it, and writes the result into every rank's receive buffer (a reduce-scatter:
+ * into its own only, so only the inputs are mapped). Blocks meet their
  * peers' blocks twice: on arrival (the inputs are ready) and when done (nobody still reads my
  * input or writes my output). Local memory sees each byte about once. */
 /* DEV_LLA (allreduce of small and medium messages, one shot): every thread owns 8-byte chunks
@@ -189,6 +190,7 @@ typedef struct {
     const void *scale_dev;  /* ... or in device memory (read when the kernel runs) */
     const char *peer_send[DEV_MAX_LOCAL]; /* DEV_DIRECT: the ranks' buffers, mapped here */
     char *peer_recv[DEV_MAX_LOCAL];
+    int direct_fanout, direct_pad; /* DEV_DIRECT: 1 (allreduce): the result into every output */
     dev_err_t *err;              /* device address of the host-mapped error record */
     dev_io_t io[DEV_MAX_LOCAL];
 } dev_args_t;

@@ -807,9 +807,12 @@ static void grp_offset(ctx_t *c)
 
 /* ---- other collectives ------------------------------------------------------------------ */
 
-static const size_t coll_counts[] = {0, 1, 1023, 262147};
+/* the last makes float's reduce-scatter take the direct path (from 4 x LOOM_CUDA_DIRECT bytes
+ * of input, 16 MiB on 2 ranks) and int8's the slots; odd, so that the ranks' segments start
+ * off 16-byte boundaries */
+static const size_t coll_counts[] = {0, 1, 1023, 262147, 2097157};
 #define NCC (sizeof(coll_counts) / sizeof(coll_counts[0]))
-#define COLL_MAX 262147
+#define COLL_MAX 2097157
 
 static void grp_coll(ctx_t *c)
 {
