@@ -334,3 +334,19 @@ void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, u
                        .dst_off = dst_off, .count = count};
     add_step(s, st, true, true);
 }
+
+const char *sched_opkind_name(int kind)
+{
+    switch (kind) {
+    case OPK_ALLREDUCE: return "allreduce";
+    case OPK_BROADCAST: return "broadcast";
+    case OPK_REDUCE: return "reduce";
+    case OPK_ALLGATHER: return "allgather";
+    case OPK_REDUCESCATTER: return "reduce-scatter";
+    case OPK_ALLTOALL: return "alltoall";
+    case OPK_SEND: return "send";
+    case OPK_RECV: return "recv";
+    case OPK_SPLIT: return "internal exchange (split, device setup or handles)";
+    default: return "operation";
+    }
+}

@@ -62,6 +62,9 @@ typedef enum {
     OPK_SPLIT, /* internal allgathers: split, device setup, direct allreduce handles */
 } sched_opkind_t;
 
+/* "allreduce", "reduce-scatter", ... for messages. */
+const char *sched_opkind_name(int kind);
+
 typedef struct {
     uint8_t kind;  /* sched_opkind_t */
     uint8_t dtype; /* loomDataType_t */

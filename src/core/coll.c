@@ -117,7 +117,14 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
                           fn, name, p);
 #ifdef LOOM_HAVE_CUDA
     call_dev = true;
-    return dev_attach(call_comm, p, ord, fn, name);
+    /* the communicator binds to the first device buffer's GPU (or its config's) */
+    if (call_comm->cuda_dev >= 0 && ord != call_comm->cuda_dev)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "%s: %s (%p) is on GPU %d, but rank %d of this communicator is bound "
+                          "to GPU %d",
+                          fn, name, p, ord, call_comm->rank, call_comm->cuda_dev);
+    call_comm->cuda_dev = ord;
+    return loomSuccess;
 #else
     return base_error(loomInvalidUsage, LOG_COLL,
                       "%s: %s (%p) is CUDA device memory, and this build of loom has no device "
@@ -537,13 +544,16 @@ static loomResult_t run_group(void)
     /* First device use of communicators: set them up together (one thread may drive several
      * ranks). */
     {
-        loomComm_t fresh[n];
+        dev_host_t *fresh[n];
         int nf = 0;
         for (int i = 0; i < n; i++) {
-            if (!gq[i].dev || dev_ready(gq[i].comm)) continue;
+            if (!gq[i].dev || dev_ready(&gq[i].comm->devh)) continue;
             int k = 0;
-            while (k < nf && fresh[k] != gq[i].comm) k++;
-            if (k == nf) fresh[nf++] = gq[i].comm;
+            while (k < nf && fresh[k] != &gq[i].comm->devh) k++;
+            if (k == nf) {
+                comm_devhost_fill(gq[i].comm);
+                fresh[nf++] = &gq[i].comm->devh;
+            }
         }
         if (nf) res = dev_setup(fresh, nf);
     }
@@ -564,13 +574,21 @@ static loomResult_t run_group(void)
         for (int q = i; q < n; q++) {
             coll_op_t *o = &gq[q];
             if (!o->dev || o->comm != c) continue;
-            dops[m++] = (dev_op_t){o->kind, o->send, o->recv, o->count, o->type, o->op, o->root,
-                                   o->stream};
+            dev_op_t *d = &dops[m++];
+            *d = (dev_op_t){.kind = o->kind, .send = o->send, .recv = o->recv,
+                            .count = o->count, .type = o->type, .op = o->op, .root = o->root,
+                            .stream = o->stream};
+            int pm = (int)o->op - loomNumOps;
+            if (pm >= 0) { /* the pre-multiplied sum's scalar */
+                d->scale_host = c->premul[pm].scalar;
+                d->scale_dev = c->premul[pm].dev_ptr;
+            }
             if (q != i) o->comm = NULL; /* taken */
         }
         atomic_fetch_add(&c->active_calls, 1);
         log_set_rank(c->rank);
-        loomResult_t r = dev_run(c, dops, m);
+        loomResult_t r = dev_run(&c->devh, dops, m);
+        if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
         atomic_fetch_sub(&c->active_calls, 1);
         if (r != loomSuccess && res == loomSuccess) res = r;
         free(dops);

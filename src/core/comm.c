@@ -138,7 +138,7 @@ static void comm_free(loomComm_t comm)
     if (comm == NULL) return;
     if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
 #ifdef LOOM_HAVE_CUDA
-    dev_free(comm);
+    dev_free(&comm->devh);
 #endif
     for (int t = 0; t < TP_MAX; t++)
         if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
@@ -680,7 +680,7 @@ bool comm_stop(loomComm_t comm, const char *reason)
 {
     if (atomic_exchange(&comm->aborting, 1)) return true;
 #ifdef LOOM_HAVE_CUDA
-    dev_abort(comm); /* kernels in flight stop spinning */
+    dev_abort(&comm->devh); /* kernels in flight stop spinning */
 #endif
     uint64_t one = 1;
     ssize_t n = write(comm->wake_fd, &one, sizeof(one));
@@ -717,7 +717,7 @@ LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *er
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetAsyncError: invalid communicator or NULL result pointer");
 #ifdef LOOM_HAVE_CUDA
-    dev_poll(comm);
+    dev_poll(&comm->devh);
 #endif
     loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
     if (a != loomInProgress && comm->init_thread_live) {

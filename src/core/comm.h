@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "base.h"
+#include "dev.h"
 #include "reduce.h"
 #include "schedule.h"
 #include "sock.h"
@@ -102,7 +103,9 @@ struct loomComm {
     char async_text[ERR_TEXT_MAX];
     bool finalized;
     int cuda_dev;             /* bound GPU, -1 none */
-    struct dev_state *dev;    /* device executor (src/cuda), NULL until device memory */
+    dev_host_t devh;          /* this communicator as the device executor (src/cuda) sees it;
+                                 devh.state is NULL until device memory is used */
+    loomComm_t dev_stage, dev_cross; /* the host side of device work crossing nodes */
 
     /* Non-blocking init. */
     pthread_t init_thread;
@@ -150,6 +153,8 @@ loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link);
 /* Stops the communicator without freeing it: later calls fail, blocked calls and kernels in
  * flight leave, peers learn `reason`. False if a call was still inside after 10 s. */
 bool comm_stop(loomComm_t comm, const char *reason);
+/* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */
+void comm_devhost_fill(loomComm_t comm);
 /* Tells every started transport to abort (peers learn `reason`). */
 void comm_abort_transports(loomComm_t comm, const char *reason);
 
@@ -182,6 +187,5 @@ loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
                       loomDataType_t type, red_op_t op);
 
 /* Operation descriptor names for messages. */
-const char *opkind_name(int kind);
 
 #endif

@@ -51,22 +51,6 @@ struct exec {
     bool dirty; /* a step finished since the last scan: more may be issuable */
 };
 
-const char *opkind_name(int kind)
-{
-    switch (kind) {
-    case OPK_ALLREDUCE: return "allreduce";
-    case OPK_BROADCAST: return "broadcast";
-    case OPK_REDUCE: return "reduce";
-    case OPK_ALLGATHER: return "allgather";
-    case OPK_REDUCESCATTER: return "reduce-scatter";
-    case OPK_ALLTOALL: return "alltoall";
-    case OPK_SEND: return "send";
-    case OPK_RECV: return "recv";
-    case OPK_SPLIT: return "internal exchange (split, device setup or handles)";
-    default: return "operation";
-    }
-}
-
 static const char *op_name(int op)
 {
     static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
@@ -96,7 +80,7 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
         break;
     case OPK_ALLREDUCE:
     case OPK_REDUCESCATTER:
-        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", opkind_name(d->kind), seq, count,
+        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", sched_opkind_name(d->kind), seq, count,
                  type, op_name(d->op));
         break;
     case OPK_REDUCE:
@@ -108,7 +92,7 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
                  d->root);
         break;
     default:
-        snprintf(buf, len, "%s seq %llu (count %llu, %s)", opkind_name(d->kind), seq, count, type);
+        snprintf(buf, len, "%s seq %llu (count %llu, %s)", sched_opkind_name(d->kind), seq, count, type);
         break;
     }
 }
@@ -373,7 +357,7 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
     if (atomic_load(&comm->aborting)) {
         loomResult_t r = base_error(loomRemoteError, LOG_COLL,
                                     "%s: the communicator was aborted (loomCommAbort)",
-                                    e->s->ndescs ? opkind_name(e->s->descs[0].kind) : "operation");
+                                    e->s->ndescs ? sched_opkind_name(e->s->descs[0].kind) : "operation");
         return r;
     }
     if (e->ndone == e->s->nsteps) {

@@ -25,7 +25,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "comm.h"
 #include "cuda_tp.h"
 #include "cudrv.h"
 #include "kernels.h"
@@ -38,20 +37,7 @@ extern const size_t loom_kernels_fatbin_size;
 
 #define STAGE_RING 4 /* pinned pieces in flight per communicator (allreduce pipeline) */
 #define DEV_IPC_CACHE 32 /* mapped user allocations per peer (LRU) */
-
-/* A collective the proxy runs on host memory for the stream. */
-typedef struct {
-    int kind;
-    size_t count;
-    loomDataType_t type;
-    loomRedOp_t op;
-    int root;
-    void *hsend, *hrecv;
-    int div;          /* divide the result by this (hierarchical avg), 0: no */
-    bool cross;       /* on the cross-node communicator (else the staging one) */
-    uint8_t scale[8]; /* pre-multiplied sum: scale the input first */
-    bool scaled;
-} host_op_t;
+#define DEV_TEXT_MAX 1024 /* error texts */
 
 typedef struct stage_job {
     struct stage_job *next;
@@ -61,7 +47,7 @@ typedef struct stage_job {
 } stage_job_t;
 
 struct dev_state {
-    loomComm_t comm;
+    dev_host_t *h; /* the communicator, as core shows it */
     const cudrv_t *d;
     int dev;
     CUdevice cudev;
@@ -105,7 +91,7 @@ struct dev_state {
     int pid[DEV_MAX_LOCAL];
     /* across nodes */
     bool multinode, hier_ok;
-    loomComm_t stage, cross;
+    bool staged; /* the host side's communicators are open */
     uint32_t *flags; /* host-mapped: [0] ready (stream -> proxy), [1] done (proxy -> stream) */
     CUdeviceptr flags_dev;
     uint32_t next_val;
@@ -123,7 +109,7 @@ struct dev_state {
     stage_job_t *qhead, *qtail;
 };
 
-static const char *kind_name(int k) { return opkind_name(k); }
+static const char *kind_name(int k) { return sched_opkind_name(k); }
 
 /* ---- context ---- */
 
@@ -143,37 +129,37 @@ static void ctx_leave(dev_state_t *s, CUcontext prev)
 /* ---- errors ---- */
 
 /* The kernel's failure record as the communicator's error. */
-void dev_poll(loomComm_t comm)
+void dev_poll(dev_host_t *h)
 {
-    dev_state_t *s = comm->dev;
+    dev_state_t *s = h->state;
     if (s == NULL || s->err == NULL || s->err->code == DEV_ERR_NONE) return;
-    if (atomic_load(&comm->async_error) != loomSuccess) return;
+    if (h->error(h, NULL) != loomSuccess) return;
     __sync_synchronize();
     dev_err_t e = *(dev_err_t *)s->err;
     int peer = e.peer >= 0 && e.peer < s->n ? s->lrank[e.peer] : -1;
-    char text[ERR_TEXT_MAX];
+    char text[DEV_TEXT_MAX];
     if (e.code == DEV_ERR_TIMEOUT)
         snprintf(text, sizeof(text),
                  "rank %d: the GPU kernel of %s (device operation %llu) waited %.1f s for rank "
                  "%d (block %d, %s step %llu, saw %llu) and gave up (LOOM_TIMEOUT=%g s): that "
                  "rank died, stalled, or did not make the same call",
-                 comm->rank, kind_name(s->opkind[e.seq % 64]), e.seq, e.waited_ns / 1e9, peer,
+                 h->rank, kind_name(s->opkind[e.seq % 64]), e.seq, e.waited_ns / 1e9, peer,
                  e.block, e.wait_kind == DEV_WAIT_ACK ? "acknowledgement of" : "data of", e.step,
-                 e.seen, comm->timeout_s);
+                 e.seen, h->timeout_s);
     else
         snprintf(text, sizeof(text),
                  "rank %d: the GPU kernel of %s (device operation %llu) stopped while waiting for "
                  "rank %d: the communicator was aborted",
-                 comm->rank, kind_name(s->opkind[e.seq % 64]), e.seq, peer);
+                 h->rank, kind_name(s->opkind[e.seq % 64]), e.seq, peer);
     WARN(LOG_CUDA, "%s", text);
-    comm_set_error(comm, e.code == DEV_ERR_TIMEOUT ? loomRemoteError : loomInvalidUsage, text);
+    h->set_error(h, e.code == DEV_ERR_TIMEOUT ? loomRemoteError : loomInvalidUsage, text);
 }
 
 static void *wd_main(void *arg)
 {
     dev_state_t *s = arg;
-    loomComm_t comm = s->comm;
-    log_set_rank(comm->rank);
+    dev_host_t *h = s->h;
+    log_set_rank(h->rank);
     struct pollfd fds[DEV_MAX_LOCAL + 1];
     while (!atomic_load(&s->stop)) {
         int nf = 0, who[DEV_MAX_LOCAL + 1];
@@ -191,17 +177,17 @@ static void *wd_main(void *arg)
             int j = who[i];
             close(s->pidfd[j]);
             s->pidfd[j] = -1;
-            char text[ERR_TEXT_MAX];
+            char text[DEV_TEXT_MAX];
             snprintf(text, sizeof(text),
                      "rank %d: rank %d (pid %d, GPU peer on this node) exited; its GPU memory "
                      "flags will never move again, so device collectives on this communicator "
                      "stop with this error (kernels in flight were told to give up)",
-                     comm->rank, s->lrank[j], s->pid[j]);
+                     h->rank, s->lrank[j], s->pid[j]);
             s->err->abort = 1;
             WARN(LOG_CUDA, "%s", text);
-            comm_set_error(comm, loomRemoteError, text);
+            h->set_error(h, loomRemoteError, text);
         }
-        dev_poll(comm);
+        dev_poll(h);
     }
     return NULL;
 }
@@ -216,8 +202,6 @@ typedef struct {
     int32_t pid, nslot, threads, push_threads;
 } dev_rec_t;
 
-loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
-
 static loomResult_t stage_start(dev_state_t *s);
 
 /* Setup runs in three local phases separated by two allgathers. Several communicators that
@@ -229,33 +213,34 @@ typedef struct {
     dev_rec_t *all;
 } setup_t;
 
-static loomResult_t setup_local(loomComm_t comm, int dev, setup_t *u)
+static loomResult_t setup_local(dev_host_t *h, setup_t *u)
 {
+    const int dev = h->cuda_dev;
     const char *why = NULL;
     const cudrv_t *d = cudrv_get(&why);
     if (d == NULL)
         return base_error(loomInvalidUsage, LOG_CUDA, "rank %d: device buffer but %s",
-                          comm->rank, why);
+                          h->rank, why);
     dev_state_t *s = calloc(1, sizeof(*s));
-    u->all = calloc((size_t)comm->nranks, sizeof(dev_rec_t));
+    u->all = calloc((size_t)h->nranks, sizeof(dev_rec_t));
     if (s == NULL || u->all == NULL) {
         free(s);
         return base_error(loomSystemError, LOG_CUDA, "out of memory");
     }
     u->s = s;
-    s->comm = comm;
+    s->h = h;
     s->d = d;
     s->dev = dev;
     s->wake_fd = -1;
     for (int j = 0; j < DEV_MAX_LOCAL; j++) s->pidfd[j] = -1;
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
-    comm->dev = s;
+    h->state = s;
     CUresult cr = d->cuDeviceGet(&s->cudev, dev);
     if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->ctx, s->cudev);
     if (cr != CUDA_SUCCESS) {
         s->ctx = NULL;
-        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: GPU %d: %s", comm->rank,
+        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: GPU %d: %s", h->rank,
                           dev, cudrv_err(cr));
     }
     CUcontext prev = ctx_enter(s);
@@ -275,18 +260,18 @@ static loomResult_t setup_local(loomComm_t comm, int dev, setup_t *u)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: loading loom's kernels on GPU %d: %s (this build's kernels are "
                           "for sm_90 with PTX for newer GPUs)",
-                          comm->rank, dev, cudrv_err(cr));
+                          h->rank, dev, cudrv_err(cr));
     s->flags_dev = s->err_dev + 2048;
     /* The node's ranks, in communicator order. */
-    s->n = comm->local_size;
-    s->me = comm->local_rank;
+    s->n = h->local_size;
+    s->me = h->local_rank;
     if (s->n > DEV_MAX_LOCAL)
         return base_error(loomInvalidUsage, LOG_CUDA,
                           "rank %d: %d ranks of this communicator are on one node; the device "
                           "executor takes at most %d GPUs per node",
-                          comm->rank, s->n, DEV_MAX_LOCAL);
+                          h->rank, s->n, DEV_MAX_LOCAL);
     for (int j = 0; j < s->n; j++)
-        s->lrank[j] = comm->node_ranks[comm->node_start[comm->node] + j];
+        s->lrank[j] = h->node_ranks[h->node_start[h->node] + j];
     /* Sizes: rank 0's parameters hold for the job (the layout must match everywhere). */
     dev_rec_t *m = &u->mine;
     memset(m, 0, sizeof(*m));
@@ -311,7 +296,7 @@ static loomResult_t setup_local(loomComm_t comm, int dev, setup_t *u)
 static loomResult_t setup_region(setup_t *u)
 {
     dev_state_t *s = u->s;
-    loomComm_t comm = s->comm;
+    dev_host_t *h = s->h;
     const cudrv_t *d = s->d;
     dev_rec_t *all = u->all;
     s->nblocks = all[0].nblocks;
@@ -328,11 +313,11 @@ static loomResult_t setup_region(setup_t *u)
     s->couple = (int)param_int(PARAM_CUDA_COUPLE);
     for (int j = 0; j < s->n; j++) {
         int q = s->lrank[j];
-        if (q != comm->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0)
+        if (q != h->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0)
             return base_error(loomInvalidUsage, LOG_CUDA,
                               "rank %d and rank %d of this communicator both use the same GPU "
                               "(device %d here, device %d there): one rank per GPU",
-                              comm->rank, q, s->dev, all[q].dev);
+                              h->rank, q, s->dev, all[q].dev);
     }
     size_t bytes = DEV_REGION_BYTES(s->n, s->nblocks, s->nslot, s->slot, s->lla_cap);
     CUcontext prev = ctx_enter(s);
@@ -347,7 +332,7 @@ static loomResult_t setup_region(setup_t *u)
         if (st) d->cuStreamDestroy(st);
         if (cr != CUDA_SUCCESS)
             res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                             "rank %d: clearing the exchange memory: %s", comm->rank,
+                             "rank %d: clearing the exchange memory: %s", h->rank,
                              cudrv_err(cr));
     }
     ctx_leave(s, prev);
@@ -394,45 +379,42 @@ static loomResult_t setup_peers(setup_t *u)
     return loomSuccess;
 }
 
-loomResult_t coll_internal_allgather_many(loomComm_t *comms, const void *const *send,
-                                          void *const *recv, size_t bytes, int k);
-
 static loomResult_t gather_recs(setup_t *u, int k)
 {
-    loomComm_t *cs = calloc((size_t)k, sizeof(*cs));
+    dev_host_t **hs = calloc((size_t)k, sizeof(*hs));
     const void **snd = calloc((size_t)k, sizeof(*snd));
     void **rcv = calloc((size_t)k, sizeof(*rcv));
     loomResult_t r = loomSystemError;
-    if (cs && snd && rcv) {
+    if (hs && snd && rcv) {
         for (int i = 0; i < k; i++) {
-            cs[i] = u[i].s->comm;
+            hs[i] = u[i].s->h;
             snd[i] = &u[i].mine;
             rcv[i] = u[i].all;
         }
-        r = coll_internal_allgather_many(cs, snd, rcv, sizeof(dev_rec_t), k);
+        r = hs[0]->allgather(hs, snd, rcv, sizeof(dev_rec_t), k);
     } else {
         base_error(r, LOG_CUDA, "out of memory");
     }
-    free(cs);
+    free(hs);
     free(snd);
     free(rcv);
     return r;
 }
 
-loomResult_t dev_setup(loomComm_t *comms, int k)
+loomResult_t dev_setup(dev_host_t *const *hs, int k)
 {
     setup_t *u = calloc((size_t)k, sizeof(*u));
     if (u == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
     loomResult_t res = loomSuccess;
     for (int i = 0; i < k && res == loomSuccess; i++)
-        res = setup_local(comms[i], comms[i]->cuda_dev, &u[i]);
+        res = setup_local(hs[i], &u[i]);
     if (res == loomSuccess) res = gather_recs(u, k);
     for (int i = 0; i < k && res == loomSuccess; i++) res = setup_region(&u[i]);
     if (res == loomSuccess) res = gather_recs(u, k);
     for (int i = 0; i < k && res == loomSuccess; i++) res = setup_peers(&u[i]);
     for (int i = 0; i < k && res == loomSuccess; i++) {
         dev_state_t *s = u[i].s;
-        s->multinode = s->comm->nnodes > 1;
+        s->multinode = s->h->nnodes > 1;
         if (!s->multinode) continue;
         if (k > 1)
             res = base_error(loomInvalidUsage, LOG_CUDA,
@@ -443,9 +425,9 @@ loomResult_t dev_setup(loomComm_t *comms, int k)
             res = stage_start(s);
     }
     if (res != loomSuccess) {
-        char text[ERR_TEXT_MAX];
+        char text[DEV_TEXT_MAX];
         snprintf(text, sizeof(text), "%s", base_last_error());
-        for (int i = 0; i < k; i++) comm_set_error(comms[i], res, text);
+        for (int i = 0; i < k; i++) hs[i]->set_error(hs[i], res, text);
         base_set_error_text(text);
     }
     for (int i = 0; i < k; i++) free(u[i].all);
@@ -453,19 +435,7 @@ loomResult_t dev_setup(loomComm_t *comms, int k)
     return res;
 }
 
-loomResult_t dev_attach(loomComm_t comm, const void *ptr, int ord, const char *fn,
-                        const char *name)
-{
-    if (comm->cuda_dev >= 0 && ord != comm->cuda_dev)
-        return base_error(loomInvalidUsage, LOG_CUDA,
-                          "%s: %s (%p) is on GPU %d, but rank %d of this communicator is bound "
-                          "to GPU %d",
-                          fn, name, ptr, ord, comm->rank, comm->cuda_dev);
-    comm->cuda_dev = ord;
-    return loomSuccess;
-}
-
-bool dev_ready(loomComm_t comm) { return comm->dev != NULL; }
+bool dev_ready(const dev_host_t *h) { return h->state != NULL; }
 
 /* ---- launching ---- */
 
@@ -486,7 +456,7 @@ static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
     CUresult cr = s->d->cuStreamWaitEvent(st, s->ev, 0);
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: ordering after the previous stream: %s", s->comm->rank,
+                          "rank %d: ordering after the previous stream: %s", s->h->rank,
                           cudrv_err(cr));
     return loomSuccess;
 }
@@ -497,7 +467,7 @@ static loomResult_t mark_stream(dev_state_t *s, CUstream st, bool cap)
     CUresult cr = s->d->cuEventRecord(s->ev, st);
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: cuEventRecord: %s",
-                          s->comm->rank, cudrv_err(cr));
+                          s->h->rank, cudrv_err(cr));
     s->last = st;
     s->have_last = true;
     return loomSuccess;
@@ -515,7 +485,7 @@ static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const v
     a->nslot = s->nslot;
     a->push_threads = s->push_threads;
     a->empty = s->empty;
-    a->timeout_ns = (unsigned long long)(s->comm->timeout_s * 1e9);
+    a->timeout_ns = (unsigned long long)(s->h->timeout_s * 1e9);
     a->send = send;
     a->recv = recv;
     a->err = (dev_err_t *)(uintptr_t)s->err_dev;
@@ -579,41 +549,36 @@ static loomResult_t launch(dev_state_t *s, dev_args_t *a, CUstream st)
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: launching the kernel of %s (device operation %llu): %s",
-                          s->comm->rank, kind_name(s->opkind[a->seq % 64]), a->seq,
+                          s->h->rank, kind_name(s->opkind[a->seq % 64]), a->seq,
                           cudrv_err(cr));
     return loomSuccess;
 }
 
-/* The reduction fields of a kernel's arguments. */
-static loomResult_t set_reduction(dev_state_t *s, dev_args_t *a, loomDataType_t type,
-                                  loomRedOp_t op)
+/* The reduction fields of a kernel's arguments (op: o's, or another that replaces it). */
+static void set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op)
 {
-    loomComm_t comm = s->comm;
+    loomDataType_t type = o->type;
     a->dtype = (int)type;
     a->op = op == loomProd ? 1 : op == loomMax ? 2 : op == loomMin ? 3 : 0;
     a->avg = op == loomAvg;
-    int pm = (int)op - loomNumOps;
-    if (pm >= 0) {
-        premul_t *p = &comm->premul[pm];
-        a->premul = 1;
-        if (p->dev_ptr) {
-            a->scale_dev = p->dev_ptr;
-        } else {
-            const uint8_t *v = p->scalar;
-            switch (type) {
-            case loomFloat16: a->scale_f = red_half_to_float(*(const uint16_t *)v); break;
-            case loomBfloat16: a->scale_f = red_bf16_to_float(*(const uint16_t *)v); break;
-            case loomFloat32: a->scale_f = *(const float *)v; break;
-            case loomFloat64: a->scale_f = *(const double *)v; break;
-            case loomInt8: a->scale_i = *(const int8_t *)v; break;
-            case loomUint8: a->scale_i = *(const uint8_t *)v; break;
-            case loomInt32: a->scale_i = *(const int32_t *)v; break;
-            case loomUint32: a->scale_i = *(const uint32_t *)v; break;
-            default: memcpy(&a->scale_i, v, 8); break;
-            }
-        }
+    if ((int)op < loomNumOps) return;
+    a->premul = 1;
+    if (o->scale_dev) {
+        a->scale_dev = o->scale_dev;
+        return;
     }
-    return loomSuccess;
+    const uint8_t *v = o->scale_host;
+    switch (type) {
+    case loomFloat16: a->scale_f = red_half_to_float(*(const uint16_t *)v); break;
+    case loomBfloat16: a->scale_f = red_bf16_to_float(*(const uint16_t *)v); break;
+    case loomFloat32: a->scale_f = *(const float *)v; break;
+    case loomFloat64: a->scale_f = *(const double *)v; break;
+    case loomInt8: a->scale_i = *(const int8_t *)v; break;
+    case loomUint8: a->scale_i = *(const uint8_t *)v; break;
+    case loomInt32: a->scale_i = *(const int32_t *)v; break;
+    case loomUint32: a->scale_i = *(const uint32_t *)v; break;
+    default: memcpy(&a->scale_i, v, 8); break;
+    }
 }
 
 /* Element ranges of a two-shot split: boundaries on 16 bytes, so that pieces stay aligned. */
@@ -690,7 +655,7 @@ static loomResult_t ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMe
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: mapping rank %d's buffer (allocation %llu): "
                           "cuIpcOpenMemHandle: %s",
-                          s->comm->rank, s->lrank[j], (unsigned long long)id, cudrv_err(cr));
+                          s->h->rank, s->lrank[j], (unsigned long long)id, cudrv_err(cr));
     *lru = (struct ipc_in){.id = id, .use = ++s->ipc_clock, .base = *base};
     return loomSuccess;
 }
@@ -712,20 +677,20 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     if (!s->direct_ok || total < (rs ? 4 : 1) * s->direct_min || (int)o->op >= loomNumOps ||
         s->n < 2)
         return loomSuccess;
-    direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->comm->nranks, sizeof(*all));
+    direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->h->nranks, sizeof(*all));
     if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
     if (mine.ok)
         mine.ok = ipc_export(s, o->send, &mine.sid, &mine.soff, &mine.sh) &&
                   (rs || ipc_export(s, o->recv, &mine.rid, &mine.roff, &mine.rh));
     const void *sp = &mine;
     void *rp = all;
-    loomResult_t res = coll_internal_allgather_many(&s->comm, &sp, &rp, sizeof(mine), 1);
+    loomResult_t res = s->h->allgather(&s->h, &sp, &rp, sizeof(mine), 1);
     bool ok = res == loomSuccess;
     for (int j = 0; j < s->n && ok; j++) ok = all[s->lrank[j]].ok;
     dev_args_t a;
     if (ok) {
         args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
-        set_reduction(s, &a, o->type, o->op);
+        set_reduction(&a, o, o->op);
         a.direct_fanout = !rs;
         for (int j = 0; j < s->n && res == loomSuccess; j++) {
             if (j == s->me) continue;
@@ -756,7 +721,7 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: launching the direct %s (device operation %llu): %s",
-                          s->comm->rank, kind_name(o->kind), a.seq, cudrv_err(cr));
+                          s->h->rank, kind_name(o->kind), a.seq, cudrv_err(cr));
     *done = true;
     return loomSuccess;
 }
@@ -767,7 +732,7 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
     dev_args_t a;
     size_t S = o->count * red_type_size(o->type);
     args_init(s, &a, DEV_LLA, o->kind, o->send, o->recv);
-    set_reduction(s, &a, o->type, o->op);
+    set_reduction(&a, o, o->op);
     a.self_len = S;
     a.lla_base = DEV_LLA_BASE(s->n, s->nblocks, s->nslot, s->slot);
     a.lla_cap = s->lla_cap;
@@ -795,7 +760,7 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: launching the low-latency allreduce (device operation %llu): "
                           "%s",
-                          s->comm->rank, a.seq, cudrv_err(cr));
+                          s->h->rank, a.seq, cudrv_err(cr));
     return loomSuccess;
 }
 
@@ -813,7 +778,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
         bool oneshot = n <= 2 || S <= s->oneshot;
         if (oneshot) {
             args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
-            set_reduction(s, &a, o->type, o->op);
+            set_reduction(&a, o, o->op);
             for (int j = 0; j < n; j++)
                 if (j != me) a.io[j] = (dev_io_t){0, S, 0, S};
             a.self_len = S;
@@ -822,7 +787,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
         size_t off, len, offj, lenj;
         seg_of(o->count, es, n, me, &off, &len);
         args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
-        set_reduction(s, &a, o->type, o->op);
+        set_reduction(&a, o, o->op);
         for (int j = 0; j < n; j++) {
             if (j == me) continue;
             seg_of(o->count, es, n, j, &offj, &lenj);
@@ -854,7 +819,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     case OPK_REDUCE: {
         int root = o->root;
         args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
-        set_reduction(s, &a, o->type, o->op);
+        set_reduction(&a, o, o->op);
         if (me == root) {
             for (int j = 0; j < n; j++)
                 if (j != me) a.io[j].recv_len = S;
@@ -876,7 +841,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
         LOOM_CHECK(run_direct(s, o, st, cap, &done));
         if (done) return loomSuccess;
         args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
-        set_reduction(s, &a, o->type, o->op);
+        set_reduction(&a, o, o->op);
         for (int j = 0; j < n; j++)
             if (j != me) a.io[j] = (dev_io_t){(size_t)j * S, S, 0, S};
         a.self_src = (size_t)me * S;
@@ -901,7 +866,6 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
  * NULL), since every call has its own. */
 static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstream st)
 {
-    loomComm_t comm = s->comm;
     int layer = 0;
     for (;;) {
         dev_args_t a;
@@ -929,14 +893,14 @@ static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstr
             return base_error(loomInvalidUsage, LOG_P2P,
                               "rank %d: a device send to itself needs a matching receive from "
                               "itself in the same group",
-                              comm->rank);
+                              s->h->rank);
         if (self_send) {
             size_t sb = self_send->count * red_type_size(self_send->type);
             size_t rb = self_recv->count * red_type_size(self_recv->type);
             if (sb != rb)
                 return base_error(loomInvalidUsage, LOG_P2P,
                                   "rank %d: send to self of %zu bytes meets a receive of %zu",
-                                  comm->rank, sb, rb);
+                                  s->h->rank, sb, rb);
             a.self_src = (uintptr_t)self_send->send;
             a.self_dst = (uintptr_t)self_recv->recv;
             a.self_len = sb;
@@ -954,14 +918,14 @@ static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstr
     }
 }
 
-loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
+loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
 {
-    dev_state_t *s = comm->dev;
+    dev_state_t *s = h->state;
     if (s == NULL) return base_error(loomInternalError, LOG_CUDA, "device executor not set up");
-    dev_poll(comm);
-    if (atomic_load(&comm->async_error) != loomSuccess)
-        return base_error((loomResult_t)atomic_load(&comm->async_error), LOG_CUDA, "%s",
-                          comm->async_text);
+    dev_poll(h);
+    const char *why = NULL;
+    loomResult_t broken = h->error(h, &why);
+    if (broken != loomSuccess) return base_error(broken, LOG_CUDA, "%s", why);
     CUcontext prev = ctx_enter(s);
     loomResult_t res = loomSuccess;
     for (int i = 0; i < nops && res == loomSuccess;) {
@@ -980,7 +944,7 @@ loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
             if (s->d->cuEventRecord(s->ev, sq) != CUDA_SUCCESS ||
                 s->d->cuStreamWaitEvent(st, s->ev, 0) != CUDA_SUCCESS)
                 res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                                 "rank %d: joining the streams of a group", comm->rank);
+                                 "rank %d: joining the streams of a group", h->rank);
         }
         if (res != loomSuccess) break;
         if (s->multinode) {
@@ -998,10 +962,9 @@ loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops)
             CUresult cr = s->d->cuStreamWaitEvent(sq, s->ev, 0); /* recorded on st above */
             if (cr != CUDA_SUCCESS)
                 res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                                 "rank %d: joining the streams of a group: %s", comm->rank,
+                                 "rank %d: joining the streams of a group: %s", h->rank,
                                  cudrv_err(cr));
         }
-        if (res == loomSuccess) comm->stats.collectives += (uint64_t)k;
         i += k;
     }
     ctx_leave(s, prev);
@@ -1014,21 +977,20 @@ static void *proxy_main(void *arg);
 
 static loomResult_t stage_start(dev_state_t *s)
 {
-    loomComm_t comm = s->comm;
+    dev_host_t *h = s->h;
     /* Equal GPUs per node: the hierarchical allreduce (shards cross nodes between the ranks of
      * the same local index). Otherwise the whole buffer crosses through the staging copy of
      * the communicator, whose host algorithms know the layout. */
     s->hier_ok = s->n > 1;
-    for (int nd = 0; nd < comm->nnodes; nd++)
-        if (comm->node_start[nd + 1] - comm->node_start[nd] != s->n) s->hier_ok = false;
-    LOOM_CHECK(loomCommSplit(comm, 0, comm->rank, &s->stage, NULL));
-    LOOM_CHECK(loomCommSplit(comm, s->hier_ok ? s->me : LOOM_SPLIT_NOCOLOR, comm->node,
-                             &s->cross, NULL));
+    for (int nd = 0; nd < h->nnodes; nd++)
+        if (h->node_start[nd + 1] - h->node_start[nd] != s->n) s->hier_ok = false;
+    LOOM_CHECK(h->stage_open(h, s->hier_ok ? s->me : -1));
+    s->staged = true;
     if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0)
         return base_error(loomSystemError, LOG_CUDA, "starting the GPU proxy thread failed");
     s->proxy_live = true;
     INFO(LOG_CUDA, "device buffers cross %d nodes through pinned host memory (%s)",
-         comm->nnodes, s->hier_ok ? "hierarchical allreduce" : "whole buffers");
+         h->nnodes, s->hier_ok ? "hierarchical allreduce" : "whole buffers");
     return loomSuccess;
 }
 
@@ -1047,7 +1009,7 @@ static loomResult_t pinned(dev_state_t *s, uint8_t **p, size_t *have, size_t wan
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
                           "rank %d: pinning %zu bytes of host memory for staging: %s",
-                          s->comm->rank, sz, cudrv_err(cr));
+                          s->h->rank, sz, cudrv_err(cr));
     *have = sz;
     return loomSuccess;
 }
@@ -1074,7 +1036,7 @@ static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uin
         CUresult r_ = (call);                                                                      \
         if (r_ != CUDA_SUCCESS)                                                                    \
             return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: %s: %s",                 \
-                              s->comm->rank, #call, cudrv_err(r_));                                \
+                              s->h->rank, #call, cudrv_err(r_));                                \
     } while (0)
 
 static loomResult_t stream_handoff(dev_state_t *s, CUstream st, uint32_t val)
@@ -1095,16 +1057,15 @@ static loomResult_t refuse_capture(dev_state_t *s, const dev_op_t *o)
                       "rank %d: %s on device buffers across nodes cannot be captured in a CUDA "
                       "graph (its network part runs on a host proxy); capture same-node "
                       "communicators only",
-                      s->comm->rank, kind_name(o->kind));
+                      s->h->rank, kind_name(o->kind));
 }
 
-static void host_reduction(host_op_t *h, dev_state_t *s, loomRedOp_t op)
+static void host_reduction(host_op_t *h, const dev_op_t *o)
 {
-    int pm = (int)op - loomNumOps;
-    h->op = op;
-    if (pm >= 0) {
+    h->op = o->op;
+    if ((int)o->op >= loomNumOps) {
         h->scaled = true;
-        memcpy(h->scale, s->comm->premul[pm].scalar, 8);
+        memcpy(h->scale, o->scale_host, 8);
         h->op = loomSum;
     }
 }
@@ -1113,11 +1074,11 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
 {
     if (cap) return refuse_capture(s, o);
     int pm = (int)o->op - loomNumOps;
-    if (pm >= 0 && s->comm->premul[pm].dev_ptr && !s->hier_ok)
+    if (pm >= 0 && o->scale_dev && !s->hier_ok)
         return base_error(loomInvalidUsage, LOG_CUDA,
                           "rank %d: a pre-multiplied sum with a device-resident scalar cannot "
                           "cross nodes with this layout (uneven GPUs per node)",
-                          s->comm->rank);
+                          s->h->rank);
     size_t es = red_type_size(o->type);
     size_t off = 0, len = o->count;
     const char *src = o->send;
@@ -1127,7 +1088,7 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
         dev_args_t a;
         seg_of(o->count, es, s->n, s->me, &off, &len);
         args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
-        set_reduction(s, &a, o->type, o->op == loomAvg ? loomSum : o->op);
+        set_reduction(&a, o, o->op == loomAvg ? loomSum : o->op);
         for (int j = 0; j < s->n; j++) {
             if (j == s->me) continue;
             size_t oj, lj;
@@ -1157,12 +1118,12 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
             host_op_t hop = {.kind = OPK_ALLREDUCE, .count = pl / es, .type = o->type,
                              .root = -1, .hsend = h, .hrecv = h, .cross = s->hier_ok};
             if (!s->hier_ok) {
-                host_reduction(&hop, s, o->op);
+                host_reduction(&hop, o);
             } else {
                 /* the node's reduce-scatter already scaled a premul sum; avg divides once, by
                  * all ranks, after the sum across nodes */
                 hop.op = pm >= 0 || o->op == loomAvg ? loomSum : o->op;
-                if (o->op == loomAvg) hop.div = s->comm->nranks;
+                if (o->op == loomAvg) hop.div = s->h->nranks;
             }
             LOOM_CHECK(post_job(s, &hop, 1, &vals[k % STAGE_RING]));
             LOOM_CHECK(stream_handoff(s, st, vals[k % STAGE_RING]));
@@ -1195,8 +1156,7 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
                                   bool cap)
 {
     if (cap) return refuse_capture(s, o);
-    loomComm_t comm = s->comm;
-    int p = comm->nranks, r = comm->rank;
+    int p = s->h->nranks, r = s->h->rank;
     /* lay out every call's host input and output in the arena */
     size_t need = 0;
     size_t *in_off = calloc((size_t)nops * 2, sizeof(size_t));
@@ -1227,7 +1187,7 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
         host_op_t *hp = &hops[i];
         *hp = (host_op_t){.kind = q->kind, .count = q->count, .type = q->type, .root = q->root,
                           .hsend = h, .hrecv = h};
-        host_reduction(hp, s, q->op);
+        host_reduction(hp, q);
         CUdeviceptr dsend = (CUdeviceptr)(uintptr_t)q->send;
         CUresult cr = CUDA_SUCCESS;
         switch (q->kind) {
@@ -1284,55 +1244,31 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
     return res;
 }
 
+/* A job's host part: scale pre-multiplied inputs, run the collectives on the host side, divide
+ * hierarchical averages. */
 static loomResult_t proxy_run(dev_state_t *s, stage_job_t *j)
 {
-    LOOM_CHECK(loomGroupStart());
-    loomResult_t res = loomSuccess;
-    for (int i = 0; i < j->nops && res == loomSuccess; i++) {
-        host_op_t *h = &j->ops[i];
-        loomComm_t c = h->cross ? s->cross : s->stage;
-        if (h->scaled && h->hsend)
-            red_host_scale(h->type, h->hsend, h->hsend, h->scale,
-                           h->kind == OPK_REDUCESCATTER ? h->count * (size_t)c->nranks
-                                                        : h->count);
-        switch (h->kind) {
-        case OPK_ALLREDUCE:
-            res = loomAllReduce(h->hsend, h->hrecv, h->count, h->type, h->op, c, NULL);
-            break;
-        case OPK_BROADCAST:
-            res = loomBroadcast(h->hsend, h->hrecv, h->count, h->type, h->root, c, NULL);
-            break;
-        case OPK_REDUCE:
-            res = loomReduce(h->hsend, h->hrecv, h->count, h->type, h->op, h->root, c, NULL);
-            break;
-        case OPK_ALLGATHER:
-            res = loomAllGather(h->hsend, h->hrecv, h->count, h->type, c, NULL);
-            break;
-        case OPK_REDUCESCATTER:
-            res = loomReduceScatter(h->hsend, h->hrecv, h->count, h->type, h->op, c, NULL);
-            break;
-        case OPK_ALLTOALL:
-            res = loomAlltoAll(h->hsend, h->hrecv, h->count, h->type, c, NULL);
-            break;
-        case OPK_SEND: res = loomSend(h->hsend, h->count, h->type, h->root, c, NULL); break;
-        case OPK_RECV: res = loomRecv(h->hrecv, h->count, h->type, h->root, c, NULL); break;
-        default: break;
-        }
+    for (int i = 0; i < j->nops; i++) {
+        host_op_t *o = &j->ops[i];
+        /* the cross-node communicator has one rank per node, the staging one every rank */
+        size_t ranks = (size_t)(o->cross ? s->h->nnodes : s->h->nranks);
+        if (o->scaled && o->hsend)
+            red_host_scale(o->type, o->hsend, o->hsend, o->scale,
+                           o->kind == OPK_REDUCESCATTER ? o->count * ranks : o->count);
     }
-    loomResult_t g = loomGroupEnd();
-    if (res == loomSuccess) res = g;
-    for (int i = 0; i < j->nops && res == loomSuccess; i++)
+    LOOM_CHECK(s->h->stage_run(s->h, j->ops, j->nops));
+    for (int i = 0; i < j->nops; i++)
         if (j->ops[i].div > 1)
             red_host_div(j->ops[i].type, j->ops[i].hrecv, j->ops[i].hrecv, j->ops[i].div,
                          j->ops[i].count);
-    return res;
+    return loomSuccess;
 }
 
 static void *proxy_main(void *arg)
 {
     dev_state_t *s = arg;
-    loomComm_t comm = s->comm;
-    log_set_rank(comm->rank);
+    dev_host_t *h = s->h;
+    log_set_rank(h->rank);
     for (;;) {
         pthread_mutex_lock(&s->qlock);
         while (s->qhead == NULL && !atomic_load(&s->stop)) pthread_cond_wait(&s->qcond, &s->qlock);
@@ -1355,14 +1291,14 @@ static void *proxy_main(void *arg)
             if (base_now_ns() - t0 > 20000) usleep(20);
         }
         __sync_synchronize();
-        if (ok && atomic_load(&comm->async_error) == loomSuccess) {
+        if (ok && h->error(h, NULL) == loomSuccess) {
             loomResult_t r = proxy_run(s, j);
             if (r != loomSuccess) {
-                char text[ERR_TEXT_MAX];
+                char text[DEV_TEXT_MAX];
                 snprintf(text, sizeof(text),
                          "rank %d: the network part of a device collective failed: %s",
-                         comm->rank, base_last_error());
-                comm_set_error(comm, r, text);
+                         h->rank, base_last_error());
+                h->set_error(h, r, text);
             }
         }
         /* released even after a failure, so that the stream never waits forever; the
@@ -1393,19 +1329,18 @@ static void dev_stop_threads(dev_state_t *s)
     s->proxy_live = false;
 }
 
-void dev_abort(loomComm_t comm)
+void dev_abort(dev_host_t *h)
 {
-    dev_state_t *s = comm->dev;
+    dev_state_t *s = h->state;
     if (s == NULL) return;
     if (s->err) s->err->abort = 1;
     /* the proxy may be blocked in a host collective of the staging communicators */
-    if (s->stage) comm_stop(s->stage, "the parent communicator was aborted");
-    if (s->cross) comm_stop(s->cross, "the parent communicator was aborted");
+    if (s->staged) h->stage_stop(h, "the parent communicator was aborted");
 }
 
-void dev_free(loomComm_t comm)
+void dev_free(dev_host_t *h)
 {
-    dev_state_t *s = comm->dev;
+    dev_state_t *s = h->state;
     if (s == NULL) return;
     const cudrv_t *d = s->d;
     CUcontext prev = s->ctx ? ctx_enter(s) : NULL;
@@ -1417,8 +1352,7 @@ void dev_free(loomComm_t comm)
         n = j->next;
         free(j);
     }
-    if (s->stage) loomCommDestroy(s->stage);
-    if (s->cross) loomCommDestroy(s->cross);
+    if (s->staged) h->stage_close(h);
     for (int j = 0; j < DEV_MAX_LOCAL; j++)
         for (int i = 0; i < DEV_IPC_CACHE; i++)
             if (s->ipc_in[j][i].use) d->cuIpcCloseMemHandle(s->ipc_in[j][i].base);
@@ -1442,7 +1376,7 @@ void dev_free(loomComm_t comm)
     pthread_mutex_destroy(&s->qlock);
     pthread_cond_destroy(&s->qcond);
     free(s);
-    comm->dev = NULL;
+    h->state = NULL;
 }
 
 /* ---- loomMemAlloc ---- */

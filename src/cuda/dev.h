@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom.h"
 
@@ -30,25 +31,67 @@ typedef struct {
     loomRedOp_t op;
     int root; /* root, or peer for send/recv */
     cudaStream_t stream;
+    /* a pre-multiplied sum (op >= loomNumOps): the scalar, host bytes or device memory */
+    const void *scale_host, *scale_dev;
 } dev_op_t;
 
-/* Called for each device buffer of a call (ordinal: its GPU): binds the communicator to the
- * buffer's device (a
- * buffer on another device is refused). */
-loomResult_t dev_attach(loomComm_t comm, const void *ptr, int ordinal, const char *fn,
-                        const char *name);
+/* A collective that the host side runs on host memory for work crossing nodes. */
+typedef struct {
+    int kind;
+    size_t count;
+    loomDataType_t type;
+    loomRedOp_t op;
+    int root;
+    void *hsend, *hrecv;
+    int div;          /* divide the result by this (hierarchical avg), 0: no */
+    bool cross;       /* between the ranks of one local index across nodes (else all ranks) */
+    uint8_t scale[8]; /* pre-multiplied sum: scale the input first */
+    bool scaled;
+} host_op_t;
+
+/*
+ * The communicator as the device executor sees it. The executor sits below core: it never sees
+ * core's communicator, only this, which core fills in before the first device call and keeps
+ * inside the communicator. The services are core's: the communicator's error, an allgather
+ * among its ranks, and the host collectives of work that crosses nodes.
+ */
+typedef struct dev_host dev_host_t;
+struct dev_host {
+    int rank, nranks, node, nnodes;
+    int local_rank, local_size;
+    const int *node_ranks, *node_start; /* ranks by node; node k's are [start[k], start[k+1]) */
+    double timeout_s;
+    int cuda_dev;       /* the GPU this rank is bound to */
+    dev_state_t *state; /* the executor's, NULL until set up */
+    /* the communicator's asynchronous error (loomSuccess: none) and its text */
+    loomResult_t (*error)(dev_host_t *h, const char **text);
+    void (*set_error)(dev_host_t *h, loomResult_t res, const char *text);
+    /* allgather of `bytes` from every rank, for k communicators driven by this thread at once */
+    loomResult_t (*allgather)(dev_host_t *const *hs, const void *const *send, void *const *recv,
+                              size_t bytes, int k);
+    /* Work crossing nodes: stage_open makes the host side's communicators (all ranks, and
+     * the ranks of local index `cross_color` on every node, or none if negative); stage_run
+     * runs ops on them as one group (blocking, on the executor's proxy thread); stage_stop
+     * aborts what runs there; stage_close frees them. */
+    loomResult_t (*stage_open)(dev_host_t *h, int cross_color);
+    loomResult_t (*stage_run)(dev_host_t *h, const host_op_t *ops, int nops);
+    void (*stage_stop)(dev_host_t *h, const char *why);
+    void (*stage_close)(dev_host_t *h);
+};
+
 /* Whether the exchange is set up; dev_setup sets it up for k communicators together
  * (collective: every rank meets its first device call at the same point). On failure each
  * communicator is marked broken with the reason. */
-bool dev_ready(loomComm_t comm);
-loomResult_t dev_setup(loomComm_t *comms, int k);
-/* Orders ops (all on comm, all with device buffers, in call order) on their streams. */
-loomResult_t dev_run(loomComm_t comm, const dev_op_t *ops, int nops);
+bool dev_ready(const dev_host_t *h);
+loomResult_t dev_setup(dev_host_t *const *hs, int k);
+/* Orders ops (all on one communicator, all with device buffers, in call order) on their
+ * streams. */
+loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops);
 /* Turns a failure seen by a kernel or the watchdog into the communicator's error. */
-void dev_poll(loomComm_t comm);
+void dev_poll(dev_host_t *h);
 /* Stops kernels in flight (abort) and frees the device state. */
-void dev_abort(loomComm_t comm);
-void dev_free(loomComm_t comm);
+void dev_abort(dev_host_t *h);
+void dev_free(dev_host_t *h);
 /* loomMemAlloc / loomMemFree: plain device memory on the current context's device. */
 loomResult_t dev_mem_alloc(void **ptr, size_t size);
 loomResult_t dev_mem_free(void *ptr);
