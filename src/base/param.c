@@ -80,6 +80,10 @@ static const param_desc_t params[PARAM_COUNT] = {
                         "1: launch the low-latency allreduce as a programmatic dependent launch "
                         "(the GPU schedules it while the kernel before it is still running); "
                         "0: plain launches"},
+    [PARAM_CUDA_SHARE_GPU] = {"CUDA_SHARE_GPU", PARAM_T_INT, "0", "",
+                              "testing only: 1 lets ranks of one node share a GPU (their kernels "
+                              "take turns, so every exchange waits for a time slice: slow); "
+                              "otherwise that is loomInvalidUsage"},
 };
 
 typedef struct {

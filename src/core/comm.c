@@ -472,7 +472,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     for (int q = 0; q < comm->nranks; q++) {
         const peer_info_t *p = &comm->peers[q];
         if (q == comm->rank || mine.gpu_dev < 0 || p->gpu_dev < 0 ||
-            p->node_hash != comm->peers[comm->rank].node_hash ||
+            param_int(PARAM_CUDA_SHARE_GPU) || p->node_hash != comm->peers[comm->rank].node_hash ||
             memcmp(p->gpu_uuid, mine.gpu_uuid, 16) != 0)
             continue;
         return base_error(loomInvalidUsage, LOG_INIT,

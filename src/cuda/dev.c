@@ -313,7 +313,8 @@ static loomResult_t setup_region(setup_t *u)
     s->couple = (int)param_int(PARAM_CUDA_COUPLE);
     for (int j = 0; j < s->n; j++) {
         int q = s->lrank[j];
-        if (q != h->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0)
+        if (q != h->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0 &&
+            !param_int(PARAM_CUDA_SHARE_GPU))
             return base_error(loomInvalidUsage, LOG_CUDA,
                               "rank %d and rank %d of this communicator both use the same GPU "
                               "(device %d here, device %d there): one rank per GPU",
@@ -726,7 +727,8 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     return loomSuccess;
 }
 
-/* A small or medium allreduce in low-latency words (DEV_LLA): one launch, no flags. */
+/* A small or medium allreduce or reduce-scatter in low-latency words (DEV_LLA): one launch, no
+ * flags. */
 static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
 {
     dev_args_t a;
@@ -734,6 +736,7 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
     args_init(s, &a, DEV_LLA, o->kind, o->send, o->recv);
     set_reduction(&a, o, o->op);
     a.self_len = S;
+    a.lla_seg = o->kind == OPK_REDUCESCATTER ? S : 0;
     a.lla_base = DEV_LLA_BASE(s->n, s->nblocks, s->nslot, s->slot);
     a.lla_cap = s->lla_cap;
     /* a graph replays its launches with the step it captured: from the first capture on,
@@ -837,6 +840,7 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
         a.self_len = S;
         return launch(s, &a, st);
     case OPK_REDUCESCATTER: {
+        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla_max) return run_lla(s, o, st, cap);
         bool done = false;
         LOOM_CHECK(run_direct(s, o, st, cap, &done));
         if (done) return loomSuccess;

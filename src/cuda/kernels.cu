@@ -628,10 +628,19 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
         }
         return w;
     };
-    auto push = [&](u64 c, const W &w) {
+    /* chunk c of what goes to rank j (an allreduce sends everyone the same buffer, a
+     * reduce-scatter rank j's segment) */
+    auto input = [&](int j, u64 c) {
+        W w;
+        w.v = load8(a.send + (u64)j * a.lla_seg + c * 8, len - c * 8);
+        return w;
+    };
+    /* mine: my own chunk c, premultiplied (for an allreduce, what every peer gets too) */
+    auto push = [&](u64 c, const W &mine_c) {
         for (int j = 0; j < n; j++)
             if (j != me)
-                lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap), w.v, flag);
+                lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap),
+                        a.lla_seg ? scaled(input(j, c)).v : mine_c.v, flag);
     };
     auto finish = [&](u64 c, const A *acc) {
         W o;
@@ -644,8 +653,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
          * at every peer's word go out together, before anything waits */
         const u64 c = first + threadIdx.x;
         if (c >= nchunk) return step;
-        W w, pw[DEV_MAX_LOCAL];
-        w.v = load8(a.send + c * 8, len - c * 8);
+        W w = input(me, c), pw[DEV_MAX_LOCAL];
         bool got[DEV_MAX_LOCAL];
         unsigned seen;
 #pragma unroll
@@ -672,9 +680,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
     /* several chunks per thread: push them all, then take the peers' */
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
-            W w;
-            w.v = load8(a.send + c * 8, len - c * 8);
-            push(c, scaled(w));
+            push(c, a.lla_seg ? W{} : scaled(input(me, c)));
         }
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
@@ -682,8 +688,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
             for (int j = 0; j < n; j++) {
                 W w;
                 if (j == me) {
-                    w.v = load8(a.send + c * 8, len - c * 8);
-                    w = scaled(w);
+                    w = scaled(input(me, c));
                 } else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail,
                                      &w.v)) {
                     return step;

@@ -33,8 +33,9 @@ enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
  * into its own only, so only the inputs are mapped). Blocks meet their
  * peers' blocks twice: on arrival (the inputs are ready) and when done (nobody still reads my
  * input or writes my output). Local memory sees each byte about once. */
-/* DEV_LLA (allreduce of small and medium messages, one shot): every thread owns 8-byte chunks
- * of the buffer; it pushes each (premultiplied if asked) to every peer as one 16-byte
+/* DEV_LLA (allreduce of small and medium messages, one shot; reduce-scatter alike, with rank
+ * j's segment going to rank j): every thread owns 8-byte chunks of the buffer; it pushes each
+ * (premultiplied if asked) to every peer as one 16-byte
  * low-latency word {low half, step, high half, step}, then waits for the peers' words of the
  * same chunks and reduces them with its own in rank order. No fences, no barriers, no
  * acknowledgements: each writer has two slots per chunk in a reader's region, used by parity
@@ -181,6 +182,7 @@ typedef struct {
     unsigned long long self_src, self_dst, self_len;
     unsigned long long lla_base, lla_cap; /* DEV_LLA: slot offset in the regions, chunks */
     unsigned long long lla_step; /* DEV_LLA: the call's step, or 0: each lane counts its own */
+    unsigned long long lla_seg;  /* DEV_LLA: 0 (allreduce), or a reduce-scatter's segment bytes */
     char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
     /* the rest */
     unsigned long long slot;
