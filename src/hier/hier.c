@@ -148,15 +148,11 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
     const int *local = lg.ranks;
     int ls = lg.n, li = lg.me;
     int S = max_local(t);
-    /* The cross-node rings stream their reduce-scatter before their allgather (ring.h); the
-     * node-local rings follow the order that gives. */
-    ring_params_t xprm = *prm;
-    xprm.rs_first = true;
     /* 1. node-local reduce-scatter; partial sums go to the output buffer */
     if (ls == 1) {
         if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
     } else {
-        local_ring(s, desc, local, ls, li, count, S, &xprm, N, node, true,
+        local_ring(s, desc, local, ls, li, count, S, prm, N, node, true,
                    avg && N == 1 ? STEP_F_AVG : 0);
     }
     /* 2. each owned shard across nodes, by the ranks that own it in every node */
@@ -174,12 +170,12 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
             ring_group_t g = {.n = N, .me = node, .ranks = ranks};
             span_t sp = shard_span(count, S, k);
             ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, sp.off, sp.len,
-                                  &xprm, true, avg);
+                                  prm, true, avg);
         }
         free(ranks);
     }
     /* 3. node-local allgather of the owned chunks */
-    if (ls > 1) local_ring(s, desc, local, ls, li, count, S, &xprm, N, node, false, 0);
+    if (ls > 1) local_ring(s, desc, local, ls, li, count, S, prm, N, node, false, 0);
 }
 
 void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,

@@ -98,36 +98,28 @@ void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
      * k >= p-1 allgather: step p-1+i forwards chunk r+1-i and receives chunk r-i.
      * Emitted by wavefront (step + slice): slice j's step k+1 follows its step k one slice
      * later, instead of after every slice of step k, so the first slices travel the whole ring
-     * (and, in a hierarchy, reach the next phase) while the later ones are still on their way.
-     * With rs_first, the reduce-scatter's wavefront is emitted whole before the allgather's, so
-     * that sends of the reduce-scatter, ready from the start, never queue behind allgather sends
-     * still waiting for a peer's data (see ring.h). */
-    int nphase = prm.rs_first ? 2 : 1, KP = prm.rs_first ? p - 1 : K;
-    for (int ph = 0; ph < nphase; ph++) {
-        for (int64_t d = 0; d < KP + S - 1; d++) {
-            for (int kk = (int)LOOM_MIN((int64_t)KP - 1, d); kk >= 0 && d - kk < S; kk--) {
-                int k = ph * (p - 1) + kk;
-                uint64_t j = (uint64_t)(d - kk);
-                bool rs = k < p - 1;
-                int i = rs ? k : k - (p - 1);
-                int sc = rs ? mod(r - i, p) : mod(r + 1 - i, p);
-                int rc = rs ? mod(r - i - 1, p) : mod(r - i, p);
-                uint32_t sbuf = k == 0 ? in_buf : out_buf;
-                uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
-                for (int c = 0; c < prm.nchannels; c++) {
-                    span_t a = chunk_span(count, prm.nchannels, c, p, sc);
-                    span_t b = chunk_span(count, prm.nchannels, c, p, rc);
-                    a.off += base;
-                    b.off += base;
-                    sched_send(s, desc, next, sbuf, a.off + j * sl,
-                               sched_slice_len(a.len, sl, j));
-                    if (rs)
-                        sched_recv_reduce(s, desc, prev, in_buf, b.off + j * sl, out_buf,
-                                          b.off + j * sl, sched_slice_len(b.len, sl, j), flags);
-                    else
-                        sched_recv(s, desc, prev, out_buf, b.off + j * sl,
-                                   sched_slice_len(b.len, sl, j));
-                }
+     * (and, in a hierarchy, reach the next phase) while the later ones are still on their way. */
+    for (int64_t d = 0; d < K + S - 1; d++) {
+        for (int k = (int)LOOM_MIN((int64_t)K - 1, d); k >= 0 && d - k < S; k--) {
+            uint64_t j = (uint64_t)(d - k);
+            bool rs = k < p - 1;
+            int i = rs ? k : k - (p - 1);
+            int sc = rs ? mod(r - i, p) : mod(r + 1 - i, p);
+            int rc = rs ? mod(r - i - 1, p) : mod(r - i, p);
+            uint32_t sbuf = k == 0 ? in_buf : out_buf;
+            uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
+            for (int c = 0; c < prm.nchannels; c++) {
+                span_t a = chunk_span(count, prm.nchannels, c, p, sc);
+                span_t b = chunk_span(count, prm.nchannels, c, p, rc);
+                a.off += base;
+                b.off += base;
+                sched_send(s, desc, next, sbuf, a.off + j * sl, sched_slice_len(a.len, sl, j));
+                if (rs)
+                    sched_recv_reduce(s, desc, prev, in_buf, b.off + j * sl, out_buf,
+                                      b.off + j * sl, sched_slice_len(b.len, sl, j), flags);
+                else
+                    sched_recv(s, desc, prev, out_buf, b.off + j * sl,
+                               sched_slice_len(b.len, sl, j));
             }
         }
     }
@@ -135,7 +127,7 @@ void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
 
 typedef struct {
     uint64_t wave, j;
-    int c, ch; /* channel; chunk, counted from the member's own */
+    int c;
     ring_span_t sp;
 } piece_t;
 
@@ -144,8 +136,7 @@ static int piece_cmp(const void *a, const void *b)
     const piece_t *x = a, *y = b;
     if (x->wave != y->wave) return x->wave < y->wave ? -1 : 1;
     if (x->j != y->j) return x->j < y->j ? -1 : 1;
-    if (x->c != y->c) return x->c < y->c ? -1 : 1;
-    return (x->ch > y->ch) - (x->ch < y->ch);
+    return (x->c > y->c) - (x->c < y->c);
 }
 
 size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, int me,
@@ -157,8 +148,6 @@ size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, i
     prm.nchannels = p > 1 ? nchannels_for(count, prm0, p) : 1;
     if (p < 1) p = 1;
     uint64_t sl = prm.slice_elems;
-    /* waves of the reduce-scatter, when it is emitted whole first */
-    uint64_t rs_waves = (uint64_t)(p - 1) + max_slices(count, &prm, p) - 1;
     size_t n = 0;
     for (int c = 0; c < prm.nchannels; c++)
         for (int ch = 0; ch < p; ch++)
@@ -178,18 +167,13 @@ size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, i
             uint64_t ns = sched_nslices(a.len, sl);
             /* the wavefront (step + slice) at which the ring reads or finishes slice j */
             uint64_t lag;
-            if (finish && prm.rs_first && ch != mod(me + 1, p))
-                lag = rs_waves + (uint64_t)mod(me - ch, p); /* allgather step i = me - ch */
-            else if (finish)
-                lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
-            else
-                lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
+            if (finish) lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
+            else lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
             if (p == 1) lag = 0;
             for (uint64_t j = 0; j < ns; j++) {
                 k[m].wave = j + lag;
                 k[m].j = j;
                 k[m].c = c;
-                k[m].ch = mod(ch - me, p);
                 k[m].sp.off = a.off + j * sl;
                 k[m].sp.len = sched_slice_len(a.len, sl, j);
                 m++;

@@ -17,14 +17,6 @@
 typedef struct {
     int nchannels;        /* parallel rings, >= 1 */
     uint64_t slice_elems; /* elements per pipeline slice, >= 1 */
-    /* Allreduce: emit the whole reduce-scatter before the allgather. Messages to a peer are
-     * posted in schedule order, so in the interleaved (wavefront) order a reduce-scatter send,
-     * ready as soon as this rank's data is, waits behind the allgather send before it, which
-     * waits for the peer's data: across a slow link with deep socket buffers each pair of ranks
-     * then moves in lock step with the other's round trip, and the link idles. Emitted first, the
-     * reduce-scatter streams at once and the allgather follows each reduction. Same reductions in
-     * the same order; only the order of messages changes. */
-    bool rs_first;
 } ring_params_t;
 
 /* A ring over some of the ranks: member i is global rank ranks[i] (ranks NULL: rank i); this
@@ -64,8 +56,7 @@ typedef struct {
  * uses them: finish false, the order its reduce-scatter first reads them (its own chunk's slice
  * j is sent at step 0, chunk me-1-i's slice j is reduced at step i, one slice later per step);
  * finish true, the order in which their final values are there (chunk me+1 after the last
- * reduction, the others as the allgather brings them, after the whole reduce-scatter with
- * prm->rs_first). A phase feeding the ring, or fed by it,
+ * reduction, the others as the allgather brings them). A phase feeding the ring, or fed by it,
  * that goes through its region in this order meets it slice by slice. Returns the number of
  * pieces in *out (malloc'ed by the call, freed by the caller); 0 with *out NULL when count is 0
  * or memory ran out (then *oom is set). */
