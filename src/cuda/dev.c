@@ -761,9 +761,8 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
     }
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: launching the low-latency allreduce (device operation %llu): "
-                          "%s",
-                          s->h->rank, a.seq, cudrv_err(cr));
+                          "rank %d: launching the low-latency %s (device operation %llu): %s",
+                          s->h->rank, kind_name(o->kind), a.seq, cudrv_err(cr));
     return loomSuccess;
 }
 
