@@ -1817,6 +1817,59 @@ START_TEST(test_interval_values)
 }
 END_TEST
 
+/* The pieces a hierarchy's node-local rings walk in the cross-node ring's order
+ * (ring_allreduce_pieces) cover the region exactly once, none empty, for every member of rings
+ * of several sizes, both orders, and channel and slice settings that cut it many ways. (That
+ * the order serves the ring is measured on the test bed, perf/RESULTS.md; that results do not
+ * change is the grid and scale tests' job.) */
+START_TEST(test_ring_pieces)
+{
+    const uint64_t counts[] = {1, 7, 1000, 65537, 300007};
+    const int ps[] = {1, 2, 3, 4, 8};
+    const ring_params_t prms[] = {{1, 1}, {2, 100}, {4, 4096}, {8, 1 << 18}};
+    for (size_t a = 0; a < sizeof(counts) / sizeof(counts[0]); a++) {
+        uint64_t n = counts[a];
+        uint8_t *seen = malloc(n);
+        ck_assert_ptr_nonnull(seen);
+        for (size_t b = 0; b < sizeof(ps) / sizeof(ps[0]); b++)
+            for (size_t c = 0; c < sizeof(prms) / sizeof(prms[0]); c++)
+                for (int me = 0; me < ps[b]; me++)
+                    for (int fin = 0; fin < 2; fin++) {
+                        if (prms[c].slice_elems == 1 && n > 65537) continue; /* too many */
+                        ring_span_t *sp = NULL;
+                        bool oom = false;
+                        size_t np = ring_allreduce_pieces(n, &prms[c], ps[b], me, fin, &sp, &oom);
+                        ck_assert(!oom);
+                        /* plain checks inside the loops (a Check assertion per element
+                         * costs a system call), one assertion per call */
+                        memset(seen, 0, n);
+                        uint64_t bad_piece = UINT64_MAX, twice = UINT64_MAX, missed = UINT64_MAX;
+                        for (size_t i = 0; i < np && bad_piece == UINT64_MAX; i++) {
+                            if (sp[i].len == 0 || sp[i].off + sp[i].len > n) {
+                                bad_piece = i;
+                                break;
+                            }
+                            for (uint64_t e = sp[i].off; e < sp[i].off + sp[i].len; e++) {
+                                if (seen[e] && twice == UINT64_MAX) twice = e;
+                                seen[e] = 1;
+                            }
+                        }
+                        for (uint64_t e = 0; e < n && missed == UINT64_MAX; e++)
+                            if (!seen[e]) missed = e;
+                        ck_assert_msg(bad_piece == UINT64_MAX && twice == UINT64_MAX &&
+                                          missed == UINT64_MAX,
+                                      "n %llu p %d me %d finish %d slice %llu channels %d: bad "
+                                      "piece %lld, element %lld twice, element %lld missed",
+                                      (unsigned long long)n, ps[b], me, fin,
+                                      (unsigned long long)prms[c].slice_elems, prms[c].nchannels,
+                                      (long long)bad_piece, (long long)twice, (long long)missed);
+                        free(sp);
+                    }
+        free(seen);
+    }
+}
+END_TEST
+
 /* ---- Runner ------------------------------------------------------------------------------ */
 
 static Suite *sched_suite(void)
@@ -1827,6 +1880,11 @@ static Suite *sched_suite(void)
     tcase_add_test(chk, test_interval_values);
     tcase_add_loop_test(chk, test_builder_random, 0, 20);
     suite_add_tcase(s, chk);
+
+    TCase *pieces = tcase_create("pieces");
+    tcase_set_timeout(pieces, 60);
+    tcase_add_test(pieces, test_ring_pieces);
+    suite_add_tcase(s, pieces);
 
     TCase *grid = tcase_create("grid");
     tcase_set_timeout(grid, 120);
