@@ -186,6 +186,4 @@ void exec_free(exec_t *e);
 loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
                       loomDataType_t type, red_op_t op);
 
-/* Operation descriptor names for messages. */
-
 #endif
