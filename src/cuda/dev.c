@@ -987,8 +987,8 @@ static loomResult_t stage_start(dev_state_t *s)
     s->hier_ok = s->n > 1;
     for (int nd = 0; nd < h->nnodes; nd++)
         if (h->node_start[nd + 1] - h->node_start[nd] != s->n) s->hier_ok = false;
+    s->staged = true; /* closed at dev_free even if opening fails half way */
     LOOM_CHECK(h->stage_open(h, s->hier_ok ? s->me : -1));
-    s->staged = true;
     if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0)
         return base_error(loomSystemError, LOG_CUDA, "starting the GPU proxy thread failed");
     s->proxy_live = true;
