@@ -27,7 +27,8 @@
  *   initall    one process drives every GPU: loomCommInitAll, group from one thread, threads
  *   samegpu    two ranks of one communicator on GPU 0 must get loomInvalidUsage
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
- *              rank 1 and its stream must drain (run in a fresh exec of this program)
+ *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
+ *              4 MiB (direct path) and once at 4 KiB (latency path)
  *
  * Exit: 0 all passed, 1 some failed, 77 skipped (no GPU, or nothing selected could run).
  */
@@ -1669,10 +1670,15 @@ static bool names_rank1(const char *s)
     return false;
 }
 
+/* Elements of the kill test's allreduces (--kill-count): the parent runs it at 4 MiB (the
+ * direct path, reading the peer's buffers) and at 4 KiB (the latency path, waiting on
+ * low-latency words), each in a fresh exec. */
+static size_t kill_count = 1048576;
+
 static void grp_kill(ctx_t *c)
 {
     const cudrv_t *d = c->d;
-    const size_t cnt = 1048576, bytes = cnt * 4;
+    const size_t cnt = kill_count, bytes = cnt * 4;
     reg_t A, B;
     reg_alloc(c, &A, bytes + 2 * GUARD);
     reg_alloc(c, &B, bytes + 2 * GUARD);
@@ -1979,7 +1985,7 @@ static void run_group(const group_t *g, int ngpu)
 
 /* The kill group runs in a fresh exec of this program, with LOOM_TIMEOUT=5 in its environment:
  * loom reads its parameters once per process, and this one has read them already. */
-static void run_kill_reexec(int ngpu)
+static void run_kill_reexec(int ngpu, size_t count)
 {
     int fd[2];
     if (pipe(fd) != 0) {
@@ -1994,11 +2000,12 @@ static void run_kill_reexec(int ngpu)
         close(fd[0]);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         setenv("LOOM_TIMEOUT", "5", 1);
-        char fdarg[16], ng[16];
+        char fdarg[16], ng[16], kc[32];
         snprintf(fdarg, sizeof(fdarg), "%d", fd[1]);
         snprintf(ng, sizeof(ng), "%d", ngpu);
-        char *args[] = {"gpu_coll", "--only",  "kill", "--report-fd",
-                        fdarg,      "--ngpus", ng,     verbose ? "-v" : NULL,
+        snprintf(kc, sizeof(kc), "%zu", count);
+        char *args[] = {"gpu_coll", "--only", "kill",         "--report-fd", fdarg,
+                        "--ngpus",  ng,       "--kill-count", kc,            verbose ? "-v" : NULL,
                         NULL};
         execv("/proc/self/exe", args);
         printf("FAIL kill: exec /proc/self/exe: %s\n", strerror(errno));
@@ -2148,6 +2155,9 @@ int main(int argc, char **argv)
             maxgpu = atoi(argv[++i]);
         } else if (v && !strcmp(a, "--report-fd")) {
             report_fd = atoi(argv[++i]);
+        } else if (v && !strcmp(a, "--kill-count")) {
+            kill_count = (size_t)strtoull(argv[++i], NULL, 10);
+            if (kill_count == 0) kill_count = 1;
         } else {
             fprintf(stderr, "gpu_coll: unknown argument '%s'\n", a);
             usage(stderr);
@@ -2199,8 +2209,10 @@ int main(int argc, char **argv)
             skipped++;
             continue;
         }
-        if (!strcmp(g->name, "kill") && report_fd < 0)
-            run_kill_reexec(ngpu);
+        if (!strcmp(g->name, "kill") && report_fd < 0) {
+            run_kill_reexec(ngpu, 1048576); /* 4 MiB: the direct path */
+            run_kill_reexec(ngpu, 1024);    /* 4 KiB: the latency path */
+        }
         else
             run_group(g, ngpu);
     }
