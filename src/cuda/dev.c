@@ -541,18 +541,38 @@ static int aliases(const dev_args_t *a)
     return slo < rhi && rlo < shi;
 }
 
+/* One launch of the kernel with a's arguments, as a programmatic dependent launch if pdl;
+ * `path` names the way it moves data, for the error. */
+static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads,
+                       CUstream st, bool pdl, const char *path)
+{
+    void *params[] = {a};
+    CUresult cr;
+    if (pdl) {
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof(at));
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1,
+                              .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
+                              .hStream = st, .attrs = &at, .numAttrs = 1};
+        cr = s->d->cuLaunchKernelEx(&cfg, s->fn, params, NULL);
+    } else {
+        cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+    }
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the kernel of %s (%s, device operation %llu): %s",
+                          s->h->rank, kind_name(s->opkind[a->seq % 64]), path, a->seq,
+                          cudrv_err(cr));
+    return loomSuccess;
+}
+
+/* The slot path: only the blocks whose lanes carry pieces. */
 static loomResult_t launch(dev_state_t *s, dev_args_t *a, CUstream st)
 {
     a->alias = s->couple || aliases(a);
-    void *params[] = {a};
-    CUresult cr = s->d->cuLaunchKernel(s->fn, grid_of(s, a), 1, 1, (unsigned)s->threads, 1, 1, 0, st,
-                                       params, NULL);
-    if (cr != CUDA_SUCCESS)
-        return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: launching the kernel of %s (device operation %llu): %s",
-                          s->h->rank, kind_name(s->opkind[a->seq % 64]), a->seq,
-                          cudrv_err(cr));
-    return loomSuccess;
+    return go(s, a, grid_of(s, a), (unsigned)s->threads, st, false, "slots");
 }
 
 /* The reduction fields of a kernel's arguments (op: o's, or another that replaces it). */
@@ -716,13 +736,8 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
         a.self_src = a.self_dst = off * es;
         a.self_len = len * es;
     }
-    void *params[] = {&a};
-    CUresult cr = s->d->cuLaunchKernel(s->fn, (unsigned)s->nblocks, 1, 1, (unsigned)s->threads, 1,
-                                       1, 0, st, params, NULL);
-    if (cr != CUDA_SUCCESS)
-        return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: launching the direct %s (device operation %llu): %s",
-                          s->h->rank, kind_name(o->kind), a.seq, cudrv_err(cr));
+    LOOM_CHECK(go(s, &a, (unsigned)s->nblocks, (unsigned)s->threads, st, false,
+                  "direct reads of the peers' buffers"));
     *done = true;
     return loomSuccess;
 }
@@ -745,25 +760,7 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
     a.lla_step = s->lla_lanes ? 0 : ++s->lla_step;
     unsigned grid, threads;
     dev_lla_launch(S, s->nblocks, &grid, &threads);
-    void *params[] = {&a};
-    CUresult cr;
-    if (s->pdl && !cap) {
-        CUlaunchAttribute at;
-        memset(&at, 0, sizeof(at));
-        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        at.value.programmaticStreamSerializationAllowed = 1;
-        CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1,
-                              .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
-                              .hStream = st, .attrs = &at, .numAttrs = 1};
-        cr = s->d->cuLaunchKernelEx(&cfg, s->fn, params, NULL);
-    } else {
-        cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
-    }
-    if (cr != CUDA_SUCCESS)
-        return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: launching the low-latency %s (device operation %llu): %s",
-                          s->h->rank, kind_name(o->kind), a.seq, cudrv_err(cr));
-    return loomSuccess;
+    return go(s, &a, grid, threads, st, s->pdl && !cap, "low-latency words");
 }
 
 static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
