@@ -74,6 +74,8 @@ typedef struct {
     int ops[loomNumOps], nops;
     coll_t coll;
     int mem_device;
+    int host_time; /* --host-time: print the host's enqueue time per call (device buffers) */
+    int gpu_time;  /* --gpu-time: time the calls queued behind a gate on the stream (-P) */
     backend_t backend;
     const char *nccl_lib;
     const char *csv, *json;
@@ -92,6 +94,20 @@ typedef struct {
     int state;
     char id[NCCL_ID_BYTES];
 } id_shm_t;
+
+/* --gpu-time under -P: one page shared by the rank processes (MAP_SHARED before fork) and
+ * mapped into each GPU. Each rank's stream first waits (cuStreamWaitValue32) until `release`
+ * reaches the round's number; the ranks queue their timed calls behind that wait, say so in
+ * `queued`, and rank 0 opens every gate at once when all have, at the host time t0. What is
+ * timed is then the GPUs' own time per call, without the host's cost of launching. */
+typedef struct {
+    volatile uint32_t release; /* first: the word the streams wait on */
+    uint32_t pad;
+    volatile int queued; /* ranks done queueing, over all rounds */
+    volatile int late;   /* rank 0 opened a round before every rank had queued (5 s) */
+    volatile double t0;
+} gate_shm_t;
+#define GATE_WAIT_S 5
 
 /* Set in rank 0 while its siblings wait for it: a fatal error marks it failed. */
 static int *g_fail_flag;
@@ -377,6 +393,9 @@ typedef struct {
     const nccl_t *nccl; /* --backend nccl */
     nccl_comm_t ncomm;
     bool nccl_skip_inplace; /* in-place alltoall is not valid NCCL usage */
+    gate_shm_t *gate;       /* --gpu-time (-P): the shared gate, mapped at gate_dev */
+    CUdeviceptr gate_dev;
+    uint32_t gate_round;
 #endif
 } ctx_t;
 
@@ -582,6 +601,53 @@ static void allreduce_doubles(ctx_t *x, double *v, size_t n)
     CHECK(x->rank, x->comm, loomAllReduce(v, v, n, loomDouble, loomSum, x->comm, NULL));
 }
 
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+#ifdef LOOM_HAVE_CUDA
+/* --gpu-time: the stream waits for this round's opening before the timed calls. */
+static void gate_shut(ctx_t *x)
+{
+    x->gate_round++;
+    CU(x, "cuStreamWaitValue32 (the --gpu-time gate)",
+       x->d->cuStreamWaitValue32(x->stream, x->gate_dev, x->gate_round,
+                                 CU_STREAM_WAIT_VALUE_GEQ));
+}
+
+/* Every rank has queued its calls: rank 0 opens all gates at once. The opening time. */
+static double gate_open(ctx_t *x)
+{
+    gate_shm_t *g = x->gate;
+    __atomic_add_fetch(&g->queued, 1, __ATOMIC_ACQ_REL);
+    if (x->rank == 0) {
+        int want = (int)x->gate_round * x->nranks;
+        double give_up = now_us() + GATE_WAIT_S * 1e6;
+        while (__atomic_load_n(&g->queued, __ATOMIC_ACQUIRE) < want)
+            if (now_us() > give_up) { /* a rank blocked on a full launch queue */
+                g->late = 1;
+                break;
+            }
+        double t0 = now_us();
+        g->t0 = t0;
+        __atomic_store_n(&g->release, x->gate_round, __ATOMIC_RELEASE);
+        return t0;
+    }
+    double give_up = now_us() + 4 * GATE_WAIT_S * 1e6;
+    while (__atomic_load_n(&g->release, __ATOMIC_ACQUIRE) < x->gate_round)
+        if (now_us() > give_up) {
+            fprintf(stderr, "loom-perf: rank %d: --gpu-time: rank 0 did not open round %u's "
+                            "gate within %d s\n",
+                    x->rank, x->gate_round, 4 * GATE_WAIT_S);
+            fatal();
+        }
+    return g->t0;
+}
+#endif
+
 /*
  * This rank's inputs for (type, op), as a tape that fills any buffer by copies. input_value(type,
  * op, rank, g, p) depends on the element index g only through g mod 3 or 17 (sum, avg), g mod 31
@@ -705,12 +771,6 @@ static long check_output(ctx_t *x, const void *buf, size_t count, int type, int 
     return wrong;
 }
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
 
 /* Mean over ranks of each value; sum over ranks of wrong counts. */
 static void reduce_results(ctx_t *x, double *t, int nt, long *w, int nw)
@@ -785,8 +845,14 @@ static void device_header(ctx_t *x)
             loomGetVersion(&ver);
             printf("# backend: loom %d.%d.%d\n", ver / 10000, ver / 100 % 100, ver % 100);
         }
-        printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: host clock "
-               "from the first timed call to the end of cuStreamSynchronize, / iterations\n");
+        if (o->gpu_time)
+            printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: GPU "
+                   "time, host clock from opening the gate the calls queued behind to the end "
+                   "of cuStreamSynchronize, / iterations\n");
+        else
+            printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: host "
+                   "clock from the first timed call to the end of cuStreamSynchronize, / "
+                   "iterations\n");
         printf("# GPU: %s (rank 0)\n", x->gpu_name);
         for (int r = 0; r < p && r < 64; r++) {
             int64_t pci = (int64_t)v[3 * r + 2];
@@ -902,10 +968,23 @@ static int run_rank(ctx_t *x)
                         double bar = 0;
                         CHECK(x->rank, x->comm, loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
                     }
-                    double t0 = now_us();
+                    double t0 = now_us(), ts = t0;
+#ifdef LOOM_HAVE_CUDA
+                    if (x->gate) gate_shut(x);
+#endif
                     for (int i = 0; i < o->iters; i++) run_coll(x, o->coll, s, r, count, type, op);
+                    double tq = now_us();
+#ifdef LOOM_HAVE_CUDA
+                    if (x->gate) t0 = gate_open(x);
+#endif
                     stream_sync(x);
                     t[ip] = (now_us() - t0) / (o->iters > 0 ? o->iters : 1);
+                    /* where the host, not the GPU, bounds a size, this is close to t */
+                    if (o->host_time && o->mem_device)
+                        fprintf(stderr, "# rank %d %zu B %s: host %.2f us per call to enqueue, "
+                                        "%.2f us per call in all\n",
+                                x->rank, sizeb, ip ? "in place" : "out of place",
+                                (tq - ts) / (o->iters > 0 ? o->iters : 1), t[ip]);
                 }
                 reduce_results(x, t, 2, w, 2);
                 total_wrong += w[0] + w[1];
@@ -953,6 +1032,11 @@ static int run_rank(ctx_t *x)
         buf_free(x, rbuf);
     }
     if (x->rank == 0) {
+#ifdef LOOM_HAVE_CUDA
+        if (x->gate && x->gate->late)
+            printf("# WARNING: --gpu-time: a gate opened before every rank had queued its calls "
+                   "(a launch queue filled?): those times include the host; use a smaller -n\n");
+#endif
         printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
         printf("# Avg bus bandwidth    : %g\n#\n", nbw ? bw_sum / nbw : 0.0);
         fflush(stdout);
@@ -988,6 +1072,13 @@ static void usage(void)
            "                  at run time, same sweep; implies --mem device\n"
            "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
            "  --csv FILE, --json FILE  write the results beside the table\n"
+           "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
+           "                  spent enqueueing, beside the time per call in all\n"
+           "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
+           "                  stream, opened on every rank at once when all are queued: the\n"
+           "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
+           "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
+           "                  queueing, and the gate then opens after 5 s with a warning)\n"
            "Launched one process per rank: torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,\n"
            "MASTER_PORT; LOOM_JOB_SECRET for the secret), or LOOM_RANK, LOOM_WORLD_SIZE and\n"
            "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it). With --backend\n"
@@ -1013,6 +1104,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                                  {"backend", required_argument, 0, 'B'},
                                  {"nccl-lib", required_argument, 0, 'L'},
                                  {"csv", required_argument, 0, 'S'},
+                                 {"host-time", no_argument, 0, 'H'},
+                                 {"gpu-time", no_argument, 0, 'G'},
                                  {"json", required_argument, 0, 'J'},
                                  {"help", no_argument, 0, 'h'},
                                  {0, 0, 0, 0}};
@@ -1025,6 +1118,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         case 'f': o->factor = atof(optarg); break;
         case 'i': if (parse_size(optarg, &o->step)) return -1; break;
         case 'n': o->iters = atoi(optarg); break;
+        case 'H': o->host_time = 1; break;
+        case 'G': o->gpu_time = 1; break;
         case 'w': o->warmup = atoi(optarg); break;
         case 'c': o->check = atoi(optarg); break;
         case 'r': o->root = atoi(optarg); break;
@@ -1089,6 +1184,11 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         exit(2);
     }
 #endif
+    if (o->gpu_time && (!o->mem_device || o->nranks_local < 1)) {
+        fprintf(stderr, "loom-perf: --gpu-time needs device memory and -P (the ranks share the "
+                        "gate through memory mapped before they fork)\n");
+        exit(2);
+    }
     return 0;
 }
 
@@ -1100,6 +1200,7 @@ typedef struct {
     int torchrun;        /* loom: loomCommInitFromEnv */
     loomUniqueId loom_id;/* loom, not torchrun */
     id_shm_t *shm;       /* nccl under -P: rank 0 publishes the id here */
+    gate_shm_t *gate;    /* --gpu-time under -P */
     const char *id_file; /* nccl under a launcher: rank 0 writes the id here */
 } launch_t;
 
@@ -1175,6 +1276,15 @@ static int dev_open(ctx_t *x, const launch_t *L)
     CUstream s = NULL;
     CU(x, "cuStreamCreate", d->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     x->stream = s;
+    if (L->gate) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        CU(x, "cuMemHostRegister (the --gpu-time gate)",
+           d->cuMemHostRegister((void *)L->gate, page,
+                                CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+        CU(x, "cuMemHostGetDevicePointer",
+           d->cuMemHostGetDevicePointer(&x->gate_dev, (void *)L->gate, 0));
+        x->gate = L->gate;
+    }
     if (d->cuDeviceGetName(x->gpu_name, (int)sizeof(x->gpu_name), x->cudev) != CUDA_SUCCESS)
         snprintf(x->gpu_name, sizeof(x->gpu_name), "?");
     int dom = 0, bus = 0, dev = 0;
@@ -1341,6 +1451,15 @@ int main(int argc, char **argv)
     } else {
         /* loom's id: no CUDA context is made here */
         CHECK(0, NULL, loomGetUniqueId(&L.loom_id));
+    }
+    if (o.gpu_time) {
+        void *m = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            perror("loom-perf: mmap (--gpu-time)");
+            return 2;
+        }
+        L.gate = m; /* zeroed: round 0 is open, rounds count from 1 */
     }
     fflush(stdout);
     pid_t *pids = calloc((size_t)k, sizeof(pid_t));

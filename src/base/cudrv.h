@@ -21,13 +21,13 @@
     X(cuCtxSynchronize) X(cuPointerGetAttribute) X(cuPointerGetAttributes)                        \
     X(cuMemGetAddressRange) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)             \
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemsetD8)           \
-    X(cuMemsetD8Async) X(cuMemsetD32) X(cuMemHostAlloc) X(cuMemFreeHost)                           \
+    X(cuMemsetD8Async) X(cuMemsetD32) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)                           \
     X(cuMemHostGetDevicePointer) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)   \
     X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)      \
     X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuModuleLoadData)          \
     X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
-    X(cuStreamIsCapturing) X(cuStreamWaitEvent) X(cuStreamWaitValue32) X(cuStreamWriteValue32)     \
+    X(cuStreamIsCapturing) X(cuStreamWaitEvent) X(cuStreamWaitValue32) X(cuStreamWaitValue64) X(cuStreamWriteValue32)     \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)           \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)              \
