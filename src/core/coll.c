@@ -40,6 +40,7 @@ static _Thread_local int group_depth;
 /* The memory kinds the current call's buffers were found to be (check_buf). */
 static _Thread_local loomComm_t call_comm;
 static _Thread_local bool call_dev, call_host;
+static _Thread_local const void *call_seen; /* the buffer this call already classified */
 static _Thread_local coll_op_t *gq;
 static _Thread_local int gq_len, gq_cap;
 
@@ -81,6 +82,7 @@ static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t
     log_set_rank(comm->rank);
     call_comm = comm;
     call_dev = call_host = false;
+    call_seen = NULL;
     if ((int)type < 0 || type >= loomNumTypes)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: invalid datatype %d (expected 0..%d)", fn, (int)type,
@@ -100,6 +102,7 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
         return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
                           fn, name, bytes);
     if (bytes == 0) return loomSuccess;
+    if (p == call_seen) return loomSuccess; /* in place: one driver query, not two */
 #ifdef LOOM_HAVE_CUDA
     int ord = -1;
     mem_type_t mt = mem_type_dev(p, &ord);
@@ -108,6 +111,7 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
 #endif
     if (mt == MEM_HOST) {
         call_host = true;
+        call_seen = p;
         return loomSuccess;
     }
     if (mt == MEM_MANAGED)
@@ -124,6 +128,7 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
                           "to GPU %d",
                           fn, name, p, ord, call_comm->rank, call_comm->cuda_dev);
     call_comm->cuda_dev = ord;
+    call_seen = p;
     return loomSuccess;
 #else
     return base_error(loomInvalidUsage, LOG_COLL,
@@ -526,20 +531,49 @@ static loomResult_t job_fail(comm_job_t *j, loomResult_t r)
     return r;
 }
 
+#ifdef LOOM_HAVE_CUDA
+/* The device operations of communicator c, from queue entry `first` on, in call order, handed
+ * to its device executor at once. A call outside a group is one operation, and it is the
+ * latency path's whole host cost besides the launch: no allocation below 8 operations. */
+static loomResult_t run_dev_ops(loomComm_t c, int first)
+{
+    int m = 0;
+    for (int q = first; q < gq_len; q++)
+        if (gq[q].dev && gq[q].comm == c) m++;
+    dev_op_t few[8], *dops = few;
+    if (m > (int)LOOM_ARRAY_SIZE(few)) {
+        dops = malloc((size_t)m * sizeof(*dops));
+        if (dops == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    }
+    m = 0;
+    for (int q = first; q < gq_len; q++) {
+        coll_op_t *o = &gq[q];
+        if (!o->dev || o->comm != c) continue;
+        dev_op_t *d = &dops[m++];
+        *d = (dev_op_t){.kind = o->kind, .send = o->send, .recv = o->recv, .count = o->count,
+                        .type = o->type, .op = o->op, .root = o->root, .stream = o->stream};
+        int pm = (int)o->op - loomNumOps;
+        if (pm >= 0) { /* the pre-multiplied sum's scalar */
+            d->scale_host = c->premul[pm].scalar;
+            d->scale_dev = c->premul[pm].dev_ptr;
+        }
+        o->comm = NULL; /* taken */
+    }
+    atomic_fetch_add(&c->active_calls, 1);
+    log_set_rank(c->rank);
+    loomResult_t r = dev_run(&c->devh, dops, m);
+    if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
+    atomic_fetch_sub(&c->active_calls, 1);
+    if (dops != few) free(dops);
+    return r;
+}
+#endif
+
 static loomResult_t run_group(void)
 {
     int n = gq_len;
     if (n == 0) return loomSuccess;
-    comm_job_t *jobs = calloc((size_t)n, sizeof(*jobs));
-    int *idx = malloc((size_t)n * sizeof(int));
-    int njobs = 0;
     loomResult_t res = loomSuccess;
-    if (jobs == NULL || idx == NULL) {
-        free(jobs);
-        free(idx);
-        gq_len = 0;
-        return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
-    }
 #ifdef LOOM_HAVE_CUDA
     /* First device use of communicators: set them up together (one thread may drive several
      * ranks). */
@@ -559,48 +593,28 @@ static loomResult_t run_group(void)
     }
     /* Device buffers: ordered on their streams by the device executor, per communicator in
      * call order; nothing to drive here. */
-    for (int i = 0; i < n && res == loomSuccess; i++) {
-        if (!gq[i].dev || gq[i].comm == NULL) continue;
-        loomComm_t c = gq[i].comm;
-        int m = 0;
-        for (int q = i; q < n; q++)
-            if (gq[q].dev && gq[q].comm == c) m++;
-        dev_op_t *dops = calloc((size_t)m, sizeof(*dops));
-        if (dops == NULL) {
-            res = base_error(loomSystemError, LOG_COLL, "out of memory (group)");
-            break;
-        }
-        m = 0;
-        for (int q = i; q < n; q++) {
-            coll_op_t *o = &gq[q];
-            if (!o->dev || o->comm != c) continue;
-            dev_op_t *d = &dops[m++];
-            *d = (dev_op_t){.kind = o->kind, .send = o->send, .recv = o->recv,
-                            .count = o->count, .type = o->type, .op = o->op, .root = o->root,
-                            .stream = o->stream};
-            int pm = (int)o->op - loomNumOps;
-            if (pm >= 0) { /* the pre-multiplied sum's scalar */
-                d->scale_host = c->premul[pm].scalar;
-                d->scale_dev = c->premul[pm].dev_ptr;
-            }
-            if (q != i) o->comm = NULL; /* taken */
-        }
-        atomic_fetch_add(&c->active_calls, 1);
-        log_set_rank(c->rank);
-        loomResult_t r = dev_run(&c->devh, dops, m);
-        if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
-        atomic_fetch_sub(&c->active_calls, 1);
-        if (r != loomSuccess && res == loomSuccess) res = r;
-        free(dops);
-        gq[i].comm = NULL;
-    }
+    for (int i = 0; i < n && res == loomSuccess; i++)
+        if (gq[i].dev && gq[i].comm != NULL) res = run_dev_ops(gq[i].comm, i);
     if (res != loomSuccess) {
-        free(jobs);
-        free(idx);
         gq_len = 0;
         return res;
     }
 #endif
+    int nhost = 0;
+    for (int i = 0; i < n; i++) nhost += gq[i].comm != NULL;
+    if (nhost == 0) {
+        gq_len = 0;
+        return loomSuccess;
+    }
+    comm_job_t *jobs = calloc((size_t)n, sizeof(*jobs));
+    int *idx = malloc((size_t)n * sizeof(int));
+    int njobs = 0;
+    if (jobs == NULL || idx == NULL) {
+        free(jobs);
+        free(idx);
+        gq_len = 0;
+        return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    }
     /* One job per communicator, its operations in call order. */
     int used = 0;
     for (int i = 0; i < n; i++) {
