@@ -80,6 +80,12 @@ static const param_desc_t params[PARAM_COUNT] = {
                         "1: launch the low-latency allreduce as a programmatic dependent launch "
                         "(the GPU schedules it while the kernel before it is still running); "
                         "0: plain launches"},
+    [PARAM_CUDA_COUNTED] = {"CUDA_COUNTED", PARAM_T_SIZE, "1K", "bytes",
+                            "a low-latency allreduce of at most this many bytes marks its end by "
+                            "a count in device memory (its blocks add 1 after a fence; a call on "
+                            "another stream waits on it) instead of an event recorded after it: "
+                            "less host time per call, more GPU time (the fence) from a few KiB; "
+                            "0: always events"},
     [PARAM_CUDA_SHARE_GPU] = {"CUDA_SHARE_GPU", PARAM_T_INT, "0", "",
                               "testing only: 1 lets ranks of one node share a GPU (their kernels "
                               "take turns, so every exchange waits for a time slice: slow); "

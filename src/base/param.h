@@ -41,6 +41,7 @@ typedef enum {
     PARAM_CUDA_STAGE_CHUNK,
     PARAM_CUDA_LL,
     PARAM_CUDA_PDL,
+    PARAM_CUDA_COUNTED,
     PARAM_CUDA_SHARE_GPU,
     PARAM_COUNT
 } param_id_t;

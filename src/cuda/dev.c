@@ -1,10 +1,11 @@
 /*
  * The device executor (see dev.h).
  *
- * Same node: one launch of loom_exchange per collective (two for a two-shot allreduce) on the
- * caller's stream; the plans below say which byte ranges go to which peer. Cost for n local
- * ranks and S bytes, per rank: one-shot allreduce (n-1)S out over the links; two-shot, reduce-
- * scatter and allgather 2(n-1)S/n; broadcast S from the root to each peer.
+ * Same node: one launch of loom_exchange (loom_lla for the latency path) per collective (two for
+ * a two-shot allreduce) on the caller's stream; the plans below say which byte ranges go to
+ * which peer. Cost for n local ranks and S bytes, per rank: one-shot allreduce (n-1)S out over
+ * the links; two-shot, reduce-scatter and allgather 2(n-1)S/n; broadcast S from the root to
+ * each peer.
  *
  * Across nodes: pinned host memory and the host transports, driven by a proxy thread per
  * communicator. An allreduce on several nodes with the same number of GPUs each runs
@@ -53,7 +54,7 @@ struct dev_state {
     CUdevice cudev;
     CUcontext ctx;
     CUmodule mod;
-    CUfunction fn;
+    CUfunction fn, fn_lla;
     int n, me;                /* ranks of this node in the exchange, and my index */
     int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
     int nblocks, nslot, threads, push_threads, empty, couple;
@@ -67,7 +68,12 @@ struct dev_state {
     CUdeviceptr err_dev;
     CUevent ev;
     CUstream last;
-    bool have_last;
+    bool have_last; /* a call was ordered on `last`, its completion marked by ... */
+    bool last_counted;  /* ... the DEV_OFF_LDONE count reaching ldone_want, else by ev */
+    bool ev_valid;      /* ev was recorded (after the last call that was not counted) */
+    uint64_t counted_max; /* LOOM_CUDA_COUNTED (0 without 64-bit stream waits on this GPU) */
+    bool counted;       /* this call's launch was counted (set by run_lla) */
+    uint64_t ldone_want; /* blocks of the counted DEV_LLA launches so far */
     uint64_t seq;
     int opkind[64]; /* kind of the last launches, by seq, for error texts */
     /* direct allreduce: user buffers mapped through CUDA IPC, cached by allocation identity
@@ -246,6 +252,7 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     CUcontext prev = ctx_enter(s);
     cr = d->cuModuleLoadData(&s->mod, loom_kernels_fatbin);
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->fn, s->mod, "loom_exchange");
+    if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->fn_lla, s->mod, "loom_lla");
     if (cr == CUDA_SUCCESS) cr = d->cuEventCreate(&s->ev, CU_EVENT_DISABLE_TIMING);
     if (cr == CUDA_SUCCESS)
         cr = d->cuMemHostAlloc((void **)&s->err, 4096,
@@ -311,6 +318,10 @@ static loomResult_t setup_region(setup_t *u)
     s->empty = (int)param_int(PARAM_CUDA_EMPTY);
     s->pdl = param_int(PARAM_CUDA_PDL) != 0;
     s->couple = (int)param_int(PARAM_CUDA_COUPLE);
+    int memop64 = 0; /* stream waits on 64-bit counts */
+    s->d->cuDeviceGetAttribute(&memop64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                               s->cudev);
+    s->counted_max = memop64 ? param_size(PARAM_CUDA_COUNTED) : 0;
     for (int j = 0; j < s->n; j++) {
         int q = s->lrank[j];
         if (q != h->rank && memcmp(all[q].uuid, u->mine.uuid, 16) == 0 &&
@@ -448,16 +459,22 @@ static bool capturing(dev_state_t *s, CUstream st)
 }
 
 /* Orders work of this communicator on `st` after its previous work on another stream: the
- * lane counters in device memory must see one kernel at a time. The event is recorded after
- * every launch (a stream handle may be destroyed by its owner later, so it is never used
- * afterwards). */
+ * lane counters in device memory must see one kernel at a time. A stream handle may be
+ * destroyed by its owner after the call, so nothing is ever recorded on an earlier stream: the
+ * last call left its mark when it was made. A latency-path call's mark is the count of its
+ * finished blocks in device memory (a stream wait on it here); any other call's is an event
+ * recorded after it (cuEventRecord costs the host ~0.2-0.3 us, a twentieth of a small call). */
 static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
 {
     if (cap || !s->have_last || s->last == st) return loomSuccess;
-    CUresult cr = s->d->cuStreamWaitEvent(st, s->ev, 0);
+    CUresult cr = s->last_counted
+                      ? s->d->cuStreamWaitValue64(st, s->mem[s->me].ptr + DEV_OFF_LDONE,
+                                                  s->ldone_want, CU_STREAM_WAIT_VALUE_GEQ)
+                      : s->d->cuStreamWaitEvent(st, s->ev, 0);
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: ordering after the previous stream: %s", s->h->rank,
+                          "rank %d: ordering after the previous stream (%s): %s", s->h->rank,
+                          s->last_counted ? "cuStreamWaitValue64" : "cuStreamWaitEvent",
                           cudrv_err(cr));
     return loomSuccess;
 }
@@ -465,13 +482,35 @@ static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
 static loomResult_t mark_stream(dev_state_t *s, CUstream st, bool cap)
 {
     if (cap) return loomSuccess;
-    CUresult cr = s->d->cuEventRecord(s->ev, st);
-    if (cr != CUDA_SUCCESS)
-        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: cuEventRecord: %s",
-                          s->h->rank, cudrv_err(cr));
+    if (!s->counted) {
+        CUresult cr = s->d->cuEventRecord(s->ev, st);
+        if (cr != CUDA_SUCCESS)
+            return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: cuEventRecord: %s",
+                              s->h->rank, cudrv_err(cr));
+        s->ev_valid = true;
+    }
+    s->last_counted = s->counted;
     s->last = st;
     s->have_last = true;
     return loomSuccess;
+}
+
+/* Waits on the host for every kernel of this communicator launched so far. */
+static void drain(dev_state_t *s)
+{
+    if (!s->have_last) return;
+    if (!s->last_counted) {
+        s->d->cuEventSynchronize(s->ev);
+        return;
+    }
+    /* every counted kernel adds its blocks, also one that gave up (abort, timeout) */
+    for (;;) {
+        uint64_t v = 0;
+        if (s->d->cuMemcpyDtoH(&v, s->mem[s->me].ptr + DEV_OFF_LDONE, sizeof(v)) != CUDA_SUCCESS ||
+            v >= s->ldone_want)
+            return;
+        usleep(20);
+    }
 }
 
 static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const void *send,
@@ -547,6 +586,7 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
                        CUstream st, bool pdl, const char *path)
 {
     void *params[] = {a};
+    CUfunction fn = a->mode == DEV_LLA ? s->fn_lla : s->fn;
     CUresult cr;
     if (pdl) {
         CUlaunchAttribute at;
@@ -556,9 +596,9 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
         CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1,
                               .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
                               .hStream = st, .attrs = &at, .numAttrs = 1};
-        cr = s->d->cuLaunchKernelEx(&cfg, s->fn, params, NULL);
+        cr = s->d->cuLaunchKernelEx(&cfg, fn, params, NULL);
     } else {
-        cr = s->d->cuLaunchKernel(s->fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+        cr = s->d->cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
     }
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
@@ -667,7 +707,7 @@ static loomResult_t ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMe
         if (e->use < lru->use) lru = e;
     }
     if (lru->use) { /* evict: kernels already queued may still read through it */
-        if (s->have_last) s->d->cuEventSynchronize(s->ev);
+        if (s->ev_valid) s->d->cuEventSynchronize(s->ev); /* only direct kernels read there */
         s->d->cuIpcCloseMemHandle(lru->base);
         lru->use = 0;
     }
@@ -758,9 +798,17 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
      * the lanes number their own steps (kernels.h) */
     if (cap) s->lla_lanes = true;
     a.lla_step = s->lla_lanes ? 0 : ++s->lla_step;
+    /* graph replays are never counted; from a few KiB the kernel's fence before the count
+     * costs more GPU time than the event costs the host (perf/RESULTS.md) */
+    a.lla_count = a.lla_step && S <= s->counted_max;
     unsigned grid, threads;
     dev_lla_launch(S, s->nblocks, &grid, &threads);
-    return go(s, &a, grid, threads, st, s->pdl && !cap, "low-latency words");
+    LOOM_CHECK(go(s, &a, grid, threads, st, s->pdl && !cap, "low-latency words"));
+    if (a.lla_count) { /* the kernel counts its blocks (kernels.h) */
+        s->ldone_want += grid;
+        s->counted = true;
+    }
+    return loomSuccess;
 }
 
 static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
@@ -937,6 +985,7 @@ loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
             while (i + k < nops && (ops[i + k].kind == OPK_SEND || ops[i + k].kind == OPK_RECV))
                 k++;
         res = order_stream(s, st, cap);
+        s->counted = false;
         /* the other streams of a point-to-point run wait for the first, and it for them */
         for (int q = 1; q < k && res == loomSuccess; q++) {
             CUstream sq = (CUstream)ops[i + q].stream;
@@ -1346,7 +1395,7 @@ void dev_free(dev_host_t *h)
     CUcontext prev = s->ctx ? ctx_enter(s) : NULL;
     /* Kernels in flight read the memory below: wait for the last one (an aborted one ends
      * within its poll interval). */
-    if (s->have_last) d->cuEventSynchronize(s->ev);
+    drain(s);
     dev_stop_threads(s);
     for (stage_job_t *j = s->qhead, *n; j; j = n) {
         n = j->next;

@@ -62,6 +62,24 @@ static __device__ void fail_record(const dev_args_t &a, int code, int peer, int 
     e->abort = 1;
 }
 
+/* A spin's check, made every 1024 polls: false once the host asked to stop (the abort word,
+ * read every 16384 polls), the communicator's timeout has passed since the first check, or
+ * another thread of the block failed (fail, when given); the failure is then recorded and
+ * *fail set. The clock starts at the first check, so a wait that ends sooner reads no timer. */
+static __device__ __noinline__ bool spin_ok(const dev_args_t &a, unsigned it, u64 *start, int peer,
+                                            int kind, u64 want, u64 seen, volatile int *fail)
+{
+    if (fail && *fail) return false;
+    const u64 now = gtimer();
+    if (*start == 0) *start = now;
+    const u64 waited = now - *start;
+    const bool ab = (it & 16383) == 0 && a.err->abort;
+    if (!ab && !(a.timeout_ns && waited > a.timeout_ns)) return true;
+    fail_record(a, ab ? DEV_ERR_ABORT : DEV_ERR_TIMEOUT, peer, kind, want, seen, waited);
+    if (fail) *fail = 1;
+    return false;
+}
+
 static __device__ __forceinline__ u64 ld_relaxed(const u64 *p)
 {
     u64 v;
@@ -76,24 +94,14 @@ static __device__ __noinline__ bool wait_geq(const u64 *flag, u64 want, const de
                                              int peer, int kind)
 {
     if (ld_acquire(flag) >= want) return true;
-    u64 start = gtimer(), v = 0;
+    u64 start = 0, v = 0;
     for (unsigned it = 1;; it++) {
         v = ld_relaxed(flag);
         if (v >= want) {
             ld_acquire(flag);
             return true;
         }
-        if ((it & 1023) == 0) {
-            u64 waited = gtimer() - start;
-            if ((it & 16383) == 0 && a.err->abort) {
-                fail_record(a, DEV_ERR_ABORT, peer, kind, want, v, waited);
-                return false;
-            }
-            if (a.timeout_ns && waited > a.timeout_ns) {
-                fail_record(a, DEV_ERR_TIMEOUT, peer, kind, want, v, waited);
-                return false;
-            }
-        }
+        if ((it & 1023) == 0 && !spin_ok(a, it, &start, peer, kind, want, v, NULL)) return false;
     }
 }
 
@@ -329,21 +337,12 @@ static __device__ bool ll_take(char *dst, const u64 *src, u64 len, u64 step, int
     for (u64 c = t; c * 4 < len; c += nt) {
         u64 w;
         u64 start = 0;
-        for (unsigned it = 0;; it++) {
+        for (unsigned it = 1;; it++) {
             asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(src + c) : "memory");
             if ((unsigned)(w >> 32) == want) break;
-            if ((it & 1023) == 1023) {
-                if (*fail) return false;
-                if (start == 0) start = gtimer();
-                u64 waited = gtimer() - start;
-                if (((it & 16383) == 16383 && a.err->abort) ||
-                    (a.timeout_ns && waited > a.timeout_ns)) {
-                    fail_record(a, a.err->abort ? DEV_ERR_ABORT : DEV_ERR_TIMEOUT, peer,
-                                DEV_WAIT_DATA, step, w >> 32, waited);
-                    *fail = 1;
-                    return false;
-                }
-            }
+            if ((it & 1023) == 0 &&
+                !spin_ok(a, it, &start, peer, DEV_WAIT_DATA, step, w >> 32, fail))
+                return false;
         }
         scatter4(dst + c * 4, len - c * 4, (unsigned)w);
     }
@@ -582,26 +581,31 @@ static __device__ __noinline__ bool lla_wait(const dev_args_t &a, const char *p,
 {
     unsigned seen;
     if (lla_get(p, flag, v, &seen)) return true;
-    u64 start = gtimer();
+    u64 start = 0;
     for (unsigned it = 1;; it++) {
         if (lla_get(p, flag, v, &seen)) return true;
-        if ((it & 1023) == 0) {
-            if (*fail) return false;
-            u64 waited = gtimer() - start;
-            bool ab = (it & 16383) == 0 && a.err->abort;
-            if (ab || (a.timeout_ns && waited > a.timeout_ns)) {
-                fail_record(a, ab ? DEV_ERR_ABORT : DEV_ERR_TIMEOUT, peer, DEV_WAIT_DATA, flag,
-                            seen, waited);
-                *fail = 1;
-                return false;
-            }
-        }
+        if ((it & 1023) == 0 && !spin_ok(a, it, &start, peer, DEV_WAIT_DATA, flag, seen, fail))
+            return false;
     }
 }
 
+/* What the latency path reads on its way, copied out of the launch arguments into shared
+ * memory by one thread at the start (loads of the kernel's parameters through their address, as
+ * a callee makes them, go to memory the launch just wrote: a chain of them cost ~1 us per call;
+ * a copy per thread on its stack cost more from 512 threads; measured with
+ * perf/probes/persist.cu); the rest of dev_args_t is read only for a premultiplied scalar or a
+ * failure. */
+struct lla_t {
+    const char *send;
+    char *recv;
+    char *region[DEV_MAX_LOCAL];
+    u64 len, base, cap, step, seg;
+    int n, me, nblocks, premul, avg;
+};
+
 /* Returns the step this lane used. */
 template <int DT, int OP>
-static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep,
+static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &a, const u64 *lstep,
                                            volatile int *fail)
 {
     typedef typename ty<DT>::S S;
@@ -612,16 +616,16 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
         S e[E];
     };
     /* the host's step (one per call), or, in launches a graph may replay, the lane's own */
-    const u64 step = a.lla_step ? a.lla_step : *lstep + 1;
-    const int n = a.n, me = a.me;
-    const u64 len = a.self_len, nchunk = (len + 7) / 8;
-    const u64 first = (u64)blockIdx.x * DEV_LLA_SPAN, stride = DEV_LLA_SPAN * (u64)a.nblocks;
+    const u64 step = L.step ? L.step : *lstep + 1;
+    const int n = L.n, me = L.me;
+    const u64 len = L.len, nchunk = (len + 7) / 8;
+    const u64 first = (u64)blockIdx.x * DEV_LLA_SPAN, stride = DEV_LLA_SPAN * (u64)L.nblocks;
     const unsigned flag = (unsigned)step;
     const int par = (int)(step & 1);
-    char *mine = a.region[me] + a.lla_base;
+    char *mine = L.region[me] + L.base;
     /* my contribution as every rank sees it (premultiplied) */
     auto scaled = [&](W w) {
-        if (a.premul) {
+        if (L.premul) {
             const A scale = scale_of<DT>(a);
 #pragma unroll
             for (int k = 0; k < E; k++) w.e[k] = down<DT>(up<DT>(w.e[k]) * scale);
@@ -632,21 +636,21 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
      * reduce-scatter rank j's segment) */
     auto input = [&](int j, u64 c) {
         W w;
-        w.v = load8(a.send + (u64)j * a.lla_seg + c * 8, len - c * 8);
+        w.v = load8(L.send + (u64)j * L.seg + c * 8, len - c * 8);
         return w;
     };
     /* mine: my own chunk c, premultiplied (for an allreduce, what every peer gets too) */
     auto push = [&](u64 c, const W &mine_c) {
         for (int j = 0; j < n; j++)
             if (j != me)
-                lla_put(a.region[j] + a.lla_base + DEV_LLA_OFF(me, par, c, a.lla_cap),
-                        a.lla_seg ? scaled(input(j, c)).v : mine_c.v, flag);
+                lla_put(L.region[j] + L.base + DEV_LLA_OFF(me, par, c, L.cap),
+                        L.seg ? scaled(input(j, c)).v : mine_c.v, flag);
     };
     auto finish = [&](u64 c, const A *acc) {
         W o;
 #pragma unroll
-        for (int k = 0; k < E; k++) o.e[k] = down<DT>(a.avg ? acc[k] / (A)n : acc[k]);
-        store8(a.recv + c * 8, len - c * 8, o.v);
+        for (int k = 0; k < E; k++) o.e[k] = down<DT>(L.avg ? acc[k] / (A)n : acc[k]);
+        store8(L.recv + c * 8, len - c * 8, o.v);
     };
     if (nchunk <= stride) {
         /* at most one chunk per thread (the latency case): the input load and the first look
@@ -659,7 +663,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
 #pragma unroll
         for (int j = 0; j < DEV_MAX_LOCAL; j++)
             got[j] = j >= n || j == me ||
-                     lla_get(mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, &pw[j].v, &seen);
+                     lla_get(mine + DEV_LLA_OFF(j, par, c, L.cap), flag, &pw[j].v, &seen);
         w = scaled(w);
         push(c, w);
         A acc[E];
@@ -667,7 +671,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
         for (int j = 0; j < DEV_MAX_LOCAL; j++) {
             if (j >= n) break;
             if (!got[j] &&
-                !lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail, &pw[j].v))
+                !lla_wait(a, mine + DEV_LLA_OFF(j, par, c, L.cap), flag, j, fail, &pw[j].v))
                 return step;
             const W &x = j == me ? w : pw[j];
 #pragma unroll
@@ -680,7 +684,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
     /* several chunks per thread: push them all, then take the peers' */
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
-            push(c, a.lla_seg ? W{} : scaled(input(me, c)));
+            push(c, L.seg ? W{} : scaled(input(me, c)));
         }
     for (u64 r = first; r < nchunk; r += stride)
         for (u64 c = r + threadIdx.x; c < r + DEV_LLA_SPAN && c < nchunk; c += blockDim.x) {
@@ -689,7 +693,7 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
                 W w;
                 if (j == me) {
                     w = scaled(input(me, c));
-                } else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, a.lla_cap), flag, j, fail,
+                } else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, L.cap), flag, j, fail,
                                      &w.v)) {
                     return step;
                 }
@@ -703,30 +707,34 @@ static __device__ __noinline__ u64 lla_run(const dev_args_t &a, const u64 *lstep
 }
 
 template <int DT>
-static __device__ u64 lla_dt(const dev_args_t &a, const u64 *lstep, volatile int *fail)
+static __device__ u64 lla_dt(const lla_t &L, const dev_args_t &a, int op, const u64 *lstep,
+                             volatile int *fail)
 {
-    switch (a.op) {
-    case 0: return lla_run<DT, 0>(a, lstep, fail);
-    case 1: return lla_run<DT, 1>(a, lstep, fail);
-    case 2: return lla_run<DT, 2>(a, lstep, fail);
-    default: return lla_run<DT, 3>(a, lstep, fail);
+    switch (op) {
+    case 0: return lla_run<DT, 0>(L, a, lstep, fail);
+    case 1: return lla_run<DT, 1>(L, a, lstep, fail);
+    case 2: return lla_run<DT, 2>(L, a, lstep, fail);
+    default: return lla_run<DT, 3>(L, a, lstep, fail);
     }
 }
 
-static __device__ void lla_allreduce(const dev_args_t &a, xshared &sh)
+/* L: the block's copy of the hot arguments, in shared memory (lla_load) */
+static __device__ __forceinline__ void lla_allreduce(const lla_t &L, const dev_args_t &a,
+                                                     xshared &sh)
 {
-    u64 *lstep = (u64 *)(a.region[a.me] + DEV_OFF_LSTEP) + blockIdx.x, step;
-    switch (a.dtype) {
-    case 0: step = lla_dt<0>(a, lstep, &sh.fail); break;
-    case 1: step = lla_dt<1>(a, lstep, &sh.fail); break;
-    case 2: step = lla_dt<2>(a, lstep, &sh.fail); break;
-    case 3: step = lla_dt<3>(a, lstep, &sh.fail); break;
-    case 4: step = lla_dt<4>(a, lstep, &sh.fail); break;
-    case 5: step = lla_dt<5>(a, lstep, &sh.fail); break;
-    case 6: step = lla_dt<6>(a, lstep, &sh.fail); break;
-    case 7: step = lla_dt<7>(a, lstep, &sh.fail); break;
-    case 8: step = lla_dt<8>(a, lstep, &sh.fail); break;
-    default: step = lla_dt<9>(a, lstep, &sh.fail); break;
+    const int op = a.op, dtype = a.dtype;
+    u64 *lstep = (u64 *)(L.region[L.me] + DEV_OFF_LSTEP) + blockIdx.x, step;
+    switch (dtype) {
+    case 0: step = lla_dt<0>(L, a, op, lstep, &sh.fail); break;
+    case 1: step = lla_dt<1>(L, a, op, lstep, &sh.fail); break;
+    case 2: step = lla_dt<2>(L, a, op, lstep, &sh.fail); break;
+    case 3: step = lla_dt<3>(L, a, op, lstep, &sh.fail); break;
+    case 4: step = lla_dt<4>(L, a, op, lstep, &sh.fail); break;
+    case 5: step = lla_dt<5>(L, a, op, lstep, &sh.fail); break;
+    case 6: step = lla_dt<6>(L, a, op, lstep, &sh.fail); break;
+    case 7: step = lla_dt<7>(L, a, op, lstep, &sh.fail); break;
+    case 8: step = lla_dt<8>(L, a, op, lstep, &sh.fail); break;
+    default: step = lla_dt<9>(L, a, op, lstep, &sh.fail); break;
     }
     __syncthreads(); /* every thread has read the step */
     if (threadIdx.x == 0 && !sh.fail) *lstep = step;
@@ -740,19 +748,10 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
     __shared__ xshared sh;
     const int t = threadIdx.x, np = a.push_threads;
     if (a.empty) return; /* LOOM_CUDA_EMPTY: timing of everything but the kernel's work */
-    if (a.mode == DEV_DIRECT || a.mode == DEV_LLA) {
-        if (a.mode == DEV_LLA) {
-            /* Launched as a programmatic dependent (PDL, Hopper and later): the next launch
-             * may be scheduled now and wait at its own griddepcontrol.wait, which returns
-             * once this grid has completed and its writes are visible; nothing here touches
-             * memory before that wait. Without the launch attribute both are no-ops. */
-            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-            asm volatile("griddepcontrol.wait;" ::: "memory");
-        }
+    if (a.mode == DEV_DIRECT) {
         if (t == 0) sh.fail = 0;
         __syncthreads();
-        if (a.mode == DEV_LLA) lla_allreduce(a, sh);
-        else direct_allreduce(a, sh);
+        direct_allreduce(a, sh);
         return;
     }
     if (t == 0) {
@@ -772,4 +771,44 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
     else recv_half(a, sh, rounds, t - np, (int)blockDim.x - np);
     /* a failed half must not leave the other waiting at a barrier: both only wait at their
      * own barrier, and the waits see sh.fail or the abort word */
+}
+
+/* DEV_LLA's own entry: the latency path gets registers of its own (loom_exchange's slot path
+ * needs all 128 and a stack frame) and no dispatch on the mode. */
+extern "C" __global__ void __launch_bounds__(DEV_LLA_SPAN, 1)
+    loom_lla(const __grid_constant__ dev_args_t a)
+{
+    /* Launched as a programmatic dependent (PDL, Hopper and later): the next launch may be
+     * scheduled as soon as every block of this one got here (so this comes first), and waits
+     * at its own griddepcontrol.wait, which returns once this grid has completed and its
+     * writes are visible. Before that wait only the launch's own parameters are read (they
+     * are not memory a kernel before writes). Without the launch attribute both are no-ops. */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    __shared__ xshared sh;
+    __shared__ lla_t L;
+    if (threadIdx.x == 0) { /* direct parameter loads, independent of one another */
+        sh.fail = 0;
+        L.send = a.send;
+        L.recv = a.recv;
+#pragma unroll
+        for (int j = 0; j < DEV_MAX_LOCAL; j++) L.region[j] = a.region[j];
+        L.len = a.self_len;
+        L.base = a.lla_base;
+        L.cap = a.lla_cap;
+        L.step = a.lla_step;
+        L.seg = a.lla_seg;
+        L.n = a.n;
+        L.me = a.me;
+        L.nblocks = a.nblocks;
+        L.premul = a.premul;
+        L.avg = a.avg;
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    __syncthreads();
+    /* LOOM_CUDA_EMPTY: no work, but still counted (the host waits for the count) */
+    if (!a.empty) lla_allreduce(L, a, sh); /* ends with a barrier of the block */
+    if (a.lla_count && threadIdx.x == 0) { /* counted even after a failure: nothing waits forever */
+        __threadfence(); /* the block's stores (seen through the barrier) before the count */
+        atomicAdd((unsigned long long *)(a.region[a.me] + DEV_OFF_LDONE), 1ull);
+    }
 }

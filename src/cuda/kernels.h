@@ -60,6 +60,10 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 #define DEV_OFF_DONE (6 * DEV_TABLE_BYTES)   /* [peer][block]: direct ops the peer finished */
 #define DEV_OFF_DSTEP (7 * DEV_TABLE_BYTES)  /* [0][block]: my direct ops (private) */
 #define DEV_OFF_LSTEP (DEV_OFF_DSTEP + 8ull * DEV_MAX_BLOCKS) /* [1][block]: DEV_LLA steps */
+/* [2][0]: blocks of host-numbered DEV_LLA launches that finished (each adds 1 after its
+ * stores): the host orders a later call on another stream after it with a stream wait on this
+ * count instead of an event recorded after every call */
+#define DEV_OFF_LDONE (DEV_OFF_DSTEP + 16ull * DEV_MAX_BLOCKS)
 #define DEV_OFF_SLOTS 65536ull
 /* Slot p (of nslot) for writer w, block b, in a region of nblocks lanes of `slot` bytes. */
 #define DEV_SLOT_OFF(w, b, p, nblocks, nslot, slot)                                                \
@@ -183,6 +187,7 @@ typedef struct {
     unsigned long long lla_base, lla_cap; /* DEV_LLA: slot offset in the regions, chunks */
     unsigned long long lla_step; /* DEV_LLA: the call's step, or 0: each lane counts its own */
     unsigned long long lla_seg;  /* DEV_LLA: 0 (allreduce), or a reduce-scatter's segment bytes */
+    int lla_count, lla_pad;      /* DEV_LLA: 1: every block adds 1 at DEV_OFF_LDONE when done */
     char *region[DEV_MAX_LOCAL]; /* every local rank's exchange region, mapped here */
     /* the rest */
     unsigned long long slot;

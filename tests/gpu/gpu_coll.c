@@ -1184,6 +1184,43 @@ static void grp_streams(ctx_t *c)
     reg_check(c, &Y[1], GUARD, bytes, F32, "stream B recvbuff (nranks x A's)");
     if (ev) d->cuEventDestroy(ev);
     case_end(c);
+
+    /* no user events: each call reduces, in place, what the call before it produced on the
+     * other stream; the communicator runs its calls in call order (the latency path marks a
+     * small call's end by a count in device memory that the next stream waits on, others by
+     * an event), so the result is the first call's times nranks^(CHAIN-1) */
+    enum { CHAIN = 8 };
+    /* 148 B: the end marked by a count (LOOM_CUDA_COUNTED); larger: by events; all fit X/Y */
+    static const size_t chain_cnt[3] = {37, 4099, 250007};
+    for (int q = 0; q < 3; q++) {
+        size_t cc = chain_cnt[q], cb = cc * 4;
+        case_begin(c, n,
+                   "streams: one communicator, %d in-place allreduces chained across 2 streams "
+                   "without events (float sum n=%zu)",
+                   CHAIN, cc);
+        salt = mix(0xc4a1ull + (uint64_t)q);
+        gen_fill(K_SUM, F32, salt, c->rank, n, 0, cc, h);
+        ref_fill(K_SUM, K_SUM, F32, salt, n, 0, cc, e);
+        for (size_t i = 0; i < cc; i++) {
+            float f;
+            memcpy(&f, e + i * 4, 4);
+            for (int r = 1; r < CHAIN; r++) f *= (float)n;
+            memcpy(e + i * 4, &f, 4);
+        }
+        reg_poison(c, &Y[2], cb + 2 * GUARD);
+        reg_put(c, &Y[2], GUARD, h, cb);
+        reg_expect(&Y[2], GUARD, e, cb);
+        CU(d->cuStreamSynchronize(c->s));
+        for (int r = 0; r < CHAIN; r++)
+            lok(c,
+                loomAllReduce(P(Y[2].base + GUARD), P(Y[2].base + GUARD), cc, loomFloat32,
+                              loomSum, c->comm, ss[r % 2]),
+                c->comm, "loomAllReduce (chained)");
+        sync_ok(c, ss[(CHAIN - 1) % 2], c->comm);
+        sync_ok(c, ss[CHAIN % 2], c->comm);
+        reg_check(c, &Y[2], GUARD, cb, F32, "recvbuff after the chain");
+        case_end(c);
+    }
     for (int j = 0; j < ALT; j++) {
         reg_free(c, &X[j]);
         reg_free(c, &Y[j]);
