@@ -322,7 +322,7 @@ static void *rank_main(void *arg)
                             unsigned lg, lt;
                             dev_lla_launch(len, 128, &lg, &lt);
                             void *la[] = {&a};
-                            launch_pdl(r->st, lg, lt, (void *)loom_lla, la);
+                            launch_pdl(r->st, lg, lt, (void *)loom_lla_7_0, la);
                         }
                     }
                     pthread_barrier_wait(&bar);

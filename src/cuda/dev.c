@@ -1,7 +1,7 @@
 /*
  * The device executor (see dev.h).
  *
- * Same node: one launch of loom_exchange (loom_lla for the latency path) per collective (two for
+ * Same node: one launch of loom_exchange (loom_lla_* for the latency path) per collective (two for
  * a two-shot allreduce) on the caller's stream; the plans below say which byte ranges go to
  * which peer. Cost for n local ranks and S bytes, per rank: one-shot allreduce (n-1)S out over
  * the links; two-shot, reduce-scatter and allgather 2(n-1)S/n; broadcast S from the root to
@@ -54,7 +54,7 @@ struct dev_state {
     CUdevice cudev;
     CUcontext ctx;
     CUmodule mod;
-    CUfunction fn, fn_lla;
+    CUfunction fn, fn_lla[10][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
     int n, me;                /* ranks of this node in the exchange, and my index */
     int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
     int nblocks, nslot, threads, push_threads, empty, couple;
@@ -252,7 +252,12 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     CUcontext prev = ctx_enter(s);
     cr = d->cuModuleLoadData(&s->mod, loom_kernels_fatbin);
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->fn, s->mod, "loom_exchange");
-    if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->fn_lla, s->mod, "loom_lla");
+    for (int t = 0; t < 10 && cr == CUDA_SUCCESS; t++)
+        for (int o = 0; o < 4 && cr == CUDA_SUCCESS; o++) {
+            char name[32];
+            snprintf(name, sizeof(name), "loom_lla_%d_%d", t, o);
+            cr = d->cuModuleGetFunction(&s->fn_lla[t][o], s->mod, name);
+        }
     if (cr == CUDA_SUCCESS) cr = d->cuEventCreate(&s->ev, CU_EVENT_DISABLE_TIMING);
     if (cr == CUDA_SUCCESS)
         cr = d->cuMemHostAlloc((void **)&s->err, 4096,
@@ -586,7 +591,7 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
                        CUstream st, bool pdl, const char *path)
 {
     void *params[] = {a};
-    CUfunction fn = a->mode == DEV_LLA ? s->fn_lla : s->fn;
+    CUfunction fn = a->mode == DEV_LLA ? s->fn_lla[a->dtype][a->op] : s->fn;
     CUresult cr;
     if (pdl) {
         CUlaunchAttribute at;

@@ -576,7 +576,7 @@ static __device__ __forceinline__ void store8(char *p, u64 left, u64 v)
 
 /* Spins for a peer's word; false (after recording why) on abort, timeout, or another thread's
  * failure. */
-static __device__ __noinline__ bool lla_wait(const dev_args_t &a, const char *p, unsigned flag,
+static __device__ __forceinline__ bool lla_wait(const dev_args_t &a, const char *p, unsigned flag,
                                              int peer, volatile int *fail, u64 *v)
 {
     unsigned seen;
@@ -653,24 +653,18 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
         store8(L.recv + c * 8, len - c * 8, o.v);
     };
     if (nchunk <= stride) {
-        /* at most one chunk per thread (the latency case): the input load and the first look
-         * at every peer's word go out together, before anything waits */
+        /* at most one chunk per thread (the latency case): push, then wait for the peers'
+         * words (looking at them before the push cost 0.3-0.4 us per call from 4 KiB on;
+         * perf/results/*_lla_variants_s4.txt) */
         const u64 c = first + threadIdx.x;
         if (c >= nchunk) return step;
-        W w = input(me, c), pw[DEV_MAX_LOCAL];
-        bool got[DEV_MAX_LOCAL];
-        unsigned seen;
-#pragma unroll
-        for (int j = 0; j < DEV_MAX_LOCAL; j++)
-            got[j] = j >= n || j == me ||
-                     lla_get(mine + DEV_LLA_OFF(j, par, c, L.cap), flag, &pw[j].v, &seen);
-        w = scaled(w);
+        W w = scaled(input(me, c)), pw[DEV_MAX_LOCAL];
         push(c, w);
         A acc[E];
 #pragma unroll
         for (int j = 0; j < DEV_MAX_LOCAL; j++) {
             if (j >= n) break;
-            if (!got[j] &&
+            if (j != me &&
                 !lla_wait(a, mine + DEV_LLA_OFF(j, par, c, L.cap), flag, j, fail, &pw[j].v))
                 return step;
             const W &x = j == me ? w : pw[j];
@@ -706,36 +700,13 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
     return step;
 }
 
-template <int DT>
-static __device__ u64 lla_dt(const lla_t &L, const dev_args_t &a, int op, const u64 *lstep,
-                             volatile int *fail)
-{
-    switch (op) {
-    case 0: return lla_run<DT, 0>(L, a, lstep, fail);
-    case 1: return lla_run<DT, 1>(L, a, lstep, fail);
-    case 2: return lla_run<DT, 2>(L, a, lstep, fail);
-    default: return lla_run<DT, 3>(L, a, lstep, fail);
-    }
-}
-
-/* L: the block's copy of the hot arguments, in shared memory (lla_load) */
+/* L: the block's copy of the hot arguments, in shared memory */
+template <int DT, int OP>
 static __device__ __forceinline__ void lla_allreduce(const lla_t &L, const dev_args_t &a,
                                                      xshared &sh)
 {
-    const int op = a.op, dtype = a.dtype;
-    u64 *lstep = (u64 *)(L.region[L.me] + DEV_OFF_LSTEP) + blockIdx.x, step;
-    switch (dtype) {
-    case 0: step = lla_dt<0>(L, a, op, lstep, &sh.fail); break;
-    case 1: step = lla_dt<1>(L, a, op, lstep, &sh.fail); break;
-    case 2: step = lla_dt<2>(L, a, op, lstep, &sh.fail); break;
-    case 3: step = lla_dt<3>(L, a, op, lstep, &sh.fail); break;
-    case 4: step = lla_dt<4>(L, a, op, lstep, &sh.fail); break;
-    case 5: step = lla_dt<5>(L, a, op, lstep, &sh.fail); break;
-    case 6: step = lla_dt<6>(L, a, op, lstep, &sh.fail); break;
-    case 7: step = lla_dt<7>(L, a, op, lstep, &sh.fail); break;
-    case 8: step = lla_dt<8>(L, a, op, lstep, &sh.fail); break;
-    default: step = lla_dt<9>(L, a, op, lstep, &sh.fail); break;
-    }
+    u64 *lstep = (u64 *)(L.region[L.me] + DEV_OFF_LSTEP) + blockIdx.x;
+    const u64 step = lla_run<DT, OP>(L, a, lstep, &sh.fail);
     __syncthreads(); /* every thread has read the step */
     if (threadIdx.x == 0 && !sh.fail) *lstep = step;
 }
@@ -773,10 +744,10 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
      * own barrier, and the waits see sh.fail or the abort word */
 }
 
-/* DEV_LLA's own entry: the latency path gets registers of its own (loom_exchange's slot path
- * needs all 128 and a stack frame) and no dispatch on the mode. */
-extern "C" __global__ void __launch_bounds__(DEV_LLA_SPAN, 1)
-    loom_lla(const __grid_constant__ dev_args_t a)
+/* DEV_LLA's own entries (below): the latency path gets registers of its own (loom_exchange's
+ * slot path needs all 128 and a stack frame) and no dispatch on the mode. */
+template <int DT, int OP>
+static __device__ __forceinline__ void lla_kernel(const dev_args_t &a)
 {
     /* Launched as a programmatic dependent (PDL, Hopper and later): the next launch may be
      * scheduled as soon as every block of this one got here (so this comes first), and waits
@@ -806,9 +777,30 @@ extern "C" __global__ void __launch_bounds__(DEV_LLA_SPAN, 1)
     asm volatile("griddepcontrol.wait;" ::: "memory");
     __syncthreads();
     /* LOOM_CUDA_EMPTY: no work, but still counted (the host waits for the count) */
-    if (!a.empty) lla_allreduce(L, a, sh); /* ends with a barrier of the block */
+    if (!a.empty) lla_allreduce<DT, OP>(L, a, sh); /* ends with a barrier of the block */
     if (a.lla_count && threadIdx.x == 0) { /* counted even after a failure: nothing waits forever */
         __threadfence(); /* the block's stores (seen through the barrier) before the count */
         atomicAdd((unsigned long long *)(a.region[a.me] + DEV_OFF_LDONE), 1ull);
     }
 }
+
+/* One entry per type and operation, loom_lla_<type>_<op> (types and ops numbered as
+ * dev_args_t's dtype and op): no dispatch in the kernel, and each entry's code is only what
+ * it runs (one kernel for all 40 cost 0.2-0.5 us more per call). */
+#define LLA_ENTRY(D, O)                                                                            \
+    extern "C" __global__ void __launch_bounds__(DEV_LLA_SPAN, 1)                                  \
+        loom_lla_##D##_##O(const __grid_constant__ dev_args_t a)                                   \
+    {                                                                                              \
+        lla_kernel<D, O>(a);                                                                       \
+    }
+#define LLA_ENTRIES(D) LLA_ENTRY(D, 0) LLA_ENTRY(D, 1) LLA_ENTRY(D, 2) LLA_ENTRY(D, 3)
+LLA_ENTRIES(0)
+LLA_ENTRIES(1)
+LLA_ENTRIES(2)
+LLA_ENTRIES(3)
+LLA_ENTRIES(4)
+LLA_ENTRIES(5)
+LLA_ENTRIES(6)
+LLA_ENTRIES(7)
+LLA_ENTRIES(8)
+LLA_ENTRIES(9)
