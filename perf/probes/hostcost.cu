@@ -18,16 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define DK(x)                                                                                      \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            const char *s_ = "?";                                                                  \
-            cuGetErrorString(r_, &s_);                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "probe.h"
 
 struct big {
     char b[656]; /* about loom's dev_args_t */

@@ -27,24 +27,7 @@
 /* loom's own latency kernel (loom_lla), compiled in, to launch it here beside the probe's */
 #include "../../src/cuda/kernels.cu"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define DK(x)                                                                                      \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            const char *s_ = "?";                                                                  \
-            cuGetErrorString(r_, &s_);                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "probe.h"
 
 #define RING 1024
 #define MAXB (64 << 10)
@@ -61,23 +44,6 @@ struct ctrl {
     u64 done, pad2[15];
 };
 
-static __device__ __forceinline__ void put(char *p, u64 v, unsigned f)
-{
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v),
-                 "r"(f), "r"((unsigned)(v >> 32)), "r"(f)
-                 : "memory");
-}
-static __device__ __forceinline__ bool get(const char *p, unsigned f, u64 *v)
-{
-    unsigned x, f1, y, f2;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(x), "=r"(f1), "=r"(y), "=r"(f2)
-                 : "l"(p)
-                 : "memory");
-    *v = (u64)x | (u64)y << 32;
-    return f1 == f && f2 == f;
-}
-
 /* one call's exchange: chunks of 8 bytes, one per thread of the grid */
 static __device__ __forceinline__ void exchange(const float *send, float *recv, u64 len,
                                                 unsigned step, char *mine, char *peer, int me)
@@ -87,9 +53,10 @@ static __device__ __forceinline__ void exchange(const float *send, float *recv, 
     for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < n; c += stride) {
         u64 w = ((const u64 *)send)[c];
         u64 off = ((u64)par * CAP + c) * 16;
-        put(peer + off, w, step);
+        lla_put(peer + off, w, step); /* loom's low-latency word store and load */
         u64 pw;
-        while (!get(mine + off, step, &pw)) {
+        unsigned seen;
+        while (!lla_get(mine + off, step, &pw, &seen)) {
         }
         union {
             u64 v;
