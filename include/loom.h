@@ -46,12 +46,12 @@ typedef struct {
 typedef enum {
     loomSuccess = 0,
     loomUnhandledCudaError = 1,
-    loomSystemError = 2,    /* a system call failed (socket, memory) */
-    loomInternalError = 3,  /* a bug in loom */
-    loomInvalidArgument = 4,/* a bad argument; nothing was changed */
-    loomInvalidUsage = 5,   /* a call not allowed in this state (or not supported) */
-    loomRemoteError = 6,    /* a peer died, stalled, misbehaved or reported an error */
-    loomInProgress = 7,     /* non-blocking communicator still initialising */
+    loomSystemError = 2,     /* a system call failed (socket, memory) */
+    loomInternalError = 3,   /* a bug in loom */
+    loomInvalidArgument = 4, /* a bad argument; nothing was changed */
+    loomInvalidUsage = 5,    /* a call not allowed in this state (or not supported) */
+    loomRemoteError = 6,     /* a peer died, stalled, misbehaved or reported an error */
+    loomInProgress = 7,      /* non-blocking communicator still initialising */
     loomNumResults = 8
 } loomResult_t;
 
@@ -89,8 +89,8 @@ typedef enum {
 
 /* Where loomRedOpCreatePreMulSum's scalar lives. */
 typedef enum {
-    loomScalarDevice = 0,        /* device memory, read when the collective runs */
-    loomScalarHostImmediate = 1  /* host memory, read during loomRedOpCreatePreMulSum */
+    loomScalarDevice = 0,       /* device memory, read when the collective runs */
+    loomScalarHostImmediate = 1 /* host memory, read during loomRedOpCreatePreMulSum */
 } loomScalarResidence_t;
 
 /* loomCommSplit's colour for ranks that take no part in any new communicator. */
@@ -117,10 +117,10 @@ typedef struct loomConfig_v1 {
     const char *commName; /* shown in logs */
 } loomConfig_t;
 
-#define LOOM_CONFIG_INITIALIZER                                                                   \
-    {                                                                                             \
-        sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_CONFIG_VERSION, LOOM_CONFIG_UNDEF_INT,      \
-            LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_PTR                   \
+#define LOOM_CONFIG_INITIALIZER                                                                    \
+    {                                                                                              \
+        sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_CONFIG_VERSION, LOOM_CONFIG_UNDEF_INT,       \
+            LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_PTR                    \
     }
 
 /* ---- Versions and errors ---------------------------------------------------------------- */
@@ -215,9 +215,8 @@ loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            loomDataType_t datatype, int root, loomComm_t comm, cudaStream_t stream);
 
 /* On root, recvbuff = op over ranks of sendbuff (recvbuff is ignored elsewhere). */
-loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
-                        loomDataType_t datatype, loomRedOp_t op, int root, loomComm_t comm,
-                        cudaStream_t stream);
+loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count, loomDataType_t datatype,
+                        loomRedOp_t op, int root, loomComm_t comm, cudaStream_t stream);
 
 /* recvbuff[r*sendcount ...] = rank r's sendbuff (sendcount elements each). */
 loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
@@ -268,8 +267,8 @@ loomResult_t loomCommInitFromEnv(loomComm_t *comm, loomConfig_t *config);
 
 /* Per-communicator statistics. */
 typedef struct {
-    uint64_t collectives;   /* operations completed */
-    uint64_t bytes_sent;    /* payload bytes sent to peers */
+    uint64_t collectives; /* operations completed */
+    uint64_t bytes_sent;  /* payload bytes sent to peers */
     uint64_t bytes_received;
 } loomStats_t;
 loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *stats);

@@ -41,8 +41,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdbool.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,11 +57,18 @@
 #include "../src/base/cudrv.h"
 #endif
 
-typedef enum { C_ALLREDUCE, C_BROADCAST, C_REDUCE, C_ALLGATHER, C_REDUCESCATTER, C_ALLTOALL } coll_t;
-static const char *coll_names[] = {"allreduce", "broadcast", "reduce", "allgather",
-                                   "reducescatter", "alltoall"};
-static const char *loom_fn[] = {"loomAllReduce", "loomBroadcast", "loomReduce", "loomAllGather",
-                                "loomReduceScatter", "loomAlltoAll"};
+typedef enum {
+    C_ALLREDUCE,
+    C_BROADCAST,
+    C_REDUCE,
+    C_ALLGATHER,
+    C_REDUCESCATTER,
+    C_ALLTOALL
+} coll_t;
+static const char *coll_names[] = {"allreduce", "broadcast",     "reduce",
+                                   "allgather", "reducescatter", "alltoall"};
+static const char *loom_fn[] = {"loomAllReduce", "loomBroadcast",     "loomReduce",
+                                "loomAllGather", "loomReduceScatter", "loomAlltoAll"};
 
 typedef enum { BE_LOOM, BE_NCCL } backend_t;
 
@@ -82,8 +89,8 @@ typedef struct {
     int blocking_inplace; /* 0: oop only, 1: both */
 } opts_t;
 
-static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
-                                   "half", "float", "double", "bfloat16"};
+static const char *type_names[] = {"int8",   "uint8", "int32", "uint32", "int64",
+                                   "uint64", "half",  "float", "double", "bfloat16"};
 static const size_t type_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
 
@@ -122,15 +129,15 @@ _Noreturn static void fatal(void)
 
 _Noreturn static void die(int rank, const char *what, loomResult_t r, loomComm_t comm)
 {
-    fprintf(stderr, "loom-perf: rank %d: %s failed: %s (%s)\n", rank, what,
-            loomGetErrorString(r), loomGetLastError(comm));
+    fprintf(stderr, "loom-perf: rank %d: %s failed: %s (%s)\n", rank, what, loomGetErrorString(r),
+            loomGetLastError(comm));
     fatal();
 }
 
-#define CHECK(rank, comm, call)                                                                   \
-    do {                                                                                          \
-        loomResult_t r_ = (call);                                                                 \
-        if (r_ != loomSuccess) die(rank, #call, r_, comm);                                        \
+#define CHECK(rank, comm, call)                                                                    \
+    do {                                                                                           \
+        loomResult_t r_ = (call);                                                                  \
+        if (r_ != loomSuccess) die(rank, #call, r_, comm);                                         \
     } while (0)
 
 static int parse_size(const char *s, uint64_t *out)
@@ -139,9 +146,21 @@ static int parse_size(const char *s, uint64_t *out)
     double v = strtod(s, &end);
     if (end == s || v < 0) return -1;
     switch (*end) {
-    case 'k': case 'K': v *= 1024; end++; break;
-    case 'm': case 'M': v *= 1024 * 1024; end++; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+    case 'k':
+    case 'K':
+        v *= 1024;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1024 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1024.0 * 1024 * 1024;
+        end++;
+        break;
     default: break;
     }
     if (*end == 'i' || *end == 'I') end++;
@@ -166,15 +185,30 @@ static uint16_t f2h(float f)
 static float h2f(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0 && m == 0) x = sign;
-    else if (e == 0) { float v = ldexpf((float)m, -24); return (h & 0x8000) ? -v : v; }
-    else x = sign | ((e - 15 + 127) << 23) | (m << 13);
+    if (e == 0 && m == 0)
+        x = sign;
+    else if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        return (h & 0x8000) ? -v : v;
+    } else
+        x = sign | ((e - 15 + 127) << 23) | (m << 13);
     float f;
     memcpy(&f, &x, 4);
     return f;
 }
-static uint16_t f2bf(float f) { uint32_t x; memcpy(&x, &f, 4); return (uint16_t)(x >> 16); }
-static float bf2f(uint16_t b) { uint32_t x = (uint32_t)b << 16; float f; memcpy(&f, &x, 4); return f; }
+static uint16_t f2bf(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)(x >> 16);
+}
+static float bf2f(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
 
 /* Rank r's value at element i for op: chosen so that any order of the reduction is exact. */
 static double input_value(int type, int op, int r, size_t i, int p)
@@ -191,8 +225,10 @@ static double input_value(int type, int op, int r, size_t i, int p)
         return is_unsigned ? v : v - 15;
     }
     default: {
-        int span = (type == loomHalf || type == loomBfloat16 || type == loomInt8 ||
-                    type == loomUint8) ? 3 : 17;
+        int span =
+            (type == loomHalf || type == loomBfloat16 || type == loomInt8 || type == loomUint8)
+                ? 3
+                : 17;
         int v = (int)((i * 5 + (size_t)r * 3) % (size_t)span);
         bool is_unsigned = type == loomUint8 || type == loomUint32 || type == loomUint64;
         return is_unsigned ? v : v - span / 2;
@@ -248,11 +284,16 @@ static double expected_reduced(int type, int op, size_t i, int p)
     }
     if (op == loomAvg) {
         bool integer = type <= loomUint64;
-        if (integer) acc = trunc(acc / p);
-        else if (type == loomFloat) acc = (double)((float)acc / (float)p);
-        else if (type == loomHalf) acc = (double)((float)acc / (float)p);
-        else if (type == loomBfloat16) acc = (double)((float)acc / (float)p);
-        else acc = acc / p;
+        if (integer)
+            acc = trunc(acc / p);
+        else if (type == loomFloat)
+            acc = (double)((float)acc / (float)p);
+        else if (type == loomHalf)
+            acc = (double)((float)acc / (float)p);
+        else if (type == loomBfloat16)
+            acc = (double)((float)acc / (float)p);
+        else
+            acc = acc / p;
     }
     return acc;
 }
@@ -420,14 +461,20 @@ _Noreturn static void cu_fail(const ctx_t *x, const char *what, CUresult r)
     fatal();
 }
 
-#define CU(x, what, call)                                                                         \
-    do {                                                                                          \
-        CUresult r_ = (call);                                                                     \
-        if (r_ != CUDA_SUCCESS) cu_fail((x), (what), r_);                                         \
+#define CU(x, what, call)                                                                          \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) cu_fail((x), (what), r_);                                          \
     } while (0)
 
-static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
-static void *hptr(CUdeviceptr p) { return (void *)(uintptr_t)p; }
+static CUdeviceptr dptr(const void *p)
+{
+    return (CUdeviceptr)(uintptr_t)p;
+}
+static void *hptr(CUdeviceptr p)
+{
+    return (void *)(uintptr_t)p;
+}
 
 _Noreturn static void nccl_fail(const ctx_t *x, const char *what, int r)
 {
@@ -587,8 +634,10 @@ static void allreduce_doubles(ctx_t *x, double *v, size_t n)
     if (x->o->mem_device) {
         size_t bytes = n * sizeof(double);
         if (bytes > x->scratch_bytes) {
-            fprintf(stderr, "loom-perf: rank %d: internal error: %zu bytes for a %zu-byte scratch "
-                            "buffer\n", x->rank, bytes, x->scratch_bytes);
+            fprintf(stderr,
+                    "loom-perf: rank %d: internal error: %zu bytes for a %zu-byte scratch "
+                    "buffer\n",
+                    x->rank, bytes, x->scratch_bytes);
             fatal();
         }
         CU(x, "cuMemcpyHtoDAsync", x->d->cuMemcpyHtoDAsync(x->scratch, v, bytes, x->stream));
@@ -614,8 +663,7 @@ static void gate_shut(ctx_t *x)
 {
     x->gate_round++;
     CU(x, "cuStreamWaitValue32 (the --gpu-time gate)",
-       x->d->cuStreamWaitValue32(x->stream, x->gate_dev, x->gate_round,
-                                 CU_STREAM_WAIT_VALUE_GEQ));
+       x->d->cuStreamWaitValue32(x->stream, x->gate_dev, x->gate_round, CU_STREAM_WAIT_VALUE_GEQ));
 }
 
 /* Every rank has queued its calls: rank 0 opens all gates at once. The opening time. */
@@ -639,8 +687,9 @@ static double gate_open(ctx_t *x)
     double give_up = now_us() + 4 * GATE_WAIT_S * 1e6;
     while (__atomic_load_n(&g->release, __ATOMIC_ACQUIRE) < x->gate_round)
         if (now_us() > give_up) {
-            fprintf(stderr, "loom-perf: rank %d: --gpu-time: rank 0 did not open round %u's "
-                            "gate within %d s\n",
+            fprintf(stderr,
+                    "loom-perf: rank %d: --gpu-time: rank 0 did not open round %u's "
+                    "gate within %d s\n",
                     x->rank, x->gate_round, 4 * GATE_WAIT_S);
             fatal();
         }
@@ -699,8 +748,8 @@ static void fill_input(ctx_t *x, void *buf, size_t count, int type, int op)
     if (x->o->coll == C_ALLTOALL) {
         /* the block bound for rank b holds global indices r*count + 7b + 0 .. count-1 */
         for (int b = 0; b < p; b++)
-            fill_seg(x, (uint8_t *)buf + (size_t)b * count * es,
-                     (size_t)r * count + (size_t)b * 7, count, es);
+            fill_seg(x, (uint8_t *)buf + (size_t)b * count * es, (size_t)r * count + (size_t)b * 7,
+                     count, es);
     } else {
         fill_seg(x, buf, 0, in_count(x->o->coll, count, p), es);
     }
@@ -771,16 +820,18 @@ static long check_output(ctx_t *x, const void *buf, size_t count, int type, int 
     return wrong;
 }
 
-
 /* Mean over ranks of each value; sum over ranks of wrong counts. */
 static void reduce_results(ctx_t *x, double *t, int nt, long *w, int nw)
 {
     double buf[8];
     memcpy(buf, t, sizeof(double) * (size_t)nt);
-    for (int i = 0; i < nw; i++) buf[nt + i] = (double)w[i];
+    for (int i = 0; i < nw; i++)
+        buf[nt + i] = (double)w[i];
     allreduce_doubles(x, buf, (size_t)(nt + nw));
-    for (int i = 0; i < nt; i++) t[i] = buf[i] / x->nranks;
-    for (int i = 0; i < nw; i++) w[i] = (long)buf[nt + i];
+    for (int i = 0; i < nt; i++)
+        t[i] = buf[i] / x->nranks;
+    for (int i = 0; i < nw; i++)
+        w[i] = (long)buf[nt + i];
 }
 
 /* A benchmark buffer of `bytes` (zeroed), in the memory under test; NULL if out of memory. */
@@ -863,8 +914,8 @@ static void device_header(ctx_t *x)
         if (p > 64) printf("#   (%d more ranks)\n", p - 64);
         if (o->check && o->maxb > CHECK_FULL_BYTES)
             printf("# check: outputs over %zu MiB per rank are checked on %d windows of %zu MiB "
-                   "spread over the buffer\n", CHECK_FULL_BYTES >> 20, CHECK_WINDOWS,
-                   CHECK_WINDOW_BYTES >> 20);
+                   "spread over the buffer\n",
+                   CHECK_FULL_BYTES >> 20, CHECK_WINDOWS, CHECK_WINDOW_BYTES >> 20);
         if (x->nccl_skip_inplace)
             printf("# in-place alltoall is not valid NCCL usage: not run (0 and #wrong -1 in its "
                    "columns)\n");
@@ -906,8 +957,9 @@ static int run_rank(ctx_t *x)
             fprintf(stderr, "loom-perf: cannot write %s: %s\n", o->json, strerror(errno));
             return 2;
         }
-        if (json) fprintf(json, "{\"collective\": \"%s\", \"ranks\": %d, \"results\": [\n",
-                          coll_names[o->coll], p);
+        if (json)
+            fprintf(json, "{\"collective\": \"%s\", \"ranks\": %d, \"results\": [\n",
+                    coll_names[o->coll], p);
     }
     bool skip_ip = false; /* the in-place column is not run */
 #ifdef LOOM_HAVE_CUDA
@@ -949,7 +1001,8 @@ static int run_rank(ctx_t *x)
                         if (o->coll == C_ALLGATHER) s = rbuf + (size_t)x->rank * count * es;
                     }
                     void *inbuf = s;
-                    if (ip && o->coll == C_REDUCESCATTER) inbuf = rbuf, r = rbuf + (size_t)x->rank * count * es;
+                    if (ip && o->coll == C_REDUCESCATTER)
+                        inbuf = rbuf, r = rbuf + (size_t)x->rank * count * es;
                     /* real data even unchecked: untouched host pages read as the shared zero
                      * page and time far faster than any real buffer */
                     fill_input(x, inbuf, count, type, op);
@@ -957,22 +1010,26 @@ static int run_rank(ctx_t *x)
                         run_coll(x, o->coll, s, r, count, type, op);
                         w[ip] = check_output(x, r, count, type, op);
                     }
-                    for (int i = 0; i < o->warmup; i++) run_coll(x, o->coll, s, r, count, type, op);
+                    for (int i = 0; i < o->warmup; i++)
+                        run_coll(x, o->coll, s, r, count, type, op);
                     if (o->mem_device) {
                         /* the warm-up done, the ranks meet (on the stream, synchronised) */
                         stream_sync(x);
                         double bar = 0;
                         allreduce_doubles(x, &bar, 1);
                     } else {
-                        CHECK(x->rank, x->comm, loomAllReduce(t, t, 0, loomDouble, loomSum, x->comm, NULL));
+                        CHECK(x->rank, x->comm,
+                              loomAllReduce(t, t, 0, loomDouble, loomSum, x->comm, NULL));
                         double bar = 0;
-                        CHECK(x->rank, x->comm, loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
+                        CHECK(x->rank, x->comm,
+                              loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
                     }
                     double t0 = now_us(), ts = t0;
 #ifdef LOOM_HAVE_CUDA
                     if (x->gate) gate_shut(x);
 #endif
-                    for (int i = 0; i < o->iters; i++) run_coll(x, o->coll, s, r, count, type, op);
+                    for (int i = 0; i < o->iters; i++)
+                        run_coll(x, o->coll, s, r, count, type, op);
                     double tq = now_us();
 #ifdef LOOM_HAVE_CUDA
                     if (x->gate) t0 = gate_open(x);
@@ -981,8 +1038,9 @@ static int run_rank(ctx_t *x)
                     t[ip] = (now_us() - t0) / (o->iters > 0 ? o->iters : 1);
                     /* where the host, not the GPU, bounds a size, this is close to t */
                     if (o->host_time && o->mem_device)
-                        fprintf(stderr, "# rank %d %zu B %s: host %.2f us per call to enqueue, "
-                                        "%.2f us per call in all\n",
+                        fprintf(stderr,
+                                "# rank %d %zu B %s: host %.2f us per call to enqueue, "
+                                "%.2f us per call in all\n",
                                 x->rank, sizeb, ip ? "in place" : "out of place",
                                 (tq - ts) / (o->iters > 0 ? o->iters : 1), t[ip]);
                 }
@@ -1000,9 +1058,8 @@ static int run_rank(ctx_t *x)
                     long wip = skip_ip ? -1L : w[1];
                     printf("%12zu  %12zu  %8s  %6s  %6d  %8.2f  %6.2f  %6.2f  %5ld  %8.2f  %6.2f  "
                            "%6.2f  %5ld\n",
-                           sizeb, count, type_names[type], op_names[op], root, t[0], alg[0],
-                           bus[0], o->check ? w[0] : -1L, t[1], alg[1], bus[1],
-                           o->check ? wip : -1L);
+                           sizeb, count, type_names[type], op_names[op], root, t[0], alg[0], bus[0],
+                           o->check ? w[0] : -1L, t[1], alg[1], bus[1], o->check ? wip : -1L);
                     fflush(stdout);
                     if (csv)
                         fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%ld,%.3f,%.4f,%.4f,%ld\n",
@@ -1021,7 +1078,8 @@ static int run_rank(ctx_t *x)
                         first_json = 0;
                     }
                 }
-                if (o->step) bytes += o->step;
+                if (o->step)
+                    bytes += o->step;
                 else {
                     uint64_t nb = (uint64_t)((double)bytes * o->factor);
                     bytes = nb > bytes ? nb : bytes + 1;
@@ -1113,10 +1171,16 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     while ((c = getopt_long(argc, argv, "P:b:e:f:i:n:w:d:o:r:c:C:h", lo, NULL)) != -1) {
         switch (c) {
         case 'P': o->nranks_local = atoi(optarg); break;
-        case 'b': if (parse_size(optarg, &o->minb)) return -1; break;
-        case 'e': if (parse_size(optarg, &o->maxb)) return -1; break;
+        case 'b':
+            if (parse_size(optarg, &o->minb)) return -1;
+            break;
+        case 'e':
+            if (parse_size(optarg, &o->maxb)) return -1;
+            break;
         case 'f': o->factor = atof(optarg); break;
-        case 'i': if (parse_size(optarg, &o->step)) return -1; break;
+        case 'i':
+            if (parse_size(optarg, &o->step)) return -1;
+            break;
         case 'n': o->iters = atoi(optarg); break;
         case 'H': o->host_time = 1; break;
         case 'G': o->gpu_time = 1; break;
@@ -1194,14 +1258,14 @@ static int parse_opts(int argc, char **argv, opts_t *o)
 
 /* How this rank process was started. */
 typedef struct {
-    int rank, nranks;    /* under torchrun nranks is then taken from the communicator */
-    int local_rank;      /* the GPU to use, or -1: rank mod GPU count */
-    int quiet;           /* a -P rank other than 0: errors every rank meets alike are rank 0's */
-    int torchrun;        /* loom: loomCommInitFromEnv */
-    loomUniqueId loom_id;/* loom, not torchrun */
-    id_shm_t *shm;       /* nccl under -P: rank 0 publishes the id here */
-    gate_shm_t *gate;    /* --gpu-time under -P */
-    const char *id_file; /* nccl under a launcher: rank 0 writes the id here */
+    int rank, nranks;     /* under torchrun nranks is then taken from the communicator */
+    int local_rank;       /* the GPU to use, or -1: rank mod GPU count */
+    int quiet;            /* a -P rank other than 0: errors every rank meets alike are rank 0's */
+    int torchrun;         /* loom: loomCommInitFromEnv */
+    loomUniqueId loom_id; /* loom, not torchrun */
+    id_shm_t *shm;        /* nccl under -P: rank 0 publishes the id here */
+    gate_shm_t *gate;     /* --gpu-time under -P */
+    const char *id_file;  /* nccl under a launcher: rank 0 writes the id here */
 } launch_t;
 
 static int write_id_file(const char *path, const void *id, size_t n)
@@ -1219,7 +1283,8 @@ static int write_id_file(const char *path, const void *id, size_t n)
 static int read_id_file(const char *path, void *id, size_t n, int rank)
 {
     FILE *f = NULL;
-    for (int i = 0; i < 600 && !(f = fopen(path, "rb")); i++) usleep(100000);
+    for (int i = 0; i < 600 && !(f = fopen(path, "rb")); i++)
+        usleep(100000);
     if (!f || fread(id, n, 1, f) != 1) {
         fprintf(stderr, "loom-perf: rank %d cannot read the id from %s\n", rank, path);
         if (f) fclose(f);
@@ -1244,8 +1309,10 @@ static int dev_open(ctx_t *x, const launch_t *L)
         }
         if (o->coll == C_ALLTOALL && !nccl_has_alltoall(x->nccl)) {
             if (!L->quiet)
-                fprintf(stderr, "loom-perf: --backend nccl: %s has neither ncclAlltoAll nor "
-                                "ncclSend/ncclRecv\n", x->nccl->path);
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: %s has neither ncclAlltoAll nor "
+                        "ncclSend/ncclRecv\n",
+                        x->nccl->path);
             return 2;
         }
         x->nccl_skip_inplace = o->coll == C_ALLTOALL;
@@ -1260,9 +1327,10 @@ static int dev_open(ctx_t *x, const launch_t *L)
     x->d = d;
     if (L->local_rank >= 0) {
         if (L->local_rank >= d->ndev) {
-            fprintf(stderr, "loom-perf: rank %d: --mem device: LOCAL_RANK is %d but the CUDA "
-                            "driver sees %d GPU%s\n", x->rank, L->local_rank, d->ndev,
-                    d->ndev == 1 ? "" : "s");
+            fprintf(stderr,
+                    "loom-perf: rank %d: --mem device: LOCAL_RANK is %d but the CUDA "
+                    "driver sees %d GPU%s\n",
+                    x->rank, L->local_rank, d->ndev, d->ndev == 1 ? "" : "s");
             return 2;
         }
         x->gpu = L->local_rank;
@@ -1409,8 +1477,10 @@ int main(int argc, char **argv)
     int local_rank = lr && *lr ? atoi(lr) : -1;
     if (o.nranks_local == 0 && getenv("RANK") && getenv("WORLD_SIZE") && getenv("MASTER_ADDR")) {
         /* Started the way torchrun starts ranks: one process per rank. */
-        launch_t L = {.rank = atoi(getenv("RANK")), .nranks = atoi(getenv("WORLD_SIZE")),
-                      .local_rank = local_rank, .torchrun = 1};
+        launch_t L = {.rank = atoi(getenv("RANK")),
+                      .nranks = atoi(getenv("WORLD_SIZE")),
+                      .local_rank = local_rank,
+                      .torchrun = 1};
         if (o.backend == BE_NCCL && !(L.id_file = getenv("LOOM_ID_FILE"))) {
             fprintf(stderr, "loom-perf: --backend nccl under torchrun needs LOOM_ID_FILE (a path "
                             "every rank can read; rank 0 writes NCCL's unique id there)\n");
@@ -1441,8 +1511,8 @@ int main(int argc, char **argv)
     if (o.backend == BE_NCCL) {
         /* No CUDA or NCCL call before fork: rank 0's child makes NCCL's id and publishes it
          * here. */
-        void *m = mmap(NULL, sizeof(id_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
+        void *m =
+            mmap(NULL, sizeof(id_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             perror("loom-perf: mmap");
             return 2;
@@ -1504,10 +1574,13 @@ int main(int argc, char **argv)
         if (pid < 0) break;
         n++;
         int r = 0;
-        while (r < k && pids[r] != pid) r++;
+        while (r < k && pids[r] != pid)
+            r++;
         if (r < k && killed[r]) {
-            fprintf(stderr, "loom-perf: rank %d (pid %d) stopped: still running %d s after rank "
-                            "%d failed\n", r, (int)pid, FAIL_GRACE_S, failed);
+            fprintf(stderr,
+                    "loom-perf: rank %d (pid %d) stopped: still running %d s after rank "
+                    "%d failed\n",
+                    r, (int)pid, FAIL_GRACE_S, failed);
             rc = 2;
         } else if (WIFSIGNALED(st)) {
             fprintf(stderr, "loom-perf: rank %d (pid %d) was killed by signal %d\n", r, (int)pid,

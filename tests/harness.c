@@ -21,8 +21,14 @@ typedef struct {
 static loomUniqueId h_id;
 static pid_t h_pids[4096];
 
-const loomUniqueId *h_job_id(void) { return &h_id; }
-pid_t h_child_pid(int rank) { return h_pids[rank]; }
+const loomUniqueId *h_job_id(void)
+{
+    return &h_id;
+}
+pid_t h_child_pid(int rank)
+{
+    return h_pids[rank];
+}
 
 static void *h_thread_main(void *p)
 {

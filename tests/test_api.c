@@ -24,37 +24,37 @@
 /* Reports a failed condition inside a rank body and jumps to its cleanup (label `out`, with an
  * int `rc` in scope), so peers blocked on this rank see its connections close instead of
  * waiting for LOOM_TIMEOUT. */
-#define RCHECK(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,      \
-                    #cond);                                                                       \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            rc = 1;                                                                               \
-            goto out;                                                                             \
-        }                                                                                         \
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,        \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            rc = 1;                                                                                \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* The same without leaving: for a wrong result code after which the rest is still worth
  * checking. */
-#define RSOFT(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,      \
-                    #cond);                                                                       \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            rc = 1;                                                                               \
-        }                                                                                         \
+#define RSOFT(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,        \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            rc = 1;                                                                                \
+        }                                                                                          \
     } while (0)
 
 /* A loom call that must succeed; prints loom's own text when it does not. */
-#define RCALL(call)                                                                               \
-    do {                                                                                          \
-        loomResult_t r_ = (call);                                                                 \
-        RCHECK(r_ == loomSuccess, "%s returned %d (%s): %s", #call, (int)r_,                      \
-               loomGetErrorString(r_), loomGetLastError(NULL));                                   \
+#define RCALL(call)                                                                                \
+    do {                                                                                           \
+        loomResult_t r_ = (call);                                                                  \
+        RCHECK(r_ == loomSuccess, "%s returned %d (%s): %s", #call, (int)r_,                       \
+               loomGetErrorString(r_), loomGetLastError(NULL));                                    \
     } while (0)
 
 /* ---- A runner whose ranks make their own communicators ---------------------------------- */
@@ -335,7 +335,8 @@ static int nonblocking_rank(const loomUniqueId *id, int rank, int nranks, void *
     RCHECK(n == nranks && me == rank, "count %d rank %d", n, me);
     enum { N = 4099 };
     static _Thread_local int32_t in[N], res[N];
-    for (int i = 0; i < N; i++) in[i] = rank * 100000 + i;
+    for (int i = 0; i < N; i++)
+        in[i] = rank * 100000 + i;
     RCALL(loomAllReduce(in, res, N, loomInt32, loomSum, comm, NULL));
     for (int i = 0; i < N; i++) {
         int32_t want = 100000 * (nranks * (nranks - 1) / 2) + nranks * i;
@@ -395,7 +396,10 @@ END_TEST
 #define SPLIT_NRANKS 6
 #define SPLIT_NOCOLOR_RANK 5
 
-static int split_color(int r) { return r == SPLIT_NOCOLOR_RANK ? LOOM_SPLIT_NOCOLOR : r % 2; }
+static int split_color(int r)
+{
+    return r == SPLIT_NOCOLOR_RANK ? LOOM_SPLIT_NOCOLOR : r % 2;
+}
 
 /* The child rank of old rank r: order by key (-rank), then by old rank. */
 static int split_expected_rank(int r, int *count)
@@ -438,8 +442,8 @@ static int split_rank(loomComm_t comm, int rank, int nranks, void *arg)
     int want_n, want_r = split_expected_rank(rank, &want_n), cn = -1, cr = -1;
     RCALL(loomCommCount(child, &cn));
     RCALL(loomCommUserRank(child, &cr));
-    RCHECK(cn == want_n && cr == want_r, "child rank %d of %d, expected %d of %d", cr, cn,
-           want_r, want_n);
+    RCHECK(cn == want_n && cr == want_r, "child rank %d of %d, expected %d of %d", cr, cn, want_r,
+           want_n);
     RCHECK(child->nchannels == 1 && strcmp(child->name, "child") == 0,
            "the split's config was not applied (%d channels, name '%s')", child->nchannels,
            child->name);
@@ -454,7 +458,8 @@ static int split_rank(loomComm_t comm, int rank, int nranks, void *arg)
     }
 
     /* Per-colour sums. */
-    for (int i = 0; i < N; i++) in[i] = (int64_t)(rank + 1) * 1000 + i;
+    for (int i = 0; i < N; i++)
+        in[i] = (int64_t)(rank + 1) * 1000 + i;
     RCALL(loomAllReduce(in, res, N, loomInt64, loomSum, child, NULL));
     for (int i = 0; i < N; i++) {
         int64_t want = 0;
@@ -475,16 +480,15 @@ static int split_rank(loomComm_t comm, int rank, int nranks, void *arg)
         RCHECK(grand != NULL, "no grandchild communicator");
         RCALL(loomCommCount(grand, &gn));
         RCALL(loomCommUserRank(grand, &gr));
-        RCHECK(gn == cn - 1 && gr == cr - 1, "grandchild rank %d of %d, expected %d of %d", gr,
-               gn, cr - 1, cn - 1);
+        RCHECK(gn == cn - 1 && gr == cr - 1, "grandchild rank %d of %d, expected %d of %d", gr, gn,
+               cr - 1, cn - 1);
         int64_t v = rank, sum = -1, want = 0;
         for (int q = 0; q < SPLIT_NRANKS; q++) {
             int n_;
             if (split_color(q) == color && split_expected_rank(q, &n_) > 0) want += q;
         }
         RCALL(loomAllReduce(&v, &sum, 1, loomInt64, loomSum, grand, NULL));
-        RCHECK(sum == want, "grandchild sum %lld, expected %lld", (long long)sum,
-               (long long)want);
+        RCHECK(sum == want, "grandchild sum %lld, expected %lld", (long long)sum, (long long)want);
     }
     /* The parent still works after its children were made (all ranks but the no-colour one,
      * which left: use the child instead, all of whose ranks are still here). */
@@ -520,9 +524,9 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
         loomDataType_t type;
         size_t count;
     } msgs[] = {
-        {loomFloat, 0},       {loomInt8, 1},     {loomInt32, 1000},  {loomFloat, 100003},
-        {loomDouble, 77},     {loomUint8, 0},    {loomUint8, 300000}, {loomHalf, 5},
-        {loomInt64, 70000},
+        {loomFloat, 0},      {loomInt8, 1},    {loomInt32, 1000},
+        {loomFloat, 100003}, {loomDouble, 77}, {loomUint8, 0},
+        {loomUint8, 300000}, {loomHalf, 5},    {loomInt64, 70000},
     };
     enum { NM = sizeof(msgs) / sizeof(msgs[0]) };
     uint8_t *sb[NM] = {0}, *rb[NM] = {0};
@@ -535,7 +539,8 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
         sb[k] = malloc(bytes + 1);
         rb[k] = malloc(bytes + 1);
         RCHECK(sb[k] && rb[k], "out of memory");
-        for (size_t b = 0; b < bytes; b++) sb[k][b] = pattern(rank, k, b);
+        for (size_t b = 0; b < bytes; b++)
+            sb[k][b] = pattern(rank, k, b);
         memset(rb[k], 0xee, bytes + 1);
     }
 
@@ -549,16 +554,18 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
     for (int k = 0; k < NM; k++) {
         size_t bytes = msgs[k].count * red_type_size(msgs[k].type);
         for (size_t b = 0; b < bytes; b++)
-            RCHECK(rb[k][b] == pattern(prev, k, b), "ring message %d byte %zu: %u, expected %u",
-                   k, b, rb[k][b], pattern(prev, k, b));
+            RCHECK(rb[k][b] == pattern(prev, k, b), "ring message %d byte %zu: %u, expected %u", k,
+                   b, rb[k][b], pattern(prev, k, b));
         RCHECK(rb[k][bytes] == 0xee, "ring message %d wrote past its end", k);
     }
 
     /* Sends to self meet receives from self in order, whichever is posted first. */
     {
         int32_t s1[50], s2[60], r1[50], r2[60];
-        for (int i = 0; i < 50; i++) s1[i] = rank * 1000 + i;
-        for (int i = 0; i < 60; i++) s2[i] = -(rank * 1000 + i);
+        for (int i = 0; i < 50; i++)
+            s1[i] = rank * 1000 + i;
+        for (int i = 0; i < 60; i++)
+            s2[i] = -(rank * 1000 + i);
         memset(r1, 0, sizeof(r1));
         memset(r2, 0, sizeof(r2));
         /* Nested: only the outermost loomGroupEnd runs the queued calls. */
@@ -583,7 +590,8 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
     a2a_coll = malloc(tot * sizeof(int32_t));
     RCHECK(a2a_send && a2a_p2p && a2a_coll, "out of memory");
     for (int q = 0; q < nranks; q++)
-        for (int i = 0; i < C; i++) a2a_send[q * C + i] = (rank << 20) | (q << 12) | i;
+        for (int i = 0; i < C; i++)
+            a2a_send[q * C + i] = (rank << 20) | (q << 12) | i;
     memset(a2a_p2p, 0, tot * sizeof(int32_t));
     memset(a2a_coll, 0, tot * sizeof(int32_t));
     RCALL(loomGroupStart());
@@ -596,10 +604,10 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
     for (int q = 0; q < nranks; q++)
         for (int i = 0; i < C; i++) {
             int32_t want = (q << 20) | (rank << 12) | i;
-            RCHECK(a2a_p2p[q * C + i] == want, "p2p all-to-all from %d [%d]: %x, expected %x", q,
-                   i, a2a_p2p[q * C + i], want);
-            RCHECK(a2a_coll[q * C + i] == want, "loomAlltoAll from %d [%d]: %x, expected %x", q,
-                   i, a2a_coll[q * C + i], want);
+            RCHECK(a2a_p2p[q * C + i] == want, "p2p all-to-all from %d [%d]: %x, expected %x", q, i,
+                   a2a_p2p[q * C + i], want);
+            RCHECK(a2a_coll[q * C + i] == want, "loomAlltoAll from %d [%d]: %x, expected %x", q, i,
+                   a2a_coll[q * C + i], want);
         }
 
     /* A group mixing a collective with point to point, in both orders. */
@@ -608,7 +616,8 @@ static int p2p_rank(loomComm_t comm, int rank, int nranks, void *arg)
     ar_out = malloc(AR * sizeof(float));
     RCHECK(ar_in && ar_out, "out of memory");
     for (int round = 0; round < 2; round++) {
-        for (int i = 0; i < AR; i++) ar_in[i] = (float)(rank + 1 + (i % 100));
+        for (int i = 0; i < AR; i++)
+            ar_in[i] = (float)(rank + 1 + (i % 100));
         memset(ar_out, 0, AR * sizeof(float));
         int32_t token = rank * 10 + round, got = -1;
         RCALL(loomGroupStart());
@@ -681,7 +690,8 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *arg)
     buf = malloc(LOOM_MAX(sbytes, rbytes) + GUARD);
     RCHECK(buf, "out of memory");
     if (rank == 0) {
-        for (size_t b = 0; b < sbytes; b++) buf[b] = (uint8_t)(b * 13 + 1);
+        for (size_t b = 0; b < sbytes; b++)
+            buf[b] = (uint8_t)(b * 13 + 1);
         /* The send may complete (the bytes fit in the socket buffer) or fail; either is fine. */
         loomResult_t r = loomSend(buf, m->scount, m->stype, 1, comm, NULL);
         (void)r;
@@ -714,7 +724,8 @@ static int self_mismatch_rank(loomComm_t comm, int rank, int nranks, void *arg)
     (void)arg;
     int rc = 0;
     int32_t s[60], r[60];
-    for (int i = 0; i < 60; i++) s[i] = i + 1;
+    for (int i = 0; i < 60; i++)
+        s[i] = i + 1;
     memset(r, 0, sizeof(r));
     loomResult_t res;
     RCALL(loomGroupStart());
@@ -724,12 +735,12 @@ static int self_mismatch_rank(loomComm_t comm, int rank, int nranks, void *arg)
     RCHECK(res != loomSuccess, "send of 50 to self met a receive of 60 from self");
     RSOFT(res == loomInvalidUsage, "send of 50 to self and receive of 60 from self: %d (%s)",
           (int)res, loomGetLastError(NULL));
-    for (int i = 0; i < 60; i++) RCHECK(r[i] == 0, "receive buffer written at %d", i);
+    for (int i = 0; i < 60; i++)
+        RCHECK(r[i] == 0, "receive buffer written at %d", i);
     /* Outside a group, a send to self has no receive to meet. */
     res = loomSend(s, 10, loomInt32, rank, comm, NULL);
     RCHECK(res != loomSuccess, "lone send to self succeeded");
-    RSOFT(res == loomInvalidUsage, "lone send to self: %d (%s)", (int)res,
-          loomGetLastError(NULL));
+    RSOFT(res == loomInvalidUsage, "lone send to self: %d (%s)", (int)res, loomGetLastError(NULL));
     /* Nothing was sent: the communicator is still in step. */
     int32_t one = 1, n = 0;
     RCALL(loomAllReduce(&one, &n, 1, loomInt32, loomSum, comm, NULL));
@@ -747,21 +758,21 @@ END_TEST
 START_TEST(test_p2p_count_mismatch)
 {
     static const mismatch_t cases[] = {
-        {loomFloat, loomFloat, 100, 50},  /* sender longer */
-        {loomFloat, loomFloat, 50, 100},  /* receiver longer */
-        {loomUint8, loomFloat, 100, 25},  /* same bytes, different type and count */
+        {loomFloat, loomFloat, 100, 50},       /* sender longer */
+        {loomFloat, loomFloat, 50, 100},       /* receiver longer */
+        {loomUint8, loomFloat, 100, 25},       /* same bytes, different type and count */
         {loomFloat, loomFloat, 100000, 99999}, /* sliced, off by one element */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        ck_assert_msg(h_run_threads(2, mismatch_rank, (void *)&cases[i]) == 0,
-                      "mismatch case %zu", i);
+        ck_assert_msg(h_run_threads(2, mismatch_rank, (void *)&cases[i]) == 0, "mismatch case %zu",
+                      i);
 }
 END_TEST
 
 /* ---- 6. avg and pre-multiplied sums -------------------------------------------------------- */
 
-static const loomDataType_t all_types[] = {loomInt8,  loomUint8,   loomInt32,   loomUint32,
-                                           loomInt64, loomUint64,  loomFloat16, loomFloat32,
+static const loomDataType_t all_types[] = {loomInt8,    loomUint8,   loomInt32,   loomUint32,
+                                           loomInt64,   loomUint64,  loomFloat16, loomFloat32,
                                            loomFloat64, loomBfloat16};
 
 /* Creates a pre-multiplied sum with `scalar` expressed in type t. */
@@ -785,14 +796,16 @@ static int avg_rank(loomComm_t comm, int rank, int nranks, void *arg)
     for (size_t ti = 0; ti < sizeof(all_types) / sizeof(all_types[0]); ti++) {
         loomDataType_t t = all_types[ti];
         const char *tn = red_type_name(t);
-        for (size_t i = 0; i < nel; i++) put_val(t, in, i, val(t, rank, i));
+        for (size_t i = 0; i < nel; i++)
+            put_val(t, in, i, val(t, rank, i));
 
         /* allreduce avg */
         memset(res, 0xcd, nel * 8);
         RCALL(loomAllReduce(in, res, N, t, loomAvg, comm, NULL));
         for (size_t i = 0; i < N; i++) {
             double sum = 0;
-            for (int q = 0; q < nranks; q++) sum += val(t, q, i);
+            for (int q = 0; q < nranks; q++)
+                sum += val(t, q, i);
             double want = expect_avg(t, sum, nranks), got = get_val(t, res, i);
             RCHECK(got == want, "%s allreduce avg [%zu]: %.17g, expected %.17g (sum %g)", tn, i,
                    got, want, sum);
@@ -804,10 +817,10 @@ static int avg_rank(loomComm_t comm, int rank, int nranks, void *arg)
         if (rank == root)
             for (size_t i = 0; i < N; i++) {
                 double sum = 0;
-                for (int q = 0; q < nranks; q++) sum += val(t, q, i);
+                for (int q = 0; q < nranks; q++)
+                    sum += val(t, q, i);
                 double want = expect_avg(t, sum, nranks), got = get_val(t, res, i);
-                RCHECK(got == want, "%s reduce avg [%zu]: %.17g, expected %.17g", tn, i, got,
-                       want);
+                RCHECK(got == want, "%s reduce avg [%zu]: %.17g, expected %.17g", tn, i, got, want);
             }
 
         /* reduce-scatter avg */
@@ -816,7 +829,8 @@ static int avg_rank(loomComm_t comm, int rank, int nranks, void *arg)
         for (size_t i = 0; i < RC; i++) {
             size_t j = (size_t)rank * RC + i;
             double sum = 0;
-            for (int q = 0; q < nranks; q++) sum += val(t, q, j);
+            for (int q = 0; q < nranks; q++)
+                sum += val(t, q, j);
             double want = expect_avg(t, sum, nranks), got = get_val(t, res, i);
             RCHECK(got == want, "%s reduce-scatter avg [%zu]: %.17g, expected %.17g", tn, i, got,
                    want);
@@ -835,17 +849,19 @@ static int avg_rank(loomComm_t comm, int rank, int nranks, void *arg)
             RCALL(loomAllReduce(in, res, N, t, op, comm, NULL));
             for (size_t i = 0; i < N; i++) {
                 double want = 0;
-                for (int q = 0; q < nranks; q++) want += sc * val(t, q, i);
+                for (int q = 0; q < nranks; q++)
+                    want += sc * val(t, q, i);
                 double got = get_val(t, res, i);
-                RCHECK(got == want, "%s allreduce premulsum(%g) [%zu]: %.17g, expected %.17g",
-                       tn, sc, i, got, want);
+                RCHECK(got == want, "%s allreduce premulsum(%g) [%zu]: %.17g, expected %.17g", tn,
+                       sc, i, got, want);
             }
             memset(res, 0xcd, nel * 8);
             RCALL(loomReduceScatter(in, res, RC, t, op, comm, NULL));
             for (size_t i = 0; i < RC; i++) {
                 size_t j = (size_t)rank * RC + i;
                 double want = 0;
-                for (int q = 0; q < nranks; q++) want += sc * val(t, q, j);
+                for (int q = 0; q < nranks; q++)
+                    want += sc * val(t, q, j);
                 double got = get_val(t, res, i);
                 RCHECK(got == want, "%s reduce-scatter premulsum(%g) [%zu]: %.17g, expected %.17g",
                        tn, sc, i, got, want);
@@ -855,10 +871,11 @@ static int avg_rank(loomComm_t comm, int rank, int nranks, void *arg)
             if (rank == root)
                 for (size_t i = 0; i < N; i++) {
                     double want = 0;
-                    for (int q = 0; q < nranks; q++) want += sc * val(t, q, i);
+                    for (int q = 0; q < nranks; q++)
+                        want += sc * val(t, q, i);
                     double got = get_val(t, res, i);
-                    RCHECK(got == want, "%s reduce premulsum(%g) [%zu]: %.17g, expected %.17g",
-                           tn, sc, i, got, want);
+                    RCHECK(got == want, "%s reduce premulsum(%g) [%zu]: %.17g, expected %.17g", tn,
+                           sc, i, got, want);
                 }
             /* The operator belongs to its type: another type is refused. */
             loomDataType_t other = t == loomFloat ? loomDouble : loomFloat;
@@ -907,7 +924,8 @@ typedef struct {
 static void stage_wait(lasterr_t *s, int stage)
 {
     pthread_mutex_lock(&s->lock);
-    while (s->stage < stage) pthread_cond_wait(&s->cond, &s->lock);
+    while (s->stage < stage)
+        pthread_cond_wait(&s->cond, &s->lock);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -961,8 +979,7 @@ START_TEST(test_last_error_threads)
     pthread_join(b, NULL);
     ck_assert_msg(s.seen[0] != '\0', "a fresh thread sees no last error");
     ck_assert_msg(strcmp(s.seen, s.a_text) == 0,
-                  "a fresh thread sees '%s', not the process's last error '%s'", s.seen,
-                  s.a_text);
+                  "a fresh thread sees '%s', not the process's last error '%s'", s.seen, s.a_text);
     stage_set(&s, 2);
     pthread_join(a, NULL);
     pthread_create(&c, NULL, lasterr_c, &s);
@@ -985,10 +1002,11 @@ static int broken_rank(loomComm_t comm, int rank, int nranks, void *arg)
     broken_t *b = arg;
     int rc = 0;
     float in[16], out[16];
-    for (int i = 0; i < 16; i++) in[i] = (float)i;
+    for (int i = 0; i < 16; i++)
+        in[i] = (float)i;
     /* Same count and type, different op: the schedules match, the operations do not. */
-    loomResult_t r = loomAllReduce(in, out, 16, loomFloat, rank == 0 ? loomSum : loomMax, comm,
-                                   NULL);
+    loomResult_t r =
+        loomAllReduce(in, out, 16, loomFloat, rank == 0 ? loomSum : loomMax, comm, NULL);
     RCHECK(r != loomSuccess, "mismatched allreduce succeeded");
     char thread_text[1024], comm_text[1024];
     snprintf(thread_text, sizeof(thread_text), "%s", loomGetLastError(NULL));
@@ -1003,8 +1021,7 @@ static int broken_rank(loomComm_t comm, int rank, int nranks, void *arg)
     RCHECK(strstr(loomGetLastError(NULL), "loomGetVersion") != NULL, "thread text: '%s'",
            loomGetLastError(NULL));
     RCHECK(strcmp(loomGetLastError(comm), comm_text) == 0,
-           "loomGetLastError(comm) changed to '%s' (was '%s')", loomGetLastError(comm),
-           comm_text);
+           "loomGetLastError(comm) changed to '%s' (was '%s')", loomGetLastError(comm), comm_text);
     /* Later calls fail at once with the same error. */
     r = loomAllReduce(in, out, 16, loomFloat, loomSum, comm, NULL);
     RCHECK(r == a, "call on the broken communicator returned %d, async error %d", (int)r, (int)a);
@@ -1043,7 +1060,8 @@ START_TEST(test_init_all)
         in[d] = malloc(N * sizeof(float));
         out[d] = calloc(N, sizeof(float));
         ck_assert(in[d] && out[d]);
-        for (int i = 0; i < N; i++) in[d][i] = (float)((d + 1) * (i % 1000));
+        for (int i = 0; i < N; i++)
+            in[d][i] = (float)((d + 1) * (i % 1000));
     }
     /* One thread drives every rank: only a group lets the three make progress together. */
     ck_assert_int_eq(loomGroupStart(), loomSuccess);
@@ -1094,7 +1112,8 @@ START_TEST(test_init_all_negative_device)
     const int first[3] = {-1, 0, 1};
     loomResult_t r = loomCommInitAll(comms, 3, first);
     if (r == loomSuccess)
-        for (int d = 0; d < 3; d++) loomCommDestroy(comms[d]);
+        for (int d = 0; d < 3; d++)
+            loomCommDestroy(comms[d]);
     ck_assert_msg(r == loomInvalidArgument, "devlist {-1, 0, 1} gave %d, not loomInvalidArgument",
                   (int)r);
 }
@@ -1151,8 +1170,10 @@ static int stats_rank(loomComm_t comm, int rank, int nranks, void *arg)
     RCHECK(st.collectives == 0 && st.bytes_sent == 0 && st.bytes_received == 0,
            "fresh communicator has stats %llu/%llu/%llu", (unsigned long long)st.collectives,
            (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received);
-    for (int i = 0; i < N; i++) in[i] = (float)(rank + i % 7);
-    for (int k = 0; k < OPS; k++) RCALL(loomAllReduce(in, out, N, loomFloat, loomSum, comm, NULL));
+    for (int i = 0; i < N; i++)
+        in[i] = (float)(rank + i % 7);
+    for (int k = 0; k < OPS; k++)
+        RCALL(loomAllReduce(in, out, N, loomFloat, loomSum, comm, NULL));
     for (int i = 0; i < N; i++)
         RCHECK(out[i] == (float)(nranks * (nranks - 1) / 2 + nranks * (i % 7)), "result [%d]", i);
     RCALL(loomCommGetStats(comm, &st));

@@ -15,12 +15,18 @@
 #include "reduce.h"
 
 enum { C_ALLREDUCE, C_BROADCAST, C_REDUCE, C_ALLGATHER, C_REDUCESCATTER, C_ALLTOALL, C_N };
-static const char *cname[] = {"allreduce", "broadcast", "reduce", "allgather", "reducescatter",
-                              "alltoall"};
+static const char *cname[] = {"allreduce", "broadcast",     "reduce",
+                              "allgather", "reducescatter", "alltoall"};
 #define OP_PREMUL 5 /* test-local code for a pre-multiplied sum */
 
-static bool is_unsigned(int t) { return t == loomUint8 || t == loomUint32 || t == loomUint64; }
-static bool is_float(int t) { return t >= loomFloat16 && t != loomUint64 && t <= loomBfloat16; }
+static bool is_unsigned(int t)
+{
+    return t == loomUint8 || t == loomUint32 || t == loomUint64;
+}
+static bool is_float(int t)
+{
+    return t >= loomFloat16 && t != loomUint64 && t <= loomBfloat16;
+}
 
 static void put(int t, void *b, size_t i, double v)
 {
@@ -61,7 +67,10 @@ static double id_val(int t, int r, size_t i)
     return is_unsigned(t) ? v : v - 48;
 }
 
-static int pub_op(int op) { return op == OP_PREMUL ? loomSum : op; }
+static int pub_op(int op)
+{
+    return op == OP_PREMUL ? loomSum : op;
+}
 
 /* Reduced value of element i over p ranks. */
 static void reduced(int t, int op, size_t i, int p, void *out, size_t oi)
@@ -70,11 +79,16 @@ static void reduced(int t, int op, size_t i, int p, void *out, size_t oi)
     for (int r = 0; r < p; r++) {
         double v = in_val(t, pub_op(op), r, i, p);
         if (op == OP_PREMUL) v *= 2;
-        if (r == 0) acc = v;
-        else if (op == loomProd) acc *= v;
-        else if (op == loomMax) acc = v > acc ? v : acc;
-        else if (op == loomMin) acc = v < acc ? v : acc;
-        else acc += v;
+        if (r == 0)
+            acc = v;
+        else if (op == loomProd)
+            acc *= v;
+        else if (op == loomMax)
+            acc = v > acc ? v : acc;
+        else if (op == loomMin)
+            acc = v < acc ? v : acc;
+        else
+            acc += v;
     }
     if (op != loomAvg) {
         put(t, out, oi, acc);
@@ -102,9 +116,10 @@ static int check_buf(const char *what, int r, const void *got, const void *want,
     if (memcmp(got, want, bytes) == 0) return 0;
     const uint8_t *g = got, *w = want;
     size_t k = 0;
-    while (k < bytes && g[k] == w[k]) k++;
-    fprintf(stderr, "rank %d: %s: byte %zu of %zu differs (got 0x%02x want 0x%02x)\n", r, what,
-            k, bytes, g[k], w[k]);
+    while (k < bytes && g[k] == w[k])
+        k++;
+    fprintf(stderr, "rank %d: %s: byte %zu of %zu differs (got 0x%02x want 0x%02x)\n", r, what, k,
+            bytes, g[k], w[k]);
     return 1;
 }
 
@@ -151,8 +166,7 @@ static int one_case(loomComm_t comm, int r, int p, int c, int t, int op, size_t 
             case C_REDUCESCATTER: reduced(t, op, (size_t)r * n + i, p, wout, i); break;
             case C_BROADCAST: put(t, wout, i, id_val(t, root, i)); break;
             case C_ALLGATHER: put(t, wout, i, id_val(t, (int)(i / n), i % n)); break;
-            case C_ALLTOALL: put(t, wout, i, id_val(t, (int)(i / n), (size_t)r * n + i % n));
-                break;
+            case C_ALLTOALL: put(t, wout, i, id_val(t, (int)(i / n), (size_t)r * n + i % n)); break;
             }
         }
     }
@@ -317,8 +331,8 @@ START_TEST(hier_algos)
     static const struct {
         int p;
         const char *nodes;
-    } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"}, {6, "a,a,a,b,c,c"}, {3, "a,b,c"},
-                   {7, "a,a,a,a,a,a,a"}, {8, "a,a,a,a,b,b,b,b"}};
+    } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"},     {6, "a,a,a,b,c,c"},
+                   {3, "a,b,c"},   {7, "a,a,a,a,a,a,a"}, {8, "a,a,a,a,b,b,b,b"}};
     small_slices();
     for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
         setenv("LOOM_ALGO", algos[_i], 1);

@@ -63,19 +63,20 @@ static void check_cut(u64 len, int nb, u64 slot)
         for (int b = 0; b < nb; b++) {
             u64 pos = 0, plen = 0;
             if (!dev_piece_of(len, k, nb, b, slot, &pos, &plen)) continue;
-            ck_assert_msg(pos == next, "len %llu nb %d slot %llu: piece (%llu,%d) at %llu, "
-                                       "expected %llu",
+            ck_assert_msg(pos == next,
+                          "len %llu nb %d slot %llu: piece (%llu,%d) at %llu, "
+                          "expected %llu",
                           len, nb, slot, k, b, pos, next);
             ck_assert_msg(pos % 16 == 0, "piece at %llu not 16-byte aligned", pos);
             ck_assert_msg(plen > 0 && plen <= slot, "piece of %llu bytes, slot %llu", plen, slot);
             next = pos + plen;
             pieces++;
         }
-    ck_assert_msg(next == len, "len %llu nb %d slot %llu: pieces end at %llu", len, nb, slot,
-                  next);
+    ck_assert_msg(next == len, "len %llu nb %d slot %llu: pieces end at %llu", len, nb, slot, next);
     /* no piece beyond the last round */
     u64 pos, plen;
-    for (int b = 0; b < nb; b++) ck_assert(!dev_piece_of(len, rounds, nb, b, slot, &pos, &plen));
+    for (int b = 0; b < nb; b++)
+        ck_assert(!dev_piece_of(len, rounds, nb, b, slot, &pos, &plen));
     if (len == 0) ck_assert_uint_eq(pieces, 0);
     /* low-latency streams: small pieces only */
     if (dev_is_ll(len, nb, slot, 0)) {
@@ -114,15 +115,15 @@ START_TEST(test_lla_cover)
     const u64 lens[] = {1, 7, 8, 9, 255, 256, 4095, 4096, 4097, 65536, 65544, 1048576, 1048583};
     const int nbs[] = {1, 3, 64, 128};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
-        for (size_t j = 0; j < sizeof(nbs) / sizeof(nbs[0]); j++) check_lla(lens[i], nbs[j]);
+        for (size_t j = 0; j < sizeof(nbs) / sizeof(nbs[0]); j++)
+            check_lla(lens[i], nbs[j]);
 }
 END_TEST
 
 START_TEST(test_stream_cut)
 {
-    const u64 lens[] = {0,     1,     15,    16,       17,          4095,          4096,
-                        4097,  65535, 65536, 65537,    1048579,     123456789,
-                        (1ull << 31) + 4099};
+    const u64 lens[] = {0,    1,     15,    16,    17,      4095,      4096,
+                        4097, 65535, 65536, 65537, 1048579, 123456789, (1ull << 31) + 4099};
     const int nbs[] = {1, 3, 32, 128};
     const u64 slots[] = {4096, 65536, 262144};
     for (size_t a = 0; a < sizeof(lens) / sizeof(lens[0]); a++)

@@ -32,12 +32,19 @@
 #include "param.h"
 #include "sock.h"
 
-#define TIMEOUT_S 3        /* LOOM_TIMEOUT for most tests */
-#define TEXT_MAX 2200      /* two loom error texts joined */
+#define TIMEOUT_S 3   /* LOOM_TIMEOUT for most tests */
+#define TEXT_MAX 2200 /* two loom error texts joined */
 
 /* Exit codes of rank processes. */
-enum { RC_OK = 0, RC_BAD_TEXT = 1, RC_NO_ERROR = 2, RC_TOO_SLOW = 3, RC_WRONG_DATA = 4,
-       RC_LOOM_ERROR = 5, RC_TOO_MANY_FDS = 6 };
+enum {
+    RC_OK = 0,
+    RC_BAD_TEXT = 1,
+    RC_NO_ERROR = 2,
+    RC_TOO_SLOW = 3,
+    RC_WRONG_DATA = 4,
+    RC_LOOM_ERROR = 5,
+    RC_TOO_MANY_FDS = 6
+};
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -63,8 +70,10 @@ static void collect_text(loomComm_t comm, char *out, size_t len)
 {
     const char *c = comm ? loomGetLastError(comm) : "";
     const char *t = loomGetLastError(NULL);
-    if (c[0] && strcmp(c, t) != 0) snprintf(out, len, "%s || %s", c, t);
-    else snprintf(out, len, "%s", t);
+    if (c[0] && strcmp(c, t) != 0)
+        snprintf(out, len, "%s || %s", c, t);
+    else
+        snprintf(out, len, "%s", t);
 }
 
 /* Whether text names rank r as "rank <r>" (and not as the start of "rank <r>5"). */
@@ -81,7 +90,7 @@ static bool names_rank(const char *text, int r)
 
 #define FR_NRANKS 4
 #define FR_COUNT (1u << 20)
-#define FR_AT 3        /* the victim disappears before this iteration */
+#define FR_AT 3 /* the victim disappears before this iteration */
 #define FR_MAX_ITERS 200
 
 typedef struct {
@@ -105,12 +114,15 @@ static int fail_rank(loomComm_t comm, int rank, int nranks, void *p)
     fail_report_t *rep = a->rep;
     float *send = malloc(FR_COUNT * sizeof(float)), *recv = malloc(FR_COUNT * sizeof(float));
     if (send == NULL || recv == NULL) return RC_LOOM_ERROR;
-    for (size_t i = 0; i < FR_COUNT; i++) send[i] = (float)(rank + 1);
+    for (size_t i = 0; i < FR_COUNT; i++)
+        send[i] = (float)(rank + 1);
     int rc = RC_NO_ERROR;
     for (int it = 0; it < FR_MAX_ITERS; it++) {
         if (rank == a->victim && it == FR_AT) {
-            if (a->sig == SIGKILL) kill(getpid(), SIGKILL);
-            else raise(SIGSTOP);
+            if (a->sig == SIGKILL)
+                kill(getpid(), SIGKILL);
+            else
+                raise(SIGSTOP);
             _exit(RC_OK); /* continued only to be killed */
         }
         double t0 = now_s();
@@ -124,9 +136,12 @@ static int fail_rank(loomComm_t comm, int rank, int nranks, void *p)
         fprintf(stderr, "rank %d: iteration %d failed after %.2f s with %d: %s\n", rank, it, dt,
                 (int)r, rep->text[rank]);
         const char *t = rep->text[rank];
-        if (!names_rank(t, a->victim) || strstr(t, "seq") == NULL) rc = RC_BAD_TEXT;
-        else if (dt > TIMEOUT_S + 3) rc = RC_TOO_SLOW;
-        else rc = RC_OK;
+        if (!names_rank(t, a->victim) || strstr(t, "seq") == NULL)
+            rc = RC_BAD_TEXT;
+        else if (dt > TIMEOUT_S + 3)
+            rc = RC_TOO_SLOW;
+        else
+            rc = RC_OK;
         break;
     }
     atomic_store(&rep->done[rank], 1);
@@ -144,9 +159,8 @@ static void check_survivors(const fail_arg_t *a, const int *status, double wall)
             continue;
         }
         ck_assert_msg(status[r] != -1, "rank %d hung (killed by the harness)", r);
-        ck_assert_msg(status[r] != RC_NO_ERROR,
-                      "rank %d: %d allreduces succeeded without rank %d", r, FR_MAX_ITERS,
-                      a->victim);
+        ck_assert_msg(status[r] != RC_NO_ERROR, "rank %d: %d allreduces succeeded without rank %d",
+                      r, FR_MAX_ITERS, a->victim);
         ck_assert_msg(status[r] == RC_OK,
                       "rank %d: status %d: iteration %d failed after %.2f s with %d: '%s' "
                       "(wanted 'rank %d' and 'seq' within %d s)",
@@ -231,7 +245,8 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *p)
     mismatch_t *m = p;
     float *send = malloc((MM_COUNT + 1) * sizeof(float));
     float *recv = malloc((MM_COUNT + 1) * sizeof(float));
-    for (int i = 0; i <= MM_COUNT; i++) send[i] = (float)(rank * 1000 + i);
+    for (int i = 0; i <= MM_COUNT; i++)
+        send[i] = (float)(rank * 1000 + i);
     memset(recv, 0xa5, (MM_COUNT + 1) * sizeof(float));
     loomResult_t r = loomSuccess;
     int root = rank == 1 ? 1 : 0;
@@ -247,8 +262,8 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *p)
     }
     switch (m->kind) {
     case MM_COUNT_KIND:
-        r = loomAllReduce(send, recv, rank == 1 ? MM_COUNT + 1 : MM_COUNT, loomFloat, loomSum,
-                          comm, NULL);
+        r = loomAllReduce(send, recv, rank == 1 ? MM_COUNT + 1 : MM_COUNT, loomFloat, loomSum, comm,
+                          NULL);
         break;
     case MM_TYPE_KIND:
     case MM_COLD_TYPE_KIND:
@@ -256,9 +271,7 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *p)
         r = loomAllReduce(send, recv, MM_COUNT, rank == 1 ? loomInt32 : loomFloat, loomSum, comm,
                           NULL);
         break;
-    default:
-        r = loomBroadcast(send, recv, MM_COUNT, loomFloat, root, comm, NULL);
-        break;
+    default: r = loomBroadcast(send, recv, MM_COUNT, loomFloat, root, comm, NULL); break;
     }
     m->res[rank] = r;
     if (r != loomSuccess) {
@@ -337,13 +350,13 @@ static void expect_invalid(badarg_t *b, int rank, loomResult_t r, const char *fn
     if (b->fail[rank][0]) return; /* the first failure is the useful one */
     const char *t = loomGetLastError(NULL);
     if (r != loomInvalidArgument)
-        snprintf(b->fail[rank], TEXT_MAX, "%s (%s): returned %d, not loomInvalidArgument: '%s'",
-                 fn, what, (int)r, t);
+        snprintf(b->fail[rank], TEXT_MAX, "%s (%s): returned %d, not loomInvalidArgument: '%s'", fn,
+                 what, (int)r, t);
     else if (t[0] == '\0')
         snprintf(b->fail[rank], TEXT_MAX, "%s (%s): no error text", fn, what);
     else if (strstr(t, fn) == NULL)
-        snprintf(b->fail[rank], TEXT_MAX, "%s (%s): the text does not name the function: '%s'",
-                 fn, what, t);
+        snprintf(b->fail[rank], TEXT_MAX, "%s (%s): the text does not name the function: '%s'", fn,
+                 what, t);
     else if (memcmp(buf, ref, bytes) != 0)
         snprintf(b->fail[rank], TEXT_MAX, "%s (%s): the receive buffer was changed", fn, what);
 }
@@ -352,7 +365,8 @@ static void bad_calls(loomComm_t comm, int rank, int nranks, badarg_t *b)
 {
     size_t rbytes = (size_t)BA_COUNT * (size_t)nranks * sizeof(float);
     float *send = malloc(rbytes), *recv = malloc(rbytes), *ref = malloc(rbytes);
-    for (size_t i = 0; i < (size_t)BA_COUNT * (size_t)nranks; i++) send[i] = (float)i;
+    for (size_t i = 0; i < (size_t)BA_COUNT * (size_t)nranks; i++)
+        send[i] = (float)i;
     memset(recv, 0x5a, rbytes);
     memcpy(ref, recv, rbytes);
     /* Something that is not a communicator, but readable (the check must read it, not crash). */
@@ -367,8 +381,7 @@ static void bad_calls(loomComm_t comm, int rank, int nranks, badarg_t *b)
         loomAllReduce(NULL, recv, n, loomFloat, loomSum, comm, NULL));
     BAD("loomAllReduce", "NULL recvbuff",
         loomAllReduce(send, NULL, n, loomFloat, loomSum, comm, NULL));
-    BAD("loomAllReduce", "datatype 99",
-        loomAllReduce(send, recv, n, badtype, loomSum, comm, NULL));
+    BAD("loomAllReduce", "datatype 99", loomAllReduce(send, recv, n, badtype, loomSum, comm, NULL));
     BAD("loomAllReduce", "datatype -1",
         loomAllReduce(send, recv, n, (loomDataType_t)-1, loomSum, comm, NULL));
     BAD("loomAllReduce", "op 99", loomAllReduce(send, recv, n, loomFloat, badop, comm, NULL));
@@ -415,8 +428,7 @@ static void bad_calls(loomComm_t comm, int rank, int nranks, badarg_t *b)
         loomAllReduce(send, recv, n, loomFloat, loomSum, bogus, NULL));
     BAD("loomBroadcast", "bogus comm", loomBroadcast(send, recv, n, loomFloat, 0, bogus, NULL));
     BAD("loomRecv", "bogus comm", loomRecv(recv, n, loomFloat, 0, bogus, NULL));
-    BAD("loomAllReduce", "NULL comm",
-        loomAllReduce(send, recv, n, loomFloat, loomSum, NULL, NULL));
+    BAD("loomAllReduce", "NULL comm", loomAllReduce(send, recv, n, loomFloat, loomSum, NULL, NULL));
     BAD("loomAllGather", "NULL comm", loomAllGather(send, recv, n, loomFloat, NULL, NULL));
     BAD("loomSend", "NULL comm", loomSend(send, n, loomFloat, 0, NULL, NULL));
 #undef BAD
@@ -430,15 +442,17 @@ static int badarg_rank(loomComm_t comm, int rank, int nranks, void *p)
     badarg_t *b = p;
     /* Rank 0 makes the bad calls twice: if any of them consumed a sequence number, the ranks'
      * counts would differ and the good call below would fail as a mismatch. */
-    for (int k = 0; k < (rank == 0 ? 2 : 1); k++) bad_calls(comm, rank, nranks, b);
+    for (int k = 0; k < (rank == 0 ? 2 : 1); k++)
+        bad_calls(comm, rank, nranks, b);
     loomResult_t async = loomNumResults;
     loomCommGetAsyncError(comm, &async);
     if (async != loomSuccess && !b->fail[rank][0])
-        snprintf(b->fail[rank], TEXT_MAX, "bad calls broke the communicator: %d: %s",
-                 (int)async, loomGetLastError(comm));
+        snprintf(b->fail[rank], TEXT_MAX, "bad calls broke the communicator: %d: %s", (int)async,
+                 loomGetLastError(comm));
     const size_t n = 4099;
     int32_t *send = malloc(n * sizeof(int32_t)), *recv = malloc(n * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) send[i] = (int32_t)(rank * 100003 + (int)i);
+    for (size_t i = 0; i < n; i++)
+        send[i] = (int32_t)(rank * 100003 + (int)i);
     memset(recv, 0xee, n * sizeof(int32_t));
     loomResult_t r = loomAllReduce(send, recv, n, loomInt32, loomSum, comm, NULL);
     if (r != loomSuccess) {
@@ -448,7 +462,8 @@ static int badarg_rank(loomComm_t comm, int rank, int nranks, void *p)
     } else {
         for (size_t i = 0; i < n; i++) {
             int32_t want = 0;
-            for (int q = 0; q < nranks; q++) want += (int32_t)(q * 100003 + (int)i);
+            for (int q = 0; q < nranks; q++)
+                want += (int32_t)(q * 100003 + (int)i);
             if (recv[i] != want) {
                 if (!b->fail[rank][0])
                     snprintf(b->fail[rank], TEXT_MAX, "good allreduce: [%zu] = %d, want %d", i,
@@ -600,7 +615,8 @@ static void attack_targets(attack_t *A, const char *who, const sock_addr_t *addr
                            const hs_hello_t *hello, int n)
 {
     int silent[AT_NRANKS];
-    for (int i = 0; i < n; i++) silent[i] = connect_to(&addr[i]);
+    for (int i = 0; i < n; i++)
+        silent[i] = connect_to(&addr[i]);
     for (int i = 0; i < n; i++) {
         attack_wrong_secret(A, who, &addr[i], &hello[i]);
         attack_garbage(A, who, &addr[i]);
@@ -614,8 +630,9 @@ static void attack_targets(attack_t *A, const char *who, const sock_addr_t *addr
         }
         double t = wait_closed(silent[i], AT_CLOSE_S);
         if (t < 0) {
-            attack_note(A, "%s %s: a silent connection was not dropped within %.0f s "
-                           "(LOOM_HANDSHAKE_TIMEOUT=1)",
+            attack_note(A,
+                        "%s %s: a silent connection was not dropped within %.0f s "
+                        "(LOOM_HANDSHAKE_TIMEOUT=1)",
                         who, as, AT_CLOSE_S);
         } else {
             pthread_mutex_lock(&A->mu);
@@ -643,8 +660,11 @@ static void *attacker_main(void *p)
     } else {
         hs_hello_t hello[AT_NRANKS];
         for (int r = 0; r < n; r++)
-            hello[r] = (hs_hello_t){.comm_id = A->comm_id, .from_rank = r == 0 ? 1 : 0,
-                                    .to_rank = r, .chan = 0, .nchan = 2};
+            hello[r] = (hs_hello_t){.comm_id = A->comm_id,
+                                    .from_rank = r == 0 ? 1 : 0,
+                                    .to_rank = r,
+                                    .chan = 0,
+                                    .nchan = 2};
         attack_targets(A, "data listener", A->addr, hello, n);
     }
     atomic_store(&A->attacker_done, 1);
@@ -676,8 +696,7 @@ static int checked_loop(loomComm_t comm, int rank, int nranks, int min_iters, at
         for (uint32_t i = 0; i < AT_COUNT; i++) {
             int32_t want = tri * (int32_t)((i ^ (uint32_t)it * 2654435761u) & 0xffff);
             if (recv[i] != want) {
-                snprintf(fail, TEXT_MAX, "iteration %d: [%u] = %d, want %d", it, i, recv[i],
-                         want);
+                snprintf(fail, TEXT_MAX, "iteration %d: [%u] = %d, want %d", it, i, recv[i], want);
                 rc = 1;
                 break;
             }
@@ -706,7 +725,8 @@ static int attack_rank(loomComm_t comm, int rank, int nranks, void *p)
     attack_t *A = p;
     if (rank == 0) {
         pthread_mutex_lock(&A->mu);
-        for (int r = 0; r < nranks; r++) sock_addr_unpack(comm->peers[r].handle[TP_TCP], &A->addr[r]);
+        for (int r = 0; r < nranks; r++)
+            sock_addr_unpack(comm->peers[r].handle[TP_TCP], &A->addr[r]);
         A->comm_id = comm->comm_id;
         A->naddrs = nranks;
         pthread_cond_broadcast(&A->cv);
@@ -734,7 +754,8 @@ static void *mjob_main(void *p)
 {
     mjob_t *j = p;
     double give_up = now_s() + 20;
-    while (j->gate && !atomic_load(j->gate) && now_s() < give_up) usleep(1000);
+    while (j->gate && !atomic_load(j->gate) && now_s() < give_up)
+        usleep(1000);
     j->init_res = loomCommInitRank(&j->comm, j->nranks, j->id, j->rank);
     if (j->init_res != loomSuccess) {
         snprintf(j->err, sizeof(j->err), "init failed with %d: %s", (int)j->init_res,
@@ -791,21 +812,28 @@ START_TEST(test_strangers)
     mjob_t j[AT_NRANKS];
     pthread_t t[AT_NRANKS];
     for (int r = 0; r < AT_NRANKS; r++) {
-        j[r] = (mjob_t){.id = id, .rank = r, .nranks = AT_NRANKS, .fn = boot_job_rank, .arg = A,
+        j[r] = (mjob_t){.id = id,
+                        .rank = r,
+                        .nranks = AT_NRANKS,
+                        .fn = boot_job_rank,
+                        .arg = A,
                         .gate = r == AT_NRANKS - 1 ? &third_may_join : NULL};
         ck_assert_int_eq(pthread_create(&t[r], NULL, mjob_main, &j[r]), 0);
     }
     usleep(100000);
     /* Claims to be the rank that has not joined yet. */
-    hs_hello_t hello = {.comm_id = u.job_id, .from_rank = AT_NRANKS - 1, .to_rank = -1,
-                        .chan = 0, .nchan = AT_NRANKS};
+    hs_hello_t hello = {.comm_id = u.job_id,
+                        .from_rank = AT_NRANKS - 1,
+                        .to_rank = -1,
+                        .chan = 0,
+                        .nchan = AT_NRANKS};
     attack_targets(A, "bootstrap root", &root, &hello, 1);
     atomic_store(&third_may_join, 1);
-    for (int r = 0; r < AT_NRANKS; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < AT_NRANKS; r++)
+        pthread_join(t[r], NULL);
     for (int r = 0; r < AT_NRANKS; r++) {
         ck_assert_msg(j[r].init_res == loomSuccess, "bootstrap job, rank %d: %s", r, j[r].err);
-        ck_assert_msg(A->job_fail[r][0] == '\0', "bootstrap job, rank %d: %s", r,
-                      A->job_fail[r]);
+        ck_assert_msg(A->job_fail[r][0] == '\0', "bootstrap job, rank %d: %s", r, A->job_fail[r]);
     }
     ck_assert_msg(A->fail[0] == '\0', "%s", A->fail);
     ck_assert_int_eq(A->attacks, 3);
@@ -860,7 +888,8 @@ static int big_rank(loomComm_t comm, int rank, int nranks, void *p)
     for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]) && rc == RC_OK; k++) {
         size_t c = counts[k];
         loomResult_t r;
-        for (size_t i = 0; i < c; i++) send[i] = rank * 1000 + (int32_t)(i * 3 + k);
+        for (size_t i = 0; i < c; i++)
+            send[i] = rank * 1000 + (int32_t)(i * 3 + k);
         memset(recv, 0xa5, maxc * sizeof(int32_t));
         r = loomAllReduce(send, recv, c, loomInt32, loomSum, comm, NULL);
         if (r != loomSuccess) {
@@ -879,7 +908,8 @@ static int big_rank(loomComm_t comm, int rank, int nranks, void *p)
         if (rc) break;
         /* A different root per count, so that the chain starts in different places. */
         int root = (int)((c * 37) % (size_t)nranks);
-        for (size_t i = 0; i < c; i++) send[i] = rank * 1000 + (int32_t)i;
+        for (size_t i = 0; i < c; i++)
+            send[i] = rank * 1000 + (int32_t)i;
         memset(recv, 0xa5, maxc * sizeof(int32_t));
         r = loomBroadcast(send, recv, c, loomInt32, root, comm, NULL);
         if (r != loomSuccess) {
@@ -904,8 +934,7 @@ static int big_rank(loomComm_t comm, int rank, int nranks, void *p)
         for (size_t q = 0; q < (size_t)nranks && rc == RC_OK; q++)
             for (size_t i = 0; i < c; i++)
                 if (recv[q * c + i] != (int32_t)q * 1000 + (int32_t)i) {
-                    snprintf(fail, 256, "allgather %zu: [%zu][%zu] = %d", c, q, i,
-                             recv[q * c + i]);
+                    snprintf(fail, 256, "allgather %zu: [%zu][%zu] = %d", c, q, i, recv[q * c + i]);
                     rc = RC_WRONG_DATA;
                     break;
                 }
@@ -967,7 +996,8 @@ static void *blocked_main(void *p)
 {
     blocked_t *b = p;
     int32_t send[1024], recv[1024];
-    for (int i = 0; i < 1024; i++) send[i] = i;
+    for (int i = 0; i < 1024; i++)
+        send[i] = i;
     b->t_start = now_s();
     atomic_store(&b->started, 1);
     b->res = loomAllReduce(send, recv, 1024, loomInt32, loomSum, b->comm, NULL);
@@ -987,14 +1017,16 @@ START_TEST(test_abort_other_thread)
         j[r] = (mjob_t){.id = id, .rank = r, .nranks = 2};
         ck_assert_int_eq(pthread_create(&t[r], NULL, mjob_main, &j[r]), 0);
     }
-    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < 2; r++)
+        pthread_join(t[r], NULL);
     for (int r = 0; r < 2; r++)
         ck_assert_msg(j[r].init_res == loomSuccess, "rank %d: %s", r, j[r].err);
 
     blocked_t b = {.comm = j[0].comm};
     pthread_t bt;
     ck_assert_int_eq(pthread_create(&bt, NULL, blocked_main, &b), 0);
-    while (!atomic_load(&b.started)) usleep(1000);
+    while (!atomic_load(&b.started))
+        usleep(1000);
     usleep(200000);
     double t_abort = now_s();
     loomResult_t ra = loomCommAbort(j[0].comm);
@@ -1009,8 +1041,8 @@ START_TEST(test_abort_other_thread)
     ck_assert_msg(t_abort_done - t_abort < 1.5, "loomCommAbort took %.2f s",
                   t_abort_done - t_abort);
     ck_assert_msg(b.text[0] != '\0', "no error text after the abort");
-    fprintf(stderr, "abort: call returned %d after %.3f s: %s\n", (int)b.res,
-            b.t_end - b.t_start, b.text);
+    fprintf(stderr, "abort: call returned %d after %.3f s: %s\n", (int)b.res, b.t_end - b.t_start,
+            b.text);
     ck_assert_int_eq(loomCommDestroy(j[1].comm), loomSuccess);
 }
 END_TEST
@@ -1043,8 +1075,10 @@ int main(void)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, cases[i].timeout_s);
-        if (cases[i].loops) tcase_add_loop_test(tc, cases[i].test, 0, cases[i].loops);
-        else tcase_add_test(tc, cases[i].test);
+        if (cases[i].loops)
+            tcase_add_loop_test(tc, cases[i].test, 0, cases[i].loops);
+        else
+            tcase_add_test(tc, cases[i].test);
         suite_add_tcase(s, tc);
     }
     SRunner *sr = srunner_create(s);

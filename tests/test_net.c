@@ -28,31 +28,33 @@
 #include "param.h"
 #include "sock.h"
 
-#define RCHECK(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,      \
-                    #cond);                                                                       \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            rc = 1;                                                                               \
-            goto out;                                                                             \
-        }                                                                                         \
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__,        \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            rc = 1;                                                                                \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
-#define RCALL(call)                                                                               \
-    do {                                                                                          \
-        loomResult_t r_ = (call);                                                                 \
-        RCHECK(r_ == loomSuccess, "%s returned %d (%s): %s", #call, (int)r_,                      \
-               loomGetErrorString(r_), loomGetLastError(NULL));                                   \
+#define RCALL(call)                                                                                \
+    do {                                                                                           \
+        loomResult_t r_ = (call);                                                                  \
+        RCHECK(r_ == loomSuccess, "%s returned %d (%s): %s", #call, (int)r_,                       \
+               loomGetErrorString(r_), loomGetLastError(NULL));                                    \
     } while (0)
 
 /* Changes a parameter for the rest of this test (each test runs in its own process unless
  * CK_FORK=no, so tests restore what they change anyway). */
 static void set_param(const char *name, const char *value)
 {
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
     param_reset_cache();
 }
 
@@ -89,7 +91,8 @@ static int tbar_wait(tbar_t *b)
         return 0;
     }
     int e = 0;
-    while (g == b->gen && e != ETIMEDOUT) e = pthread_cond_timedwait(&b->c, &b->m, &dl);
+    while (g == b->gen && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&b->c, &b->m, &dl);
     int ok = g != b->gen;
     pthread_mutex_unlock(&b->m);
     return ok ? 0 : -1;
@@ -185,8 +188,8 @@ static int can_connect_v4(struct in_addr addr, int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return 0;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr = addr};
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr = addr};
     int ok = 0;
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
         ok = 1;
@@ -241,8 +244,7 @@ START_TEST(test_ifname)
     ck_assert_int_eq(sock_pick_address_spec("=l", 0, &a, ifn, sizeof(ifn)), loomInvalidUsage);
 
     /* A list: the entry that matches wins. */
-    ck_assert_int_eq(sock_pick_address_spec("nosuchif,=lo", 4, &a, ifn, sizeof(ifn)),
-                     loomSuccess);
+    ck_assert_int_eq(sock_pick_address_spec("nosuchif,=lo", 4, &a, ifn, sizeof(ifn)), loomSuccess);
     ck_assert_str_eq(ifn, "lo");
 
     /* Exclusion. */
@@ -257,8 +259,7 @@ START_TEST(test_ifname)
     }
 
     /* Nothing matches: invalid usage, with a text that lists what exists. */
-    ck_assert_int_eq(sock_pick_address_spec("nosuchif", 0, &a, ifn, sizeof(ifn)),
-                     loomInvalidUsage);
+    ck_assert_int_eq(sock_pick_address_spec("nosuchif", 0, &a, ifn, sizeof(ifn)), loomInvalidUsage);
     const char *e = base_last_error();
     ck_assert_msg(strstr(e, "nosuchif") != NULL, "error does not name the spec: '%s'", e);
     ck_assert_msg(strstr(e, "lo") != NULL, "error does not list lo: '%s'", e);
@@ -289,15 +290,16 @@ static int ipv6_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
     for (int q = 0; q < nranks; q++) {
         sock_addr_t a;
         char as[SOCK_ADDR_STRLEN];
-        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a), "rank %d's handle is not an address",
-               q);
+        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a),
+               "rank %d's handle is not an address", q);
         RCHECK(a.sa.ss_family == AF_INET6, "rank %d listens on %s, not IPv6", q,
                sock_addr_str(&a, as, sizeof(as)));
         RCHECK(is_v6_loopback(&a), "rank %d listens on %s, not ::1", q,
                sock_addr_str(&a, as, sizeof(as)));
         RCHECK(sock_addr_port(&a) > 0, "rank %d: port 0", q);
     }
-    for (int i = 0; i < N; i++) in[i] = (double)(rank * 1000003 + i);
+    for (int i = 0; i < N; i++)
+        in[i] = (double)(rank * 1000003 + i);
     RCALL(loomAllReduce(in, out, N, loomDouble, loomSum, comm, NULL));
     for (int i = 0; i < N; i++) {
         double want = 1000003.0 * (nranks * (nranks - 1) / 2) + (double)nranks * i;
@@ -468,8 +470,8 @@ START_TEST(test_handshake_ok)
     sock_addr_t srv, cli;
     make_pair(&cfd, &afd, &srv, &cli);
     static hs_t c, a;
-    hs_hello_t hello = {.comm_id = 0x1122334455667788ull, .from_rank = 3, .to_rank = 5,
-                        .chan = 2, .nchan = 4};
+    hs_hello_t hello = {
+        .comm_id = 0x1122334455667788ull, .from_rank = 3, .to_rank = 5, .chan = 2, .nchan = 4};
     hs_connect_init(&c, cfd, &srv, key_a, &hello);
     ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_a), loomSuccess);
     loomResult_t rc, ra;
@@ -623,7 +625,10 @@ static int count_sockets(void)
     return n;
 }
 
-static float many_val(int r, size_t i) { return (float)((i * 13 + (size_t)r * 7) % 1024) - 512; }
+static float many_val(int r, size_t i)
+{
+    return (float)((i * 13 + (size_t)r * 7) % 1024) - 512;
+}
 
 static int many_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
 {
@@ -635,21 +640,23 @@ static int many_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
     RCHECK(in && out, "out of memory");
     RCALL(loomCommInitRank(&comm, nranks, *id, rank));
     RCHECK(comm->nchannels == 3, "%d channels, LOOM_NCHANNELS=3", comm->nchannels);
-    for (size_t i = 0; i < n; i++) in[i] = many_val(rank, i);
+    for (size_t i = 0; i < n; i++)
+        in[i] = many_val(rank, i);
     RCALL(loomAllReduce(in, out, n, loomFloat, loomSum, comm, NULL));
     for (size_t i = 0; i < n; i++) {
         float want = 0;
-        for (int q = 0; q < nranks; q++) want += many_val(q, i);
+        for (int q = 0; q < nranks; q++)
+            want += many_val(q, i);
         RCHECK(out[i] == want, "[%zu] = %g, expected %g", i, (double)out[i], (double)want);
     }
     /* In place, a second time over the same connections. */
     RCALL(loomAllReduce(out, out, n, loomFloat, loomSum, comm, NULL));
     for (size_t i = 0; i < n; i++) {
         float want = 0;
-        for (int q = 0; q < nranks; q++) want += many_val(q, i);
+        for (int q = 0; q < nranks; q++)
+            want += many_val(q, i);
         want *= (float)nranks;
-        RCHECK(out[i] == want, "in place [%zu] = %g, expected %g", i, (double)out[i],
-               (double)want);
+        RCHECK(out[i] == want, "in place [%zu] = %g, expected %g", i, (double)out[i], (double)want);
     }
     /* Count the sockets while every rank still holds its connections. */
     RCHECK(tbar_wait(&m->bar) == 0, "barrier timed out");
@@ -701,7 +708,8 @@ static int shm_rank(loomComm_t comm, int rank, int nranks, void *p)
     shm_arg_t *a = p;
     size_t n = (1u << 20) + 5; /* several slices */
     int32_t *buf = malloc(n * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) buf[i] = (int32_t)(i % 1000) + rank;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (int32_t)(i % 1000) + rank;
     loomResult_t r = loomAllReduce(buf, buf, n, loomInt32, loomSum, comm, NULL);
     int rc = 0;
     if (r != loomSuccess) {
@@ -717,8 +725,7 @@ static int shm_rank(loomComm_t comm, int rank, int nranks, void *p)
     for (int q = 0; q < nranks && rc == 0; q++) {
         if (q == rank || comm->links[q].conn == NULL) continue;
         if (strcmp(comm->links[q].ops->name, "shm") != 0) {
-            fprintf(stderr, "rank %d reaches rank %d over %s\n", rank, q,
-                    comm->links[q].ops->name);
+            fprintf(stderr, "rank %d reaches rank %d over %s\n", rank, q, comm->links[q].ops->name);
             rc = 1;
         } else if (shm_conn_uses_cma(comm->links[q].conn)) {
             __atomic_add_fetch(&a->used_cma, 1, __ATOMIC_RELAXED);
@@ -736,8 +743,10 @@ START_TEST(test_shm_modes)
         ck_assert_msg(h_run_threads(3, shm_rank, &a) == 0, "shm %s failed",
                       mode == 0 ? "with cross-memory attach" : "with bounce segments");
         ck_assert_int_eq(a.wrong, 0);
-        if (mode == 0) ck_assert_msg(a.used_cma > 0, "cross-memory attach was not used");
-        else ck_assert_msg(a.used_cma == 0, "LOOM_SHM_CMA=0 still used cross-memory attach");
+        if (mode == 0)
+            ck_assert_msg(a.used_cma > 0, "cross-memory attach was not used");
+        else
+            ck_assert_msg(a.used_cma == 0, "LOOM_SHM_CMA=0 still used cross-memory attach");
     }
     set_param("LOOM_SHM_CMA", NULL);
 }

@@ -6,8 +6,8 @@
 #include <check.h>
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,9 +19,9 @@
 
 /* For checks inside loops over millions of values: a passing ck_assert records its location
  * (a write to Check's message file), which would dominate the run time. */
-#define EXPECT(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                   \
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
     } while (0)
 
 /* ---- Random numbers (fixed seed: failures must reproduce) ------------------------------- */
@@ -39,15 +39,15 @@ static uint64_t rng(void)
 /* ---- Reference half / bfloat16 ----------------------------------------------------------- */
 
 typedef struct {
-    int mbits;           /* stored mantissa bits */
+    int mbits; /* stored mantissa bits */
     int bias;
-    uint16_t inf;        /* bit pattern of +infinity */
-    double mag[0x8000];  /* |value| of patterns 0..inf, inf decoded as if it were finite */
-    float val[0x10000];  /* value of every pattern, NaN as NAN */
+    uint16_t inf;       /* bit pattern of +infinity */
+    double mag[0x8000]; /* |value| of patterns 0..inf, inf decoded as if it were finite */
+    float val[0x10000]; /* value of every pattern, NaN as NAN */
 } fmt16_t;
 
-static fmt16_t half_fmt = { .mbits = 10, .bias = 15, .inf = HALF_INF };
-static fmt16_t bf16_fmt = { .mbits = 7, .bias = 127, .inf = BF16_INF };
+static fmt16_t half_fmt = {.mbits = 10, .bias = 15, .inf = HALF_INF};
+static fmt16_t bf16_fmt = {.mbits = 7, .bias = 127, .inf = BF16_INF};
 
 static void fmt16_init(fmt16_t *f)
 {
@@ -78,8 +78,10 @@ static uint16_t ref_round(const fmt16_t *f, float x)
     unsigned lo = 0, hi = f->inf; /* mag[lo] <= a < mag[hi] */
     while (hi - lo > 1) {
         unsigned mid = (lo + hi) / 2;
-        if (f->mag[mid] <= a) lo = mid;
-        else hi = mid;
+        if (f->mag[mid] <= a)
+            lo = mid;
+        else
+            hi = mid;
     }
     double dlo = a - f->mag[lo], dhi = f->mag[hi] - a;
     unsigned r = dlo < dhi ? lo : dhi < dlo ? hi : (lo & 1) ? hi : lo;
@@ -127,15 +129,14 @@ static void exhaustive(const fmt16_t *f)
         if (is_nan16(f, (uint16_t)b)) {
             EXPECT(isnan(x), "pattern 0x%04x: not NaN", b);
             EXPECT((fbits(x) >> 31) == (b >> 15), "pattern 0x%04x: NaN sign", b);
-            EXPECT(((fbits(x) >> shift) & ((1u << f->mbits) - 1)) ==
-                              (b & ((1u << f->mbits) - 1)),
-                          "pattern 0x%04x: NaN payload", b);
+            EXPECT(((fbits(x) >> shift) & ((1u << f->mbits) - 1)) == (b & ((1u << f->mbits) - 1)),
+                   "pattern 0x%04x: NaN payload", b);
             EXPECT(to16(f, x) == (b | quiet), "pattern 0x%04x: NaN comes back as 0x%04x", b,
-                          to16(f, x));
+                   to16(f, x));
             continue;
         }
-        EXPECT(fbits(x) == fbits(f->val[b]), "pattern 0x%04x decodes to %a, want %a", b,
-                      (double)x, (double)f->val[b]);
+        EXPECT(fbits(x) == fbits(f->val[b]), "pattern 0x%04x decodes to %a, want %a", b, (double)x,
+               (double)f->val[b]);
         EXPECT(to16(f, x) == b, "pattern 0x%04x round-trips to 0x%04x", b, to16(f, x));
     }
 }
@@ -155,8 +156,8 @@ END_TEST
 static void check_round(const fmt16_t *f, float x)
 {
     uint16_t got = to16(f, x), want = ref_round(f, x);
-    EXPECT(got == want, "%s(%a) = 0x%04x, want 0x%04x",
-                  f == &half_fmt ? "half" : "bf16", (double)x, got, want);
+    EXPECT(got == want, "%s(%a) = 0x%04x, want 0x%04x", f == &half_fmt ? "half" : "bf16", (double)x,
+           got, want);
 }
 
 /* Every midpoint between neighbours (ties go to even), the floats just either side of it, and
@@ -205,7 +206,7 @@ START_TEST(test_vector_conversions)
         ninf[b] = (uint16_t)(0x8000u | f->inf);
     }
     for (int k = 2; k <= 3; k++) {
-        const void *two[2] = { ninf, pat }, *three[3] = { ninf, ninf, pat };
+        const void *two[2] = {ninf, pat}, *three[3] = {ninf, ninf, pat};
         memset(out, 0, sizeof(out));
         red_host_apply_n(t, RED_MAX, out, k == 2 ? two : three, k, 0x10000);
         for (uint32_t b = 0; b < 0x10000; b++) {
@@ -223,22 +224,22 @@ START_TEST(test_half_edges)
     ck_assert_uint_eq(red_float_to_half(-0.0f), 0x8000);
     ck_assert_uint_eq(red_float_to_half(1.0f), 0x3c00);
     ck_assert_uint_eq(red_float_to_half(-2.0f), 0xc000);
-    ck_assert_uint_eq(red_float_to_half(65504.0f), 0x7bff);          /* max finite */
-    ck_assert_uint_eq(red_float_to_half(65519.99f), 0x7bff);         /* just below the tie */
-    ck_assert_uint_eq(red_float_to_half(65520.0f), 0x7c00);          /* tie: overflows */
+    ck_assert_uint_eq(red_float_to_half(65504.0f), 0x7bff);  /* max finite */
+    ck_assert_uint_eq(red_float_to_half(65519.99f), 0x7bff); /* just below the tie */
+    ck_assert_uint_eq(red_float_to_half(65520.0f), 0x7c00);  /* tie: overflows */
     ck_assert_uint_eq(red_float_to_half(1e10f), 0x7c00);
     ck_assert_uint_eq(red_float_to_half(-FLT_MAX), 0xfc00);
     ck_assert_uint_eq(red_float_to_half(INFINITY), 0x7c00);
     ck_assert_uint_eq(red_float_to_half(-INFINITY), 0xfc00);
-    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -14)), 0x0400);    /* min normal */
-    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -24)), 0x0001);    /* min subnormal */
-    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -25)), 0x0000);    /* tie to even: 0 */
-    ck_assert_uint_eq(red_float_to_half(ldexpf(3, -25)), 0x0002);    /* tie to even: 2 */
+    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -14)), 0x0400); /* min normal */
+    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -24)), 0x0001); /* min subnormal */
+    ck_assert_uint_eq(red_float_to_half(ldexpf(1, -25)), 0x0000); /* tie to even: 0 */
+    ck_assert_uint_eq(red_float_to_half(ldexpf(3, -25)), 0x0002); /* tie to even: 2 */
     ck_assert_uint_eq(red_float_to_half(ldexpf(3, -26)), 0x0001);
     ck_assert_uint_eq(red_float_to_half(ldexpf(1023, -24) + ldexpf(1, -25)), 0x0400);
     ck_assert_uint_eq(red_float_to_half(1.0f + ldexpf(1, -11)), 0x3c00); /* tie to even */
     ck_assert_uint_eq(red_float_to_half(1.0f + ldexpf(3, -11)), 0x3c02); /* tie to even */
-    ck_assert_uint_eq(red_float_to_half(FLT_MIN / 4), 0x0000);       /* float subnormal */
+    ck_assert_uint_eq(red_float_to_half(FLT_MIN / 4), 0x0000);           /* float subnormal */
     ck_assert_uint_eq(red_float_to_half(-ldexpf(1, -149)), 0x8000);
     ck_assert(isnan(red_half_to_float(red_float_to_half(NAN))));
     ck_assert(isnan(red_half_to_float(red_float_to_half(-NAN))));
@@ -255,18 +256,18 @@ START_TEST(test_bf16_edges)
     ck_assert_uint_eq(red_float_to_bf16(0.0f), 0x0000);
     ck_assert_uint_eq(red_float_to_bf16(-0.0f), 0x8000);
     ck_assert_uint_eq(red_float_to_bf16(1.0f), 0x3f80);
-    ck_assert_uint_eq(red_float_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);  /* tie to even */
-    ck_assert_uint_eq(red_float_to_bf16(1.0f + ldexpf(3, -8)), 0x3f82);  /* tie to even */
+    ck_assert_uint_eq(red_float_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80); /* tie to even */
+    ck_assert_uint_eq(red_float_to_bf16(1.0f + ldexpf(3, -8)), 0x3f82); /* tie to even */
     ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7f7f7fffu)), 0x7f7f);   /* max finite */
     ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7f7f8000u)), 0x7f80);   /* tie: overflows */
     ck_assert_uint_eq(red_float_to_bf16(FLT_MAX), 0x7f80);
     ck_assert_uint_eq(red_float_to_bf16(-INFINITY), 0xff80);
-    ck_assert_uint_eq(red_float_to_bf16(ldexpf(1, -133)), 0x0001);       /* min subnormal */
-    ck_assert_uint_eq(red_float_to_bf16(ldexpf(1, -134)), 0x0000);       /* tie to even */
+    ck_assert_uint_eq(red_float_to_bf16(ldexpf(1, -133)), 0x0001); /* min subnormal */
+    ck_assert_uint_eq(red_float_to_bf16(ldexpf(1, -134)), 0x0000); /* tie to even */
     ck_assert_uint_eq(red_float_to_bf16(ldexpf(3, -134)), 0x0002);
-    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x007fffffu)), 0x0080);    /* up to min normal */
-    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7fffffffu)), 0x7fff);    /* NaN, not inf */
-    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7f800001u)), 0x7fc0);    /* sNaN quieted */
+    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x007fffffu)), 0x0080); /* up to min normal */
+    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7fffffffu)), 0x7fff); /* NaN, not inf */
+    ck_assert_uint_eq(red_float_to_bf16(bitsf(0x7f800001u)), 0x7fc0); /* sNaN quieted */
     ck_assert_uint_eq(red_float_to_bf16(bitsf(0xff800001u)), 0xffc0);
     ck_assert(red_bf16_to_float(0x0001) == ldexpf(1, -133));
     ck_assert(red_bf16_to_float(0x7f80) == INFINITY);
@@ -275,7 +276,7 @@ END_TEST
 
 START_TEST(test_type_info)
 {
-    static const size_t sizes[loomNumTypes] = { 1, 1, 4, 4, 8, 8, 2, 4, 8, 2 };
+    static const size_t sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
     for (int t = 0; t < loomNumTypes; t++) {
         ck_assert_uint_eq(red_type_size((loomDataType_t)t), sizes[t]);
         ck_assert_str_ne(red_type_name((loomDataType_t)t), "invalid");
@@ -310,11 +311,31 @@ static uint64_t ld_int(loomDataType_t t, const void *p, size_t i)
 {
     const char *c = (const char *)p + i * red_type_size(t);
     switch (t) {
-    case loomInt8: { int8_t v; memcpy(&v, c, 1); return (uint64_t)(int64_t)v; }
-    case loomUint8: { uint8_t v; memcpy(&v, c, 1); return v; }
-    case loomInt32: { int32_t v; memcpy(&v, c, 4); return (uint64_t)(int64_t)v; }
-    case loomUint32: { uint32_t v; memcpy(&v, c, 4); return v; }
-    default: { uint64_t v; memcpy(&v, c, 8); return v; }
+    case loomInt8: {
+        int8_t v;
+        memcpy(&v, c, 1);
+        return (uint64_t)(int64_t)v;
+    }
+    case loomUint8: {
+        uint8_t v;
+        memcpy(&v, c, 1);
+        return v;
+    }
+    case loomInt32: {
+        int32_t v;
+        memcpy(&v, c, 4);
+        return (uint64_t)(int64_t)v;
+    }
+    case loomUint32: {
+        uint32_t v;
+        memcpy(&v, c, 4);
+        return v;
+    }
+    default: {
+        uint64_t v;
+        memcpy(&v, c, 8);
+        return v;
+    }
     }
 }
 
@@ -383,11 +404,13 @@ static void ref_apply_n(loomDataType_t t, red_op_t op, void *out, const void *co
     for (size_t i = 0; i < n; i++) {
         if (is_int(t)) {
             uint64_t acc = ld_int(t, srcs[0], i);
-            for (int j = 1; j < k; j++) acc = ref_int_op(t, op, acc, ld_int(t, srcs[j], i));
+            for (int j = 1; j < k; j++)
+                acc = ref_int_op(t, op, acc, ld_int(t, srcs[j], i));
             st_int(t, out, i, acc);
         } else if (f) {
             float acc = f->val[ld16(srcs[0], i)];
-            for (int j = 1; j < k; j++) acc = ref_f32_op(op, acc, f->val[ld16(srcs[j], i)]);
+            for (int j = 1; j < k; j++)
+                acc = ref_f32_op(op, acc, f->val[ld16(srcs[j], i)]);
             st16(out, i, ref_round(f, acc));
         } else if (t == loomFloat32) {
             float acc, x;
@@ -453,7 +476,8 @@ static void check_same(loomDataType_t t, const char *what, const void *got, cons
     size_t size = red_type_size(t);
     if (memcmp(got, want, n * size) == 0) return;
     size_t i = 0;
-    while (memcmp((const char *)got + i * size, (const char *)want + i * size, size) == 0) i++;
+    while (memcmp((const char *)got + i * size, (const char *)want + i * size, size) == 0)
+        i++;
     uint64_t g = 0, w = 0;
     memcpy(&g, (const char *)got + i * size, size);
     memcpy(&w, (const char *)want + i * size, size);
@@ -485,7 +509,7 @@ static char *scratch_dst(int slot, size_t bytes)
     return p;
 }
 
-static const char *const op_names[RED_NUM_OPS] = { "sum", "prod", "max", "min" };
+static const char *const op_names[RED_NUM_OPS] = {"sum", "prod", "max", "min"};
 
 /* ---- red_host_apply ---------------------------------------------------------------------- */
 
@@ -500,7 +524,7 @@ static void one_apply(loomDataType_t t, red_op_t op, size_t n, int mode, unsigne
     fill(t, a, n);
     fill(t, b, n);
     if (mode == MODE_DST_AB) b = a;
-    const void *srcs[2] = { a, b };
+    const void *srcs[2] = {a, b};
     ref_apply_n(t, op, want, srcs, 2, n);
     if (mode == MODE_DST_A || mode == MODE_DST_AB) d = a;
     if (mode == MODE_DST_B) d = b;
@@ -513,7 +537,7 @@ static void one_apply(loomDataType_t t, red_op_t op, size_t n, int mode, unsigne
 START_TEST(test_apply)
 {
     loomDataType_t t = (loomDataType_t)_i;
-    static const size_t sizes[] = { 0, 1, 7, 33, 100, 1027 };
+    static const size_t sizes[] = {0, 1, 7, 33, 100, 1027};
     for (int op = 0; op < RED_NUM_OPS; op++) {
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
             for (int mode = 0; mode < NUM_MODES; mode++)
@@ -527,18 +551,18 @@ END_TEST
 /* The documented NaN behaviour of max/min: the result is b whenever either input is NaN. */
 START_TEST(test_nan_max_min)
 {
-    float a[2] = { NAN, 1.0f }, b[2] = { 1.0f, NAN }, d[2];
+    float a[2] = {NAN, 1.0f}, b[2] = {1.0f, NAN}, d[2];
     red_host_apply(loomFloat32, RED_MAX, d, a, b, 2);
     ck_assert(d[0] == 1.0f && isnan(d[1]));
     red_host_apply(loomFloat32, RED_MIN, d, a, b, 2);
     ck_assert(d[0] == 1.0f && isnan(d[1]));
-    uint16_t ha[2] = { 0x7e00, 0x3c00 }, hb[2] = { 0x3c00, 0xfe01 }, hd[2];
+    uint16_t ha[2] = {0x7e00, 0x3c00}, hb[2] = {0x3c00, 0xfe01}, hd[2];
     red_host_apply(loomFloat16, RED_MAX, hd, ha, hb, 2);
     ck_assert_uint_eq(hd[0], 0x3c00);
     ck_assert_uint_eq(hd[1], 0xfe01);
     uint16_t sum[2];
-    red_host_apply(loomBfloat16, RED_SUM, sum, (uint16_t[]){ 0x7fc1, 0x3f80 },
-                   (uint16_t[]){ 0x3f80, 0xff80 }, 2);
+    red_host_apply(loomBfloat16, RED_SUM, sum, (uint16_t[]){0x7fc1, 0x3f80},
+                   (uint16_t[]){0x3f80, 0xff80}, 2);
     ck_assert(isnan(red_bf16_to_float(sum[0])));
     ck_assert_uint_eq(sum[1], 0xff80); /* 1 + -inf */
 }
@@ -546,8 +570,7 @@ END_TEST
 
 /* ---- red_host_apply_n -------------------------------------------------------------------- */
 
-static void one_apply_n(loomDataType_t t, red_op_t op, size_t n, int k, int in_place,
-                        unsigned off)
+static void one_apply_n(loomDataType_t t, red_op_t op, size_t n, int k, int in_place, unsigned off)
 {
     size_t size = red_type_size(t), bytes = n * size;
     const void *srcs[8];
@@ -561,16 +584,16 @@ static void one_apply_n(loomDataType_t t, red_op_t op, size_t n, int k, int in_p
     void *d = in_place ? (void *)srcs[0] : bd + (off * 5 + 1) % 16;
     red_host_apply_n(t, op, d, srcs, k, n);
     char what[80];
-    snprintf(what, sizeof(what), "apply_n %s k=%d in_place=%d offset %u", op_names[op], k,
-             in_place, off);
+    snprintf(what, sizeof(what), "apply_n %s k=%d in_place=%d offset %u", op_names[op], k, in_place,
+             off);
     check_same(t, what, d, want, n);
 }
 
 START_TEST(test_apply_n)
 {
     loomDataType_t t = (loomDataType_t)_i;
-    static const int ks[] = { 1, 2, 3, 8 };
-    static const size_t sizes[] = { 0, 1, 7, 100, 5000 };
+    static const int ks[] = {1, 2, 3, 8};
+    static const size_t sizes[] = {0, 1, 7, 100, 5000};
     for (int op = 0; op < RED_NUM_OPS; op++) {
         for (size_t ki = 0; ki < 4; ki++) {
             for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
@@ -623,7 +646,7 @@ static void one_scale(loomDataType_t t, size_t n, int in_place, unsigned off)
 START_TEST(test_scale)
 {
     loomDataType_t t = (loomDataType_t)_i;
-    static const size_t sizes[] = { 0, 1, 7, 100, 1027 };
+    static const size_t sizes[] = {0, 1, 7, 100, 1027};
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
         for (unsigned off = 0; off < 16; off++) {
             one_scale(t, sizes[s], 0, off);
@@ -646,9 +669,22 @@ static void one_div(loomDataType_t t, size_t n, int divisor, int in_place, unsig
     if (is_int(t)) {
         /* The edges of the range and of the divisor's multiples. */
         const uint64_t d = (uint64_t)divisor;
-        const uint64_t edges[] = { 0, 1, (uint64_t)-1, d, d - 1, d + 1, 0 - d, 0 - d + 1,
-                                   (uint64_t)INT64_MIN, (uint64_t)INT64_MAX, 0x80000000u,
-                                   0x7fffffffu, 0xffffffffu, 0x80u, 0x7fu, 0xffu };
+        const uint64_t edges[] = {0,
+                                  1,
+                                  (uint64_t)-1,
+                                  d,
+                                  d - 1,
+                                  d + 1,
+                                  0 - d,
+                                  0 - d + 1,
+                                  (uint64_t)INT64_MIN,
+                                  (uint64_t)INT64_MAX,
+                                  0x80000000u,
+                                  0x7fffffffu,
+                                  0xffffffffu,
+                                  0x80u,
+                                  0x7fu,
+                                  0xffu};
         for (size_t i = 0; i < n && i < sizeof(edges) / sizeof(edges[0]); i++)
             st_int(t, src, i, edges[i]);
     }
@@ -656,8 +692,10 @@ static void one_div(loomDataType_t t, size_t n, int divisor, int in_place, unsig
     for (size_t i = 0; i < n; i++) {
         if (is_int(t)) {
             uint64_t x = ld_int(t, src, i), q;
-            if (is_unsigned(t)) q = x / (uint64_t)divisor;
-            else q = (uint64_t)((int64_t)x / (int64_t)divisor);
+            if (is_unsigned(t))
+                q = x / (uint64_t)divisor;
+            else
+                q = (uint64_t)((int64_t)x / (int64_t)divisor);
             st_int(t, want, i, q);
         } else if (f) {
             st16(want, i, ref_round(f, f->val[ld16(src, i)] / (float)divisor));
@@ -684,10 +722,12 @@ START_TEST(test_div)
 {
     loomDataType_t t = (loomDataType_t)_i;
     static const int divisors[] = {
-        1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 100, 127, 128, 255, 256, 1000, 65535, 65536,
-        1 << 24, (1 << 24) + 1, 1 << 30, 0x7fffffff,
+        1,       2,          3,    4,     5,     6,       7,
+        8,       10,         12,   16,    100,   127,     128,
+        255,     256,        1000, 65535, 65536, 1 << 24, (1 << 24) + 1,
+        1 << 30, 0x7fffffff,
     };
-    static const size_t sizes[] = { 0, 1, 7, 100, 1027 };
+    static const size_t sizes[] = {0, 1, 7, 100, 1027};
     for (size_t v = 0; v < sizeof(divisors) / sizeof(divisors[0]); v++)
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
             unsigned off = (unsigned)(v + s) % 16;

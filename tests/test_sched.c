@@ -58,7 +58,7 @@ typedef enum {
     ALG_BROADCAST,
     ALG_REDUCE,
     ALG_ALLTOALL,
-    ALG_HIER,        /* allreduces over nodes (src/hier): the layout is cfg_t.node_size */
+    ALG_HIER, /* allreduces over nodes (src/hier): the layout is cfg_t.node_size */
     ALG_HIER_LEADER,
     ALG_PS,
     ALG_RD, /* recursive doubling allreduce (src/ring) */
@@ -66,16 +66,22 @@ typedef enum {
 } alg_t;
 
 static const char *const alg_names[ALG_COUNT] = {
-    "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce",
-    "alltoall",  "hier",           "hier_leader", "ps",   "rd"};
+    "allreduce", "reduce_scatter", "allgather",   "broadcast", "reduce",
+    "alltoall",  "hier",           "hier_leader", "ps",        "rd"};
 
 static bool alg_reduces(alg_t a)
 {
     return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_REDUCE || a >= ALG_HIER;
 }
 /* The result of every allreduce, whichever the algorithm. */
-static bool alg_is_allreduce(alg_t a) { return a == ALG_ALLREDUCE || a >= ALG_HIER; }
-static bool alg_rooted(alg_t a) { return a == ALG_BROADCAST || a == ALG_REDUCE; }
+static bool alg_is_allreduce(alg_t a)
+{
+    return a == ALG_ALLREDUCE || a >= ALG_HIER;
+}
+static bool alg_rooted(alg_t a)
+{
+    return a == ALG_BROADCAST || a == ALG_REDUCE;
+}
 /* Generators that read prm->nchannels; for the others channel counts would repeat cases. */
 static bool alg_channels(alg_t a)
 {
@@ -116,7 +122,9 @@ static const sched_topo_t *make_topo(const cfg_t *c, topo_store_t *ts)
         n++;
     }
     ts->node_start[n] = c->p;
-    ts->t = (sched_topo_t){.nnodes = n, .node_of = ts->node_of, .node_start = ts->node_start,
+    ts->t = (sched_topo_t){.nnodes = n,
+                           .node_of = ts->node_of,
+                           .node_start = ts->node_start,
                            .node_ranks = ts->node_ranks};
     return &ts->t;
 }
@@ -132,17 +140,18 @@ static void cfg_str(const cfg_t *c, char *b, size_t n)
  * flags); false with a message when a builder reports an error. */
 static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
 {
-    static const uint8_t opk[ALG_COUNT] = {OPK_ALLREDUCE, OPK_REDUCESCATTER, OPK_ALLGATHER,
-                                           OPK_BROADCAST, OPK_REDUCE,        OPK_ALLTOALL,
-                                           OPK_ALLREDUCE, OPK_ALLREDUCE,     OPK_ALLREDUCE,
-                                           OPK_ALLREDUCE};
+    static const uint8_t opk[ALG_COUNT] = {
+        OPK_ALLREDUCE, OPK_REDUCESCATTER, OPK_ALLGATHER, OPK_BROADCAST, OPK_REDUCE,
+        OPK_ALLTOALL,  OPK_ALLREDUCE,     OPK_ALLREDUCE, OPK_ALLREDUCE, OPK_ALLREDUCE};
     ring_params_t prm = {.nchannels = c->nch, .slice_elems = c->slice};
     static topo_store_t ts;
     const sched_topo_t *topo = make_topo(c, &ts);
     for (int r = 0; r < c->p; r++) {
         sched_init(&s[r], r, c->p);
-        sched_desc_t d = {.kind = opk[c->alg], .root = alg_rooted(c->alg) ? c->root : -1,
-                          .count = c->count, .seq = 1};
+        sched_desc_t d = {.kind = opk[c->alg],
+                          .root = alg_rooted(c->alg) ? c->root : -1,
+                          .count = c->count,
+                          .seq = 1};
         uint16_t di = sched_add_desc(&s[r], &d);
         int64_t rn = (int64_t)r * (int64_t)c->count;
         switch (c->alg) {
@@ -187,12 +196,12 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
             if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
             rd_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
             break;
-        default:
-            break;
+        default: break;
         }
         if (sched_status(&s[r]) != loomSuccess) {
             snprintf(err, errlen, "rank %d: sched_status failed (out of memory)", r);
-            for (int q = 0; q <= r; q++) sched_free(&s[q]);
+            for (int q = 0; q <= r; q++)
+                sched_free(&s[q]);
             return false;
         }
         /* The range tables only serve the builder; at 1024 ranks they would hold more memory
@@ -204,7 +213,8 @@ static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
 
 static void free_scheds(sched_t *s, int p)
 {
-    for (int r = 0; r < p; r++) sched_free(&s[r]);
+    for (int r = 0; r < p; r++)
+        sched_free(&s[r]);
 }
 
 /* ---- Symbolic values -------------------------------------------------------------------- */
@@ -249,9 +259,18 @@ static vfmt_t vfmt_make(vmode_t mode, int p)
     return f;
 }
 
-static inline val_hdr_t *vh(uint8_t *v) { return (val_hdr_t *)(void *)v; }
-static inline const val_hdr_t *cvh(const uint8_t *v) { return (const val_hdr_t *)(const void *)v; }
-static inline uint16_t *vpay(uint8_t *v) { return (uint16_t *)(void *)(v + sizeof(val_hdr_t)); }
+static inline val_hdr_t *vh(uint8_t *v)
+{
+    return (val_hdr_t *)(void *)v;
+}
+static inline const val_hdr_t *cvh(const uint8_t *v)
+{
+    return (const val_hdr_t *)(const void *)v;
+}
+static inline uint16_t *vpay(uint8_t *v)
+{
+    return (uint16_t *)(void *)(v + sizeof(val_hdr_t));
+}
 static inline const uint16_t *cvpay(const uint8_t *v)
 {
     return (const uint16_t *)(const void *)(v + sizeof(val_hdr_t));
@@ -280,9 +299,12 @@ static void val_combine(const vfmt_t *f, uint8_t *out, const uint8_t *a, const u
 {
     const val_hdr_t *ha = cvh(a), *hb = cvh(b);
     val_hdr_t h;
-    if (ha->idx == VAL_UNDEF || hb->idx == VAL_UNDEF) h.idx = VAL_UNDEF;
-    else if (ha->idx != hb->idx) h.idx = VAL_MIXED;
-    else h.idx = ha->idx;
+    if (ha->idx == VAL_UNDEF || hb->idx == VAL_UNDEF)
+        h.idx = VAL_UNDEF;
+    else if (ha->idx != hb->idx)
+        h.idx = VAL_MIXED;
+    else
+        h.idx = ha->idx;
     unsigned avg = (unsigned)ha->avg + hb->avg;
     h.avg = (uint16_t)(avg > 0xffff ? 0xffff : avg);
     h.bad = (uint16_t)(ha->bad | hb->bad);
@@ -343,9 +365,12 @@ static void val_str(const vfmt_t *f, const uint8_t *v, char *b, size_t n)
 {
     const val_hdr_t *h = cvh(v);
     int w;
-    if (h->idx == VAL_UNDEF) w = snprintf(b, n, "{undefined");
-    else if (h->idx == VAL_MIXED) w = snprintf(b, n, "{mixed indices");
-    else w = snprintf(b, n, "{index %d", h->idx);
+    if (h->idx == VAL_UNDEF)
+        w = snprintf(b, n, "{undefined");
+    else if (h->idx == VAL_MIXED)
+        w = snprintf(b, n, "{mixed indices");
+    else
+        w = snprintf(b, n, "{index %d", h->idx);
     if (w < 0 || (size_t)w >= n) return;
     size_t u = (size_t)w;
     const uint16_t *pv = cvpay(v);
@@ -400,7 +425,7 @@ typedef struct {
 /* All messages from one rank to another. */
 typedef struct {
     int from, to;
-    uint32_t nsend, nrecv;          /* steps in the two schedules */
+    uint32_t nsend, nrecv; /* steps in the two schedules */
     uint32_t send_issued, recv_issued, consumed;
     uint32_t *send_steps, *recv_steps; /* event policies: step indices by ordinal */
     msg_t *msgs;                       /* [nsend], by ordinal */
@@ -408,18 +433,18 @@ typedef struct {
 
 typedef struct {
     const sched_t *s;
-    uint8_t *mem[3];     /* storage of SEND, RECV, TMP; NULL for the alias source */
-    uint64_t vsize[3];   /* elements each buffer has, as the caller sees it */
+    uint8_t *mem[3];      /* storage of SEND, RECV, TMP; NULL for the alias source */
+    uint64_t vsize[3];    /* elements each buffer has, as the caller sees it */
     uint32_t *readers[3]; /* event policies: steps in flight reading each element */
     uint32_t *writer[3];  /* event policies: step in flight writing each element, + 1 */
     uint8_t *state;
-    uint32_t *ord;  /* posting ordinal among this rank's steps of the same pair */
-    int32_t *pair;  /* pair of a send or receive step */
-    uint32_t *remaining;         /* event policies: dependencies not yet done */
-    uint32_t *dnt_off, *dnt;     /* event policies: steps that depend on each step (CSR) */
-    size_t cursor;               /* POL_ORDER: next step; POL_EXEC: first unissued */
+    uint32_t *ord;           /* posting ordinal among this rank's steps of the same pair */
+    int32_t *pair;           /* pair of a send or receive step */
+    uint32_t *remaining;     /* event policies: dependencies not yet done */
+    uint32_t *dnt_off, *dnt; /* event policies: steps that depend on each step (CSR) */
+    size_t cursor;           /* POL_ORDER: next step; POL_EXEC: first unissued */
     size_t ndone;
-    uint32_t *inflight;          /* POL_EXEC */
+    uint32_t *inflight; /* POL_EXEC */
     uint32_t ninflight;
     int nfree;
 } rank_t;
@@ -497,15 +522,22 @@ static void step_str(const sched_step_t *st, size_t i, char *b, size_t n)
         snprintf(b, n, "step %zu (copy %s[%llu..%llu) -> %s[%llu..%llu)%s)", i,
                  buf_name(st->src_buf), so, se, buf_name(st->dst_buf), doff, de, avg);
         break;
-    default:
-        snprintf(b, n, "step %zu (unknown kind %d)", i, st->kind);
-        break;
+    default: snprintf(b, n, "step %zu (unknown kind %d)", i, st->kind); break;
     }
 }
 
-static bool reads_src(const sched_step_t *st) { return st->kind != STEP_RECV; }
-static bool writes_dst(const sched_step_t *st) { return st->kind != STEP_SEND; }
-static bool is_comm(const sched_step_t *st) { return st->kind != STEP_COPY; }
+static bool reads_src(const sched_step_t *st)
+{
+    return st->kind != STEP_RECV;
+}
+static bool writes_dst(const sched_step_t *st)
+{
+    return st->kind != STEP_SEND;
+}
+static bool is_comm(const sched_step_t *st)
+{
+    return st->kind != STEP_COPY;
+}
 
 /* The storage behind (buf, off): in place, one caller buffer is a window of the other. */
 static void resolve(const sched_t *s, uint32_t *buf, uint64_t *off)
@@ -543,14 +575,32 @@ static void buffer_sizes(const cfg_t *c, int r, uint64_t *v)
         return;
     }
     switch (c->alg) {
-    case ALG_ALLREDUCE: v[0] = n; v[1] = n; break;
+    case ALG_ALLREDUCE:
+        v[0] = n;
+        v[1] = n;
+        break;
     /* recvbuff is ignored off the root: out of place it may be NULL there */
-    case ALG_REDUCE: v[0] = n; v[1] = (r == c->root || c->inplace) ? n : 0; break;
+    case ALG_REDUCE:
+        v[0] = n;
+        v[1] = (r == c->root || c->inplace) ? n : 0;
+        break;
     /* sendbuff is only read at the root */
-    case ALG_BROADCAST: v[0] = r == c->root ? n : 0; v[1] = n; break;
-    case ALG_ALLGATHER: v[0] = n; v[1] = pn; break;
-    case ALG_REDUCE_SCATTER: v[0] = pn; v[1] = n; break;
-    case ALG_ALLTOALL: v[0] = pn; v[1] = pn; break;
+    case ALG_BROADCAST:
+        v[0] = r == c->root ? n : 0;
+        v[1] = n;
+        break;
+    case ALG_ALLGATHER:
+        v[0] = n;
+        v[1] = pn;
+        break;
+    case ALG_REDUCE_SCATTER:
+        v[0] = pn;
+        v[1] = n;
+        break;
+    case ALG_ALLTOALL:
+        v[0] = pn;
+        v[1] = pn;
+        break;
     default: v[0] = v[1] = 0; break;
     }
 }
@@ -571,8 +621,8 @@ static void static_check(sim_t *m, int r)
         int64_t lo = s->alias_delta, hi = lo + (int64_t)k->vsize[s->alias_from];
         if (lo < 0 || hi > (int64_t)k->vsize[s->alias_to])
             sim_fail(m, "rank %d: alias window %s -> %s[%lld..%lld) outside its %llu elements", r,
-                     buf_name(s->alias_from), buf_name(s->alias_to), (long long)lo,
-                     (long long)hi, (unsigned long long)k->vsize[s->alias_to]);
+                     buf_name(s->alias_from), buf_name(s->alias_to), (long long)lo, (long long)hi,
+                     (unsigned long long)k->vsize[s->alias_to]);
     }
     /* The reason is formatted only for a failing step: this runs over millions of steps. */
     char why[200];
@@ -650,7 +700,8 @@ static void sim_free(sim_t *m)
     }
     for (size_t i = 0; i < m->npairs; i++) {
         pair_t *q = &m->pairs[i];
-        for (uint32_t j = 0; j < q->send_issued; j++) free(q->msgs[j].data);
+        for (uint32_t j = 0; j < q->send_issued; j++)
+            free(q->msgs[j].data);
         free(q->msgs);
         free(q->send_steps);
         free(q->recv_steps);
@@ -681,7 +732,8 @@ static void sim_setup(sim_t *m)
         m->total += s->nsteps;
         maxpairs += s->nsteps;
     }
-    for (int r = 0; r < p && !m->failed; r++) static_check(m, r);
+    for (int r = 0; r < p && !m->failed; r++)
+        static_check(m, r);
     if (m->failed) return;
     /* Pairs: at most one per send/receive step, usually two per rank. */
     m->pairs = xcalloc(maxpairs < (size_t)p * (size_t)p ? maxpairs : (size_t)p * (size_t)p,
@@ -692,7 +744,8 @@ static void sim_setup(sim_t *m)
         for (int b = 0; b < 3; b++) {
             if (s->alias_from != s->alias_to && (uint32_t)b == s->alias_from) continue;
             k->mem[b] = xcalloc(k->vsize[b], m->f.size);
-            for (uint64_t e = 0; e < k->vsize[b]; e++) val_undef(&m->f, k->mem[b] + e * m->f.size);
+            for (uint64_t e = 0; e < k->vsize[b]; e++)
+                val_undef(&m->f, k->mem[b] + e * m->f.size);
             if (m->marks) {
                 k->readers[b] = xcalloc(k->vsize[b], sizeof(uint32_t));
                 k->writer[b] = xcalloc(k->vsize[b], sizeof(uint32_t));
@@ -738,14 +791,17 @@ static void sim_setup(sim_t *m)
         k->remaining = xcalloc(s->nsteps, sizeof(uint32_t));
         k->dnt_off = xcalloc(s->nsteps + 1, sizeof(uint32_t));
         size_t nd = 0; /* not s->ndeps: a hand-made step may share another's list */
-        for (size_t i = 0; i < s->nsteps; i++) nd += s->steps[i].ndeps;
+        for (size_t i = 0; i < s->nsteps; i++)
+            nd += s->steps[i].ndeps;
         k->dnt = xcalloc(nd, sizeof(uint32_t));
         for (size_t i = 0; i < s->nsteps; i++) {
             const sched_step_t *st = &s->steps[i];
             k->remaining[i] = st->ndeps;
-            for (uint32_t j = 0; j < st->ndeps; j++) k->dnt_off[s->deps[st->dep_first + j] + 1]++;
+            for (uint32_t j = 0; j < st->ndeps; j++)
+                k->dnt_off[s->deps[st->dep_first + j] + 1]++;
         }
-        for (size_t i = 0; i < s->nsteps; i++) k->dnt_off[i + 1] += k->dnt_off[i];
+        for (size_t i = 0; i < s->nsteps; i++)
+            k->dnt_off[i + 1] += k->dnt_off[i];
         uint32_t *fill = xcalloc(s->nsteps + 1, sizeof(uint32_t));
         memcpy(fill, k->dnt_off, (s->nsteps + 1) * sizeof(uint32_t));
         for (size_t i = 0; i < s->nsteps; i++) {
@@ -857,8 +913,10 @@ static void mark(sim_t *m, int r, size_t i, uint32_t buf, uint64_t off, uint64_t
     if (!m->marks) return;
     resolve(m->rk[r].s, &buf, &off);
     for (uint64_t e = off; e < off + n; e++) {
-        if (write) m->rk[r].writer[buf][e] = set ? (uint32_t)i + 1 : 0;
-        else m->rk[r].readers[buf][e] += set ? 1u : (uint32_t)-1;
+        if (write)
+            m->rk[r].writer[buf][e] = set ? (uint32_t)i + 1 : 0;
+        else
+            m->rk[r].readers[buf][e] += set ? 1u : (uint32_t)-1;
     }
 }
 
@@ -965,9 +1023,10 @@ static void do_complete(sim_t *m, int r, size_t i)
         if (g->count != st->count) {
             char a[200];
             step_str(st, i, a, sizeof(a));
-            sim_fail(m, "mismatched message sizes: rank %d %s meets message %u of rank %d, which "
-                     "has %llu elements", r, a, k->ord[i], q->from,
-                     (unsigned long long)g->count);
+            sim_fail(m,
+                     "mismatched message sizes: rank %d %s meets message %u of rank %d, which "
+                     "has %llu elements",
+                     r, a, k->ord[i], q->from, (unsigned long long)g->count);
             return;
         }
         uint8_t *dst = elem(m, r, st->dst_buf, st->dst_off);
@@ -997,17 +1056,22 @@ static void report_stuck(sim_t *m)
         const sched_t *s = k->s;
         if (k->ndone == s->nsteps) continue;
         size_t i = 0;
-        while (k->state[i] == ST_DONE) i++;
+        while (k->state[i] == ST_DONE)
+            i++;
         const sched_step_t *st = &s->steps[i];
         char a[200], why[200] = "";
         step_str(st, i, a, sizeof(a));
         const pair_t *q = is_comm(st) ? &m->pairs[k->pair[i]] : NULL;
         if (k->state[i] == ST_ISSUED && st->kind == STEP_SEND) {
-            snprintf(why, sizeof(why), "rank %d has posted only %u of its %u receives from rank "
-                     "%d", q->to, q->recv_issued, q->nrecv, r);
+            snprintf(why, sizeof(why),
+                     "rank %d has posted only %u of its %u receives from rank "
+                     "%d",
+                     q->to, q->recv_issued, q->nrecv, r);
         } else if (k->state[i] == ST_ISSUED) {
-            snprintf(why, sizeof(why), "waits for message %u from rank %d, which has sent %u of "
-                     "%u", k->ord[i], q->from, q->send_issued, q->nsend);
+            snprintf(why, sizeof(why),
+                     "waits for message %u from rank %d, which has sent %u of "
+                     "%u",
+                     k->ord[i], q->from, q->send_issued, q->nsend);
         } else if (!deps_done(m, r, i)) {
             for (uint32_t j = 0; j < st->ndeps; j++) {
                 uint32_t dp = s->deps[st->dep_first + j];
@@ -1021,8 +1085,8 @@ static void report_stuck(sim_t *m)
         } else {
             snprintf(why, sizeof(why), "ready but never run (executor window or limits)");
         }
-        sim_fail(m, "deadlock: rank %d stuck at %s: %s (%zu of %zu steps done on all ranks)", r,
-                 a, why, m->done, m->total);
+        sim_fail(m, "deadlock: rank %d stuck at %s: %s (%zu of %zu steps done on all ranks)", r, a,
+                 why, m->done, m->total);
         return;
     }
 }
@@ -1058,13 +1122,16 @@ static void run_order(sim_t *m)
 static void run_events(sim_t *m)
 {
     for (int r = 0; r < m->p; r++)
-        for (size_t i = 0; i < m->rk[r].s->nsteps; i++) maybe_ready(m, r, (uint32_t)i);
+        for (size_t i = 0; i < m->rk[r].s->nsteps; i++)
+            maybe_ready(m, r, (uint32_t)i);
     while (m->npool > 0 && !m->failed) {
         uint64_t ev = pop_event(m);
         int r = (int)(ev >> 34);
         size_t i = (size_t)((ev >> 1) & 0x1ffffffffull);
-        if (ev & 1) do_complete(m, r, i);
-        else do_issue(m, r, i);
+        if (ev & 1)
+            do_complete(m, r, i);
+        else
+            do_issue(m, r, i);
     }
 }
 
@@ -1090,7 +1157,8 @@ static bool exec_rank(sim_t *m, int r, bool force)
         do_issue(m, r, i);
         progress = true;
     }
-    while (k->cursor < s->nsteps && k->state[k->cursor] != ST_PENDING) k->cursor++;
+    while (k->cursor < s->nsteps && k->state[k->cursor] != ST_PENDING)
+        k->cursor++;
     for (uint32_t j = 0; j < k->ninflight && !m->failed;) {
         size_t i = k->inflight[j];
         if (!completable(m, r, i) || (!force && (sim_rand(m) & 1))) {
@@ -1113,7 +1181,8 @@ static void run_exec(sim_t *m)
         for (int j = 0; j < m->p && !m->failed; j++)
             progress |= exec_rank(m, (first + j) % m->p, false);
         if (progress) continue;
-        for (int r = 0; r < m->p && !m->failed; r++) progress |= exec_rank(m, r, true);
+        for (int r = 0; r < m->p && !m->failed; r++)
+            progress |= exec_rank(m, r, true);
         if (!progress) break;
     }
 }
@@ -1195,7 +1264,8 @@ static void prove_ordered(sim_t *m, int r)
             uint64_t off = st->src_off;
             resolve(s, &b, &off);
             if (npool + 2 * st->count > cap) {
-                while (npool + 2 * st->count > cap) cap = cap ? 2 * cap : 4096;
+                while (npool + 2 * st->count > cap)
+                    cap = cap ? 2 * cap : 4096;
                 uint32_t *q = realloc(pool, cap * sizeof(uint32_t));
                 if (q == NULL) abort();
                 pool = q;
@@ -1238,9 +1308,10 @@ static void prove_ordered(sim_t *m, int r)
             char a[200], o[200];
             step_str(st, i, a, sizeof(a));
             step_str(&s->steps[other], (size_t)other, o, sizeof(o));
-            sim_fail(m, "race at rank %d: %s and %s both touch %s[%llu], one writing, and neither "
-                     "depends on the other (a missing dependency)", r, o, a, buf_name(cb),
-                     (unsigned long long)ce);
+            sim_fail(m,
+                     "race at rank %d: %s and %s both touch %s[%llu], one writing, and neither "
+                     "depends on the other (a missing dependency)",
+                     r, o, a, buf_name(cb), (unsigned long long)ce);
         }
     }
     free(pool);
@@ -1326,7 +1397,8 @@ static bool verify(const cfg_t *c, sched_t *s, const policy_t *pol, vmode_t mode
     sim_setup(m);
     /* The ordering proof does not depend on the policy: once per configuration suffices. */
     if (pol->kind == POL_ORDER)
-        for (int r = 0; r < m->p && !m->failed; r++) prove_ordered(m, r);
+        for (int r = 0; r < m->p && !m->failed; r++)
+            prove_ordered(m, r);
     if (!m->failed) {
         switch (pol->kind) {
         case POL_ORDER: run_order(m); break;
@@ -1367,12 +1439,13 @@ static void run_case(const cfg_t *c, tally_t *t)
         return;
     }
     size_t steps = 0;
-    for (int r = 0; r < c->p; r++) steps += s[r].nsteps;
+    for (int r = 0; r < c->p; r++)
+        steps += s[r].nsteps;
     int slots = c->nch; /* slices_in_flight = 1, the tightest the executor can be given */
     /* Most telling first: the big cases (thousands of one-element slices, where the runtime
      * goes) run only a prefix. */
     policy_t pols[] = {
-        {POL_ORDER, 0, false, 0},  {POL_RANDOM, 1, false, 0}, {POL_LATEST, 0, true, 0},
+        {POL_ORDER, 0, false, 0},   {POL_RANDOM, 1, false, 0}, {POL_LATEST, 0, true, 0},
         {POL_EXEC, 3, true, slots}, {POL_RANDOM, 2, true, 0},  {POL_RANDOM, 4, true, 0},
         {POL_LATEST, 0, false, 0},
     };
@@ -1428,7 +1501,8 @@ START_TEST(test_grid)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
         bool seen = false;
-        for (size_t cj = 0; cj < ci; cj++) seen |= counts[cj] == counts[ci];
+        for (size_t cj = 0; cj < ci; cj++)
+            seen |= counts[cj] == counts[ci];
         if (seen) continue;
         for (int nch = 1; nch <= (alg_channels(alg) ? 3 : 1); nch++)
             for (size_t si = 0; si < sizeof(slices) / sizeof(slices[0]); si++)
@@ -1445,25 +1519,24 @@ START_TEST(test_grid)
                             /* Building costs quadratic time in the ranges a buffer is cut
                              * into (schedule.c keeps them in a sorted array, inserted out of
                              * order): beyond ~10000 ranges per buffer a case costs seconds. */
-                            uint64_t elems = counts[ci] * (alg == ALG_ALLGATHER ||
-                                                                   alg == ALG_REDUCE_SCATTER ||
-                                                                   alg == ALG_ALLTOALL
-                                                               ? (uint64_t)p
-                                                               : 1);
+                            uint64_t elems =
+                                counts[ci] * (alg == ALG_ALLGATHER || alg == ALG_REDUCE_SCATTER ||
+                                                      alg == ALG_ALLTOALL
+                                                  ? (uint64_t)p
+                                                  : 1);
                             if (elems / slices[si] > 10000) continue;
                             /* node algorithms: uneven nodes of 3 and 1 ranks, or of 2 */
-                            cfg_t c = {alg, p, counts[ci], nch, slices[si], ip, avg,
-                                       ri ? p - 1 : 0, ri ? -4 : 2};
+                            cfg_t c = {alg, p,   counts[ci],     nch,        slices[si],
+                                       ip,  avg, ri ? p - 1 : 0, ri ? -4 : 2};
                             run_case(&c, &t);
                         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (getenv("SCHED_TIMES"))
         fprintf(stderr, "grid %s p=%d: %d cases, %d runs, %.2f s\n", alg_names[alg], p, t.cases,
-                t.runs,
-                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-    ck_assert_msg(t.failed == 0, "%d of %d %s cases at p=%d failed; first: %s", t.failed,
-                  t.cases, alg_names[alg], p, t.first);
+                t.runs, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    ck_assert_msg(t.failed == 0, "%d of %d %s cases at p=%d failed; first: %s", t.failed, t.cases,
+                  alg_names[alg], p, t.first);
 }
 END_TEST
 
@@ -1483,7 +1556,8 @@ static void scale_case(int p, vmode_t mode, bool inplace)
     ck_assert_msg(build_scheds(&c, s, err, sizeof(err)), "%s: %s", cs, err);
     bool ok = verify(&c, s, &pol, mode, err, sizeof(err));
     size_t steps = 0;
-    for (int r = 0; r < p; r++) steps += s[r].nsteps;
+    for (int r = 0; r < p; r++)
+        steps += s[r].nsteps;
     free_scheds(s, p);
     free(s);
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -1521,7 +1595,10 @@ START_TEST(test_scale_all_128)
 }
 END_TEST
 
-START_TEST(test_scale_512) { scale_case(512, VAL_IVL, false); }
+START_TEST(test_scale_512)
+{
+    scale_case(512, VAL_IVL, false);
+}
 END_TEST
 
 /* The node algorithms at scale: 8 ranks per node, and uneven nodes (8, 5 and 7 ranks).
@@ -1554,7 +1631,10 @@ START_TEST(test_scale_hier)
 }
 END_TEST
 
-START_TEST(test_scale_1024) { scale_case(1024, VAL_IVL, false); }
+START_TEST(test_scale_1024)
+{
+    scale_case(1024, VAL_IVL, false);
+}
 END_TEST
 
 /* ---- The checker can fail ---------------------------------------------------------------- */
@@ -1618,8 +1698,8 @@ static bool mentions(const char *text, const char *words)
 START_TEST(test_broken)
 {
     break_t b = (break_t)_i;
-    cfg_t c = {ALG_ALLREDUCE, 4, 37, 1, 3, false, b == BREAK_AVG_MISSING || b == BREAK_AVG_EARLY,
-               0, 0};
+    cfg_t c = {
+        ALG_ALLREDUCE, 4, 37, 1, 3, false, b == BREAK_AVG_MISSING || b == BREAK_AVG_EARLY, 0, 0};
     sched_t s[4];
     char err[768];
     ck_assert(build_scheds(&c, s, err, sizeof(err)));
@@ -1641,7 +1721,8 @@ START_TEST(test_broken)
     case BREAK_DEPS:
         /* Running in schedule order would hide missing dependencies: the ordering proof and
          * the concurrent orders must not. */
-        for (size_t i = 0; i < s[1].nsteps; i++) s[1].steps[i].ndeps = 0;
+        for (size_t i = 0; i < s[1].nsteps; i++)
+            s[1].steps[i].ndeps = 0;
         want = "race";
         break;
     case BREAK_ONE_DEP: {
@@ -1673,7 +1754,8 @@ START_TEST(test_broken)
         break;
     case BREAK_EXTRA_SEND: { /* rank 3 sends its last message twice */
         size_t last = s[3].nsteps - 1;
-        while (s[3].steps[last].kind != STEP_SEND) last--;
+        while (s[3].steps[last].kind != STEP_SEND)
+            last--;
         sched_step_t d = s[3].steps[last];
         sched_send(&s[3], d.desc, d.peer, d.src_buf, d.src_off, d.count);
         ck_assert(sched_status(&s[3]) == loomSuccess);
@@ -1694,8 +1776,8 @@ START_TEST(test_broken)
         policy_str(pols[j], ps, sizeof(ps));
         bool ok = verify(&c, s, pols[j], VAL_VEC, err, sizeof(err));
         ck_assert_msg(!ok, "break %d: [%s] the checker passed a broken schedule", b, ps);
-        ck_assert_msg(want == NULL || mentions(err, want),
-                      "break %d: [%s] expected \"%s\" in: %s", b, ps, want, err);
+        ck_assert_msg(want == NULL || mentions(err, want), "break %d: [%s] expected \"%s\" in: %s",
+                      b, ps, want, err);
         if (j == 0) fprintf(stderr, "broken %d [%s] -> %s\n", b, ps, err);
     }
     /* The compact values must see the defects too. */

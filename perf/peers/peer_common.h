@@ -20,18 +20,18 @@
 enum peer_dtype { PEER_FLOAT, PEER_DOUBLE, PEER_INT32 };
 
 struct peer_opts {
-    int nranks;          /* -P: ranks to fork (gloo only; mpirun decides for MPI) */
-    size_t min_bytes;    /* -b */
-    size_t max_bytes;    /* -e */
-    size_t factor;       /* -f: sizes grow by this factor; <= 1 means only min_bytes */
-    int iters;           /* -n */
-    int warmup;          /* -w */
+    int nranks;            /* -P: ranks to fork (gloo only; mpirun decides for MPI) */
+    size_t min_bytes;      /* -b */
+    size_t max_bytes;      /* -e */
+    size_t factor;         /* -f: sizes grow by this factor; <= 1 means only min_bytes */
+    int iters;             /* -n */
+    int warmup;            /* -w */
     enum peer_dtype dtype; /* -d */
-    int check;           /* -c */
-    const char *csv;     /* --csv */
-    const char *algo;    /* -A (gloo only) */
-    int timeout_s;       /* -t: a rank stuck this long on one size/algorithm is killed (gloo) */
-    int verbose;         /* -v */
+    int check;             /* -c */
+    const char *csv;       /* --csv */
+    const char *algo;      /* -A (gloo only) */
+    int timeout_s;         /* -t: a rank stuck this long on one size/algorithm is killed (gloo) */
+    int verbose;           /* -v */
 };
 
 static inline size_t peer_type_size(enum peer_dtype t)
@@ -50,19 +50,28 @@ static inline int peer_parse_size(const char *s, size_t *out)
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s)
-        return -1;
+    if (errno != 0 || end == s) return -1;
     unsigned long long mult = 1;
     switch (*end) {
-    case 'G': case 'g': mult = 1ULL << 30; end++; break;
-    case 'M': case 'm': mult = 1ULL << 20; end++; break;
-    case 'K': case 'k': mult = 1ULL << 10; end++; break;
+    case 'G':
+    case 'g':
+        mult = 1ULL << 30;
+        end++;
+        break;
+    case 'M':
+    case 'm':
+        mult = 1ULL << 20;
+        end++;
+        break;
+    case 'K':
+    case 'k':
+        mult = 1ULL << 10;
+        end++;
+        break;
     default: break;
     }
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end != '\0')
-        return -1;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end != '\0') return -1;
     *out = (size_t)(v * mult);
     return 0;
 }
@@ -103,12 +112,10 @@ static inline int peer_parse_args(int argc, char **argv, struct peer_opts *o, in
         switch (c) {
         case 'P': o->nranks = atoi(optarg); break;
         case 'b':
-            if (peer_parse_size(optarg, &o->min_bytes) != 0)
-                goto bad;
+            if (peer_parse_size(optarg, &o->min_bytes) != 0) goto bad;
             break;
         case 'e':
-            if (peer_parse_size(optarg, &o->max_bytes) != 0)
-                goto bad;
+            if (peer_parse_size(optarg, &o->max_bytes) != 0) goto bad;
             break;
         case 'f': o->factor = (size_t)strtoull(optarg, NULL, 10); break;
         case 'n': o->iters = atoi(optarg); break;
@@ -125,8 +132,7 @@ static inline int peer_parse_args(int argc, char **argv, struct peer_opts *o, in
             break;
         case 'o':
             /* The comparison is about sum; other ops would only add untested code paths. */
-            if (strcmp(optarg, "sum") != 0)
-                goto bad;
+            if (strcmp(optarg, "sum") != 0) goto bad;
             break;
         case 'c': o->check = atoi(optarg) != 0; break;
         case 'C': o->csv = optarg; break;
@@ -172,8 +178,7 @@ static inline void peer_fill(void *buf, size_t count, enum peer_dtype t, int ran
 }
 
 /* Counts elements that differ from sum over ranks r of (r + 1) * (i % PEER_PATTERN + 1). */
-static inline size_t peer_count_wrong(const void *buf, size_t count, enum peer_dtype t,
-                                      int nranks)
+static inline size_t peer_count_wrong(const void *buf, size_t count, enum peer_dtype t, int nranks)
 {
     const long tri = (long)nranks * (nranks + 1) / 2;
     size_t i, wrong = 0;
@@ -214,7 +219,8 @@ static inline void peer_print_header(const struct peer_opts *o, const char *prog
            prog, nranks, o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check);
     printf("#\n");
     printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
-           "          \n", "", "", "", "", "");
+           "          \n",
+           "", "", "", "", "");
     printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s%s%s\n", "size",
            "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
            "busbw", "#wrong", extra_col ? "  " : "", extra_col ? extra_col : "");
@@ -292,16 +298,15 @@ static inline void peer_csv_row(FILE *f, const struct peer_opts *o, const struct
     }
     fprintf(f, "%zu,%zu,%s,sum,-1,%.3f,%.4f,%.4f,%s,%.3f,%.4f,%.4f,%s\n", r->bytes, r->count,
             peer_type_name(o->dtype), r->oop_us, peer_algbw(r->bytes, r->oop_us),
-            peer_busbw(r->bytes, r->oop_us, nranks), w1, r->ip_us,
-            peer_algbw(r->bytes, r->ip_us), peer_busbw(r->bytes, r->ip_us, nranks), w2);
+            peer_busbw(r->bytes, r->oop_us, nranks), w1, r->ip_us, peer_algbw(r->bytes, r->ip_us),
+            peer_busbw(r->bytes, r->ip_us, nranks), w2);
     fflush(f);
 }
 
 /* Next size in the sweep, or 0 when done; a factor <= 1 runs min_bytes only. */
 static inline size_t peer_next_size(const struct peer_opts *o, size_t bytes)
 {
-    if (o->factor <= 1 || bytes == 0 || bytes > o->max_bytes / o->factor)
-        return 0;
+    if (o->factor <= 1 || bytes == 0 || bytes > o->max_bytes / o->factor) return 0;
     return bytes * o->factor;
 }
 

@@ -39,7 +39,8 @@
 
 #include "peer_common.h"
 
-namespace {
+namespace
+{
 
 enum Algo { RING, RING_CHUNKED, HALVING_DOUBLING, BCUBE, NEW_RING, NEW_BCUBE, NALGO };
 
@@ -53,13 +54,13 @@ const char *const kAlgoNames[NALGO] = {
  * the rank count is a power of the base; elsewhere it is not a valid choice. */
 bool algo_supported(Algo a, int nranks)
 {
-    if (a == BCUBE || a == NEW_BCUBE)
-        return nranks > 0 && (nranks & (nranks - 1)) == 0;
+    if (a == BCUBE || a == NEW_BCUBE) return nranks > 0 && (nranks & (nranks - 1)) == 0;
     return true;
 }
 
 /* One allreduce implementation bound to fixed buffers `in` and `out` of `count` elements. */
-class Runner {
+class Runner
+{
   public:
     /* noexcept(false) like gloo::Algorithm's, whose destructors may throw on a transport error. */
     virtual ~Runner() noexcept(false) {}
@@ -67,8 +68,8 @@ class Runner {
     virtual void ip() = 0;  /* out = sum over ranks of out */
 };
 
-template <typename T, template <typename> class A>
-class ClassicRunner : public Runner {
+template <typename T, template <typename> class A> class ClassicRunner : public Runner
+{
   public:
     ClassicRunner(const std::shared_ptr<gloo::Context> &ctx, const T *in, T *out, size_t count)
         : in_(in), out_(out), bytes_(count * sizeof(T)),
@@ -91,8 +92,8 @@ class ClassicRunner : public Runner {
     A<T> algo_;
 };
 
-template <typename T>
-class OptionsRunner : public Runner {
+template <typename T> class OptionsRunner : public Runner
+{
   public:
     OptionsRunner(const std::shared_ptr<gloo::Context> &ctx, T *in, T *out, size_t count,
                   gloo::AllreduceOptions::Algorithm algo)
@@ -134,8 +135,8 @@ std::unique_ptr<Runner> make_runner(Algo a, const std::shared_ptr<gloo::Context>
 {
     switch (a) {
     case RING:
-        return std::unique_ptr<Runner>(new ClassicRunner<T, gloo::AllreduceRing>(ctx, in, out,
-                                                                                 count));
+        return std::unique_ptr<Runner>(
+            new ClassicRunner<T, gloo::AllreduceRing>(ctx, in, out, count));
     case RING_CHUNKED:
         return std::unique_ptr<Runner>(
             new ClassicRunner<T, gloo::AllreduceRingChunked>(ctx, in, out, count));
@@ -151,15 +152,13 @@ std::unique_ptr<Runner> make_runner(Algo a, const std::shared_ptr<gloo::Context>
     case NEW_BCUBE:
         return std::unique_ptr<Runner>(
             new OptionsRunner<T>(ctx, in, out, count, gloo::AllreduceOptions::Algorithm::BCUBE));
-    case NALGO:
-        break;
+    case NALGO: break;
     }
     return nullptr;
 }
 
 /* Mean seconds per call of `iters` calls of f after `warmup` untimed ones. */
-template <typename F>
-double time_loop(F f, gloo::BarrierAllToAll &barrier, int warmup, int iters)
+template <typename F> double time_loop(F f, gloo::BarrierAllToAll &barrier, int warmup, int iters)
 {
     for (int i = 0; i < warmup; i++)
         f();
@@ -209,8 +208,7 @@ int run_rank(const peer_opts &o, const std::vector<Algo> &algos, int rank, int n
 
     FILE *csv = nullptr;
     if (rank == 0) {
-        if (o.csv != nullptr && (csv = peer_csv_open(o.csv)) == nullptr)
-            return 1;
+        if (o.csv != nullptr && (csv = peer_csv_open(o.csv)) == nullptr) return 1;
         printf("# gloo algorithms timed, the fastest reported per column:");
         for (Algo a : algos)
             printf(" %s", kAlgoNames[a]);
@@ -222,8 +220,7 @@ int run_rank(const peer_opts &o, const std::vector<Algo> &algos, int rank, int n
     int nbusbw = 0;
     for (size_t bytes = o.min_bytes; bytes != 0; bytes = peer_next_size(&o, bytes)) {
         const size_t count = bytes / sizeof(T);
-        if (count == 0)
-            continue; /* nothing to reduce; nccl-tests would print a meaningless row */
+        if (count == 0) continue; /* nothing to reduce; nccl-tests would print a meaningless row */
         Column best[2];
         double wrong[2] = {0, 0};
         for (Algo a : algos) {
@@ -273,11 +270,9 @@ int run_rank(const peer_opts &o, const std::vector<Algo> &algos, int rank, int n
             res.oop_wrong = wrong[0];
             res.ip_wrong = wrong[1];
             std::string name = kAlgoNames[best[0].algo];
-            if (best[1].algo != best[0].algo)
-                name += std::string("/") + kAlgoNames[best[1].algo];
+            if (best[1].algo != best[0].algo) name += std::string("/") + kAlgoNames[best[1].algo];
             peer_print_row(&o, &res, nranks, name.c_str());
-            if (csv != nullptr)
-                peer_csv_row(csv, &o, &res, nranks);
+            if (csv != nullptr) peer_csv_row(csv, &o, &res, nranks);
             wrong_total += wrong[0] + wrong[1];
             /* nccl-tests averages the bus bandwidth over both columns. */
             busbw_sum += peer_busbw(res.bytes, res.oop_us, nranks) +
@@ -287,8 +282,7 @@ int run_rank(const peer_opts &o, const std::vector<Algo> &algos, int rank, int n
     }
     if (rank == 0) {
         peer_print_footer(&o, wrong_total, busbw_sum, nbusbw);
-        if (csv != nullptr)
-            fclose(csv);
+        if (csv != nullptr) fclose(csv);
     }
     /* Nobody leaves while a peer may still read from its sockets. */
     barrier.run();
@@ -323,8 +317,7 @@ bool parse_algos(const char *spec, int nranks, std::vector<Algo> *algos)
              * 1 MiB segments stall on TCP retransmission timeouts, 3.6 s for one 4 MiB call at
              * 4 ranks where the classic algorithms take 25-60 ms; at 64 MiB it would dominate the
              * run for nothing. It can still be asked for by name. */
-            if (a == NEW_RING && nranks > 2)
-                continue;
+            if (a == NEW_RING && nranks > 2) continue;
             if (algo_supported(static_cast<Algo>(a), nranks))
                 algos->push_back(static_cast<Algo>(a));
         }
@@ -333,8 +326,7 @@ bool parse_algos(const char *spec, int nranks, std::vector<Algo> *algos)
     size_t pos = 0;
     while (pos <= s.size()) {
         size_t end = s.find(',', pos);
-        if (end == std::string::npos)
-            end = s.size();
+        if (end == std::string::npos) end = s.size();
         std::string name = s.substr(pos, end - pos);
         int a = 0;
         while (a < NALGO && name != kAlgoNames[a])
@@ -364,8 +356,7 @@ volatile sig_atomic_t g_nchildren = 0;
 extern "C" void forward_signal(int sig)
 {
     for (sig_atomic_t i = 0; i < g_nchildren; i++)
-        if (g_children[i] > 0)
-            kill(g_children[i], sig == SIGINT ? SIGINT : SIGTERM);
+        if (g_children[i] > 0) kill(g_children[i], sig == SIGINT ? SIGINT : SIGTERM);
 }
 
 extern "C" int remove_entry(const char *path, const struct stat *, int, struct FTW *)
@@ -379,11 +370,9 @@ int main(int argc, char **argv)
 {
     peer_opts o;
     int rc = peer_parse_args(argc, argv, &o, 1);
-    if (rc != 0)
-        return rc < 0 ? 2 : 0;
+    if (rc != 0) return rc < 0 ? 2 : 0;
     std::vector<Algo> algos;
-    if (!parse_algos(o.algo, o.nranks, &algos))
-        return 2;
+    if (!parse_algos(o.algo, o.nranks, &algos)) return 2;
     if (o.nranks > static_cast<int>(sizeof g_children / sizeof g_children[0])) {
         fprintf(stderr, "peer_gloo: at most %zu ranks\n", sizeof g_children / sizeof g_children[0]);
         return 2;
@@ -395,8 +384,8 @@ int main(int argc, char **argv)
     }
 
     const char *tmp = getenv("TMPDIR");
-    std::string templ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                        "/peer_gloo.XXXXXX";
+    std::string templ =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/peer_gloo.XXXXXX";
     std::vector<char> dirbuf(templ.begin(), templ.end());
     dirbuf.push_back('\0');
     if (mkdtemp(dirbuf.data()) == nullptr) {
@@ -444,25 +433,22 @@ int main(int argc, char **argv)
         int status;
         pid_t pid = waitpid(-1, &status, 0);
         if (pid < 0) {
-            if (errno == EINTR)
-                continue;
+            if (errno == EINTR) continue;
             break;
         }
         remaining--;
         int r = 0;
         while (r < g_nchildren && g_children[r] != pid)
             r++;
-        if (r < g_nchildren)
-            g_children[r] = 0;
+        if (r < g_nchildren) g_children[r] = 0;
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             if (WIFSIGNALED(status))
-                fprintf(stderr, "peer_gloo: rank %d killed by signal %d%s\n", r,
-                        WTERMSIG(status), WTERMSIG(status) == SIGALRM ? " (timeout)" : "");
+                fprintf(stderr, "peer_gloo: rank %d killed by signal %d%s\n", r, WTERMSIG(status),
+                        WTERMSIG(status) == SIGALRM ? " (timeout)" : "");
             else
                 fprintf(stderr, "peer_gloo: rank %d exited with %d\n", r, WEXITSTATUS(status));
             /* The others would only wait for the lost rank until gloo's timeout. */
-            if (!failed)
-                forward_signal(SIGTERM);
+            if (!failed) forward_signal(SIGTERM);
             failed = true;
         }
     }

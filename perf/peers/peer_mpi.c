@@ -63,8 +63,7 @@ int main(int argc, char **argv)
 
     FILE *csv = NULL;
     if (rank == 0) {
-        if (o.csv != NULL && (csv = peer_csv_open(o.csv)) == NULL)
-            MPI_Abort(MPI_COMM_WORLD, 1);
+        if (o.csv != NULL && (csv = peer_csv_open(o.csv)) == NULL) MPI_Abort(MPI_COMM_WORLD, 1);
         peer_print_header(&o, "peer_mpi", nranks, NULL);
     }
 
@@ -72,8 +71,7 @@ int main(int argc, char **argv)
     int rows = 0;
     for (size_t bytes = o.min_bytes; bytes != 0; bytes = peer_next_size(&o, bytes)) {
         const size_t count = bytes / tsize;
-        if (count == 0)
-            continue; /* nothing to reduce; nccl-tests would print a meaningless row */
+        if (count == 0) continue; /* nothing to reduce; nccl-tests would print a meaningless row */
 
         /* Fill both so that no page is first touched inside a timed loop. */
         peer_fill(sendbuf, count, o.dtype, rank);
@@ -107,20 +105,18 @@ int main(int argc, char **argv)
             r.oop_wrong = wsum[0];
             r.ip_wrong = wsum[1];
             peer_print_row(&o, &r, nranks, NULL);
-            if (csv != NULL)
-                peer_csv_row(csv, &o, &r, nranks);
+            if (csv != NULL) peer_csv_row(csv, &o, &r, nranks);
             wrong_total += wsum[0] + wsum[1];
             /* nccl-tests averages the bus bandwidth over both columns. */
-            busbw_sum += peer_busbw(r.bytes, r.oop_us, nranks) +
-                         peer_busbw(r.bytes, r.ip_us, nranks);
+            busbw_sum +=
+                peer_busbw(r.bytes, r.oop_us, nranks) + peer_busbw(r.bytes, r.ip_us, nranks);
             rows += 2;
         }
     }
 
     if (rank == 0) {
         peer_print_footer(&o, wrong_total, busbw_sum, rows);
-        if (csv != NULL)
-            fclose(csv);
+        if (csv != NULL) fclose(csv);
     }
     free(sendbuf);
     free(recvbuf);

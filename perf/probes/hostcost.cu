@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "probe.h"
@@ -184,7 +184,8 @@ int main(int argc, char **argv)
         double t[reps];
         for (int r = 0; r < reps + 1; r++) {
             double t0 = now_ns();
-            for (int i = 0; i < batch; i++) op(w);
+            for (int i = 0; i < batch; i++)
+                op(w);
             double t1 = now_ns();
             DK(cuStreamSynchronize(st));
             if (r) t[r - 1] = (t1 - t0) / batch;

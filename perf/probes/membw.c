@@ -36,11 +36,13 @@ int main(int argc, char **argv)
     memset(c, 0, n);
     const int reps = 5;
     double t0 = now();
-    for (int i = 0; i < reps; i++) memcpy(c, a, n);
+    for (int i = 0; i < reps; i++)
+        memcpy(c, a, n);
     double cp = n / ((now() - t0) / reps);
     t0 = now();
     for (int i = 0; i < reps; i++)
-        for (size_t k = 0; k < nf; k++) c[k] = a[k] + b[k];
+        for (size_t k = 0; k < nf; k++)
+            c[k] = a[k] + b[k];
     double add = n / ((now() - t0) / reps);
     pid_t child = fork();
     if (child == 0) {

@@ -98,7 +98,8 @@ __global__ void k_launch_big(const float *send, float *recv, u64 len, unsigned s
     asm volatile("griddepcontrol.wait;" ::: "memory");
     exchange(send, recv, len, step, mine, peer, me);
     __syncthreads();
-    if (threadIdx.x == 0 && pad.b[0] == 0) *(volatile unsigned *)(mine + 2ull * CAP * 16) = step; /* past the slots */
+    if (threadIdx.x == 0 && pad.b[0] == 0)
+        *(volatile unsigned *)(mine + 2ull * CAP * 16) = step; /* past the slots */
 }
 
 /* resident: serves calls in order until quit */
@@ -120,7 +121,10 @@ __global__ void k_persist(ctrl *c, volatile desc *ring, char *mine, char *peer, 
             if (blockIdx.x == 0) *consumed = k;
             u64 db = 0;
             while (!q) {
-                asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(db) : "l"(&c->doorbell) : "memory");
+                asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
+                             : "=l"(db)
+                             : "l"(&c->doorbell)
+                             : "memory");
                 if (db >= k) break;
                 if ((++it & 1023) == 0 && *quit) q = 1;
             }
@@ -209,8 +213,10 @@ static void *rank_main(void *arg)
             double t0 = now_us();
             for (int i = 0; i < iters; i++) {
                 void *args[] = {&pdl};
-                if (pdl) launch_pdl(r->st, 1, 32, (void *)k_empty, args);
-                else k_empty<<<1, 32, 0, r->st>>>(0);
+                if (pdl)
+                    launch_pdl(r->st, 1, 32, (void *)k_empty, args);
+                else
+                    k_empty<<<1, 32, 0, r->st>>>(0);
             }
             double te = now_us();
             CK(cudaStreamSynchronize(r->st));
@@ -225,29 +231,30 @@ static void *rank_main(void *arg)
     cudaEvent_t evt;
     CK(cudaEventCreateWithFlags(&evt, cudaEventDisableTiming));
     for (int withev = 0; withev < 2; withev++)
-    for (unsigned s = 0; s < NS; s++) {
-        u64 len = sizes[s];
-        unsigned chunks = (unsigned)(len / 8), threads = chunks < 512 ? (chunks + 31) / 32 * 32 : 512;
-        unsigned grid = (chunks + threads - 1) / threads;
-        for (int rep = 0; rep < 2; rep++) {
-            pthread_barrier_wait(&bar);
-            unsigned base = step_launch;
-            double t0 = now_us();
-            for (int i = 0; i < iters; i++) {
-                unsigned step = base + 1 + i;
-                void *args[] = {&r->send, &r->recv, &len, &step, &mine, &peer, &me};
-                launch_pdl(r->st, grid, threads, (void *)k_launch, args);
-                if (withev) CK(cudaEventRecord(evt, r->st));
+        for (unsigned s = 0; s < NS; s++) {
+            u64 len = sizes[s];
+            unsigned chunks = (unsigned)(len / 8),
+                     threads = chunks < 512 ? (chunks + 31) / 32 * 32 : 512;
+            unsigned grid = (chunks + threads - 1) / threads;
+            for (int rep = 0; rep < 2; rep++) {
+                pthread_barrier_wait(&bar);
+                unsigned base = step_launch;
+                double t0 = now_us();
+                for (int i = 0; i < iters; i++) {
+                    unsigned step = base + 1 + i;
+                    void *args[] = {&r->send, &r->recv, &len, &step, &mine, &peer, &me};
+                    launch_pdl(r->st, grid, threads, (void *)k_launch, args);
+                    if (withev) CK(cudaEventRecord(evt, r->st));
+                }
+                CK(cudaStreamSynchronize(r->st));
+                double t1 = now_us();
+                pthread_barrier_wait(&bar);
+                if (me == 0) step_launch = base + iters;
+                pthread_barrier_wait(&bar);
+                if (rep) r->t[(withev ? 20 : 4) + s] = (t1 - t0) / iters;
             }
-            CK(cudaStreamSynchronize(r->st));
-            double t1 = now_us();
-            pthread_barrier_wait(&bar);
-            if (me == 0) step_launch = base + iters;
-            pthread_barrier_wait(&bar);
-            if (rep) r->t[(withev ? 20 : 4) + s] = (t1 - t0) / iters;
+            check(r, len);
         }
-        check(r, len);
-    }
     /* 2b. the same, queued behind a gate on the stream and released on both GPUs at once:
      * the GPUs' own time per call, without the host's launch cost */
     {
@@ -256,7 +263,8 @@ static void *rank_main(void *arg)
         static dev_err_t *errh;
         static void *errd;
         if (me == 0 && !errh) {
-            CK(cudaHostAlloc(&errh, sizeof(dev_err_t), cudaHostAllocMapped | cudaHostAllocPortable));
+            CK(cudaHostAlloc(&errh, sizeof(dev_err_t),
+                             cudaHostAllocMapped | cudaHostAllocPortable));
             memset(errh, 0, sizeof(*errh));
             CK(cudaHostGetDevicePointer(&errd, errh, 0));
         }
@@ -275,9 +283,12 @@ static void *rank_main(void *arg)
                     for (int i = 0; i < gi; i++) {
                         unsigned step = base + 1 + i;
                         void *args[] = {&r->send, &r->recv, &len, &step, &mine, &peer, &me, &pad};
-                        if (v == 0) launch_pdl(r->st, grid, threads, (void *)k_launch, args);
-                        else if (v == 1) launch_pdl(r->st, grid, threads, (void *)k_launch_big, args);
-                        else if (v == 2) CK(cudaLaunchKernel((void *)k_launch, grid, threads, args, 0, r->st));
+                        if (v == 0)
+                            launch_pdl(r->st, grid, threads, (void *)k_launch, args);
+                        else if (v == 1)
+                            launch_pdl(r->st, grid, threads, (void *)k_launch_big, args);
+                        else if (v == 2)
+                            CK(cudaLaunchKernel((void *)k_launch, grid, threads, args, 0, r->st));
                         else {
                             dev_args_t a;
                             memset(&a, 0, sizeof(a));
@@ -320,7 +331,8 @@ static void *rank_main(void *arg)
         *(volatile u64 *)r->consumed = 0;
         CK(cudaDeviceSynchronize());
         pthread_barrier_wait(&bar);
-        k_persist<<<blocks, 512, 0, r->side>>>(r->c, r->ring_d, mine, peer, me, r->quit_d, r->consumed_d, ex);
+        k_persist<<<blocks, 512, 0, r->side>>>(r->c, r->ring_d, mine, peer, me, r->quit_d,
+                                               r->consumed_d, ex);
         CK(cudaGetLastError());
         u64 k = 0;
         for (unsigned s = 0; s < (ex ? NS : 1); s++) {
@@ -386,11 +398,13 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&r->send, MAXB));
         CK(cudaMalloc(&r->recv, MAXB));
         float *h = (float *)malloc(MAXB);
-        for (int i = 0; i < MAXB / 4; i++) h[i] = (float)(1 + g + (i % 13));
+        for (int i = 0; i < MAXB / 4; i++)
+            h[i] = (float)(1 + g + (i % 13));
         CK(cudaMemcpy(r->send, h, MAXB, cudaMemcpyHostToDevice));
         free(h);
         CK(cudaMalloc(&r->c, sizeof(ctrl)));
-        CK(cudaHostAlloc(&r->ring, RING * sizeof(desc), cudaHostAllocMapped | cudaHostAllocPortable));
+        CK(cudaHostAlloc(&r->ring, RING * sizeof(desc),
+                         cudaHostAllocMapped | cudaHostAllocPortable));
         CK(cudaHostGetDevicePointer(&r->ring_d, r->ring, 0));
         CK(cudaHostAlloc(&r->quit, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
         CK(cudaHostGetDevicePointer(&r->quit_d, r->quit, 0));
@@ -402,8 +416,10 @@ int main(int argc, char **argv)
     CK(cudaHostGetDevicePointer(&gate_d, gate_h, 0));
     pthread_barrier_init(&bar, NULL, 2);
     pthread_t th[2];
-    for (int g = 0; g < 2; g++) pthread_create(&th[g], NULL, rank_main, &rk[g]);
-    for (int g = 0; g < 2; g++) pthread_join(th[g], NULL);
+    for (int g = 0; g < 2; g++)
+        pthread_create(&th[g], NULL, rank_main, &rk[g]);
+    for (int g = 0; g < 2; g++)
+        pthread_join(th[g], NULL);
     printf("iterations %d, resident blocks %d; us per call, slower of the two GPUs\n", iters,
            blocks);
 #define MX(i) (rk[0].t[i] > rk[1].t[i] ? rk[0].t[i] : rk[1].t[i])

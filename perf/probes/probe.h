@@ -11,7 +11,7 @@
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
         if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -21,7 +21,7 @@
         if (r_ != CUDA_SUCCESS) {                                                                  \
             const char *s_ = "?";                                                                  \
             cuGetErrorString(r_, &s_);                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);                       \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);                         \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)

@@ -33,17 +33,17 @@
 #endif
 
 /* Propagate a failure: the callee has already logged and recorded the error. */
-#define LOOM_CHECK(call)                                                                          \
-    do {                                                                                          \
-        loomResult_t res_ = (call);                                                               \
-        if (LOOM_UNLIKELY(res_ != loomSuccess)) return res_;                                      \
+#define LOOM_CHECK(call)                                                                           \
+    do {                                                                                           \
+        loomResult_t res_ = (call);                                                                \
+        if (LOOM_UNLIKELY(res_ != loomSuccess)) return res_;                                       \
     } while (0)
 
 /* Propagate to a cleanup label, keeping the code in `res`. */
-#define LOOM_CHECK_GOTO(call, res, label)                                                         \
-    do {                                                                                          \
-        (res) = (call);                                                                           \
-        if (LOOM_UNLIKELY((res) != loomSuccess)) goto label;                                      \
+#define LOOM_CHECK_GOTO(call, res, label)                                                          \
+    do {                                                                                           \
+        (res) = (call);                                                                            \
+        if (LOOM_UNLIKELY((res) != loomSuccess)) goto label;                                       \
     } while (0)
 
 /* ---- logging ---- */
@@ -68,16 +68,16 @@ typedef enum {
 extern int log_level_cached; /* -1 until the environment was read */
 int log_level(void);
 bool log_enabled(log_level_t level, log_subsys_t subsys);
-void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line,
-               const char *fmt, ...) LOOM_PRINTF(5, 6);
+void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line, const char *fmt,
+               ...) LOOM_PRINTF(5, 6);
 /* The rank printed at the start of this thread's log lines (-1: none). */
 void log_set_rank(int rank);
 int log_get_rank(void);
 
-#define LOG(level, subsys, ...)                                                                   \
-    do {                                                                                          \
-        if (LOOM_UNLIKELY(log_enabled(level, subsys)))                                            \
-            log_write(level, subsys, __FILE__, __LINE__, __VA_ARGS__);                            \
+#define LOG(level, subsys, ...)                                                                    \
+    do {                                                                                           \
+        if (LOOM_UNLIKELY(log_enabled(level, subsys)))                                             \
+            log_write(level, subsys, __FILE__, __LINE__, __VA_ARGS__);                             \
     } while (0)
 #define WARN(subsys, ...) LOG(LOG_WARN, subsys, __VA_ARGS__)
 #define INFO(subsys, ...) LOG(LOG_INFO, subsys, __VA_ARGS__)
@@ -101,7 +101,10 @@ void base_clear_error(void);
 
 /* Monotonic nanoseconds. */
 uint64_t base_now_ns(void);
-static inline double base_now_s(void) { return (double)base_now_ns() * 1e-9; }
+static inline double base_now_s(void)
+{
+    return (double)base_now_ns() * 1e-9;
+}
 
 /* ---- random and keyed hashing ---- */
 

@@ -14,25 +14,84 @@
 #include <stdbool.h>
 
 /* X(name): every driver entry point loom uses. */
+/* clang-format off: one driver function a line */
 #define CUDRV_FUNCS(X)                                                                             \
-    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetAttribute)    \
-    X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain)                            \
-    X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice)           \
-    X(cuCtxSynchronize) X(cuPointerGetAttribute) X(cuPointerGetAttributes)                        \
-    X(cuMemGetAddressRange) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)             \
-    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemsetD8)           \
-    X(cuMemsetD8Async) X(cuMemsetD32) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)                           \
-    X(cuMemHostGetDevicePointer) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)   \
-    X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)      \
-    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuModuleLoadData)          \
-    X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
-    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
-    X(cuStreamIsCapturing) X(cuStreamWaitEvent) X(cuStreamWaitValue32) X(cuStreamWaitValue64) X(cuStreamWriteValue32)     \
-    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)           \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)      \
-    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)              \
-    X(cuGetErrorName) X(cuStreamGetCtx) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)               \
+    X(cuInit)                                                                                      \
+    X(cuDriverGetVersion)                                                                          \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetCount)                                                                            \
+    X(cuDeviceGetAttribute)                                                                        \
+    X(cuDeviceGetName)                                                                             \
+    X(cuDeviceGetUuid)                                                                             \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuDevicePrimaryCtxRelease)                                                                   \
+    X(cuCtxGetCurrent)                                                                             \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuCtxGetDevice)                                                                              \
+    X(cuCtxSynchronize)                                                                            \
+    X(cuPointerGetAttribute)                                                                       \
+    X(cuPointerGetAttributes)                                                                      \
+    X(cuMemGetAddressRange)                                                                        \
+    X(cuMemAlloc)                                                                                  \
+    X(cuMemFree)                                                                                   \
+    X(cuMemcpyHtoD)                                                                                \
+    X(cuMemcpyDtoH)                                                                                \
+    X(cuMemcpy)                                                                                    \
+    X(cuMemcpyAsync)                                                                               \
+    X(cuMemcpyDtoHAsync)                                                                           \
+    X(cuMemcpyHtoDAsync)                                                                           \
+    X(cuMemsetD8)                                                                                  \
+    X(cuMemsetD8Async)                                                                             \
+    X(cuMemsetD32)                                                                                 \
+    X(cuMemHostAlloc)                                                                              \
+    X(cuMemFreeHost)                                                                               \
+    X(cuMemHostRegister)                                                                           \
+    X(cuMemHostUnregister)                                                                         \
+    X(cuMemHostGetDevicePointer)                                                                   \
+    X(cuMemCreate)                                                                                 \
+    X(cuMemRelease)                                                                                \
+    X(cuMemExportToShareableHandle)                                                                \
+    X(cuMemImportFromShareableHandle)                                                              \
+    X(cuMemAddressReserve)                                                                         \
+    X(cuMemAddressFree)                                                                            \
+    X(cuMemMap)                                                                                    \
+    X(cuMemUnmap)                                                                                  \
+    X(cuMemSetAccess)                                                                              \
+    X(cuMemGetAllocationGranularity)                                                               \
+    X(cuModuleLoadData)                                                                            \
+    X(cuModuleUnload)                                                                              \
+    X(cuModuleGetFunction)                                                                         \
+    X(cuLaunchKernel)                                                                              \
+    X(cuLaunchKernelEx)                                                                            \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                 \
+    X(cuStreamCreate)                                                                              \
+    X(cuStreamDestroy)                                                                             \
+    X(cuStreamSynchronize)                                                                         \
+    X(cuStreamQuery)                                                                               \
+    X(cuStreamIsCapturing)                                                                         \
+    X(cuStreamWaitEvent)                                                                           \
+    X(cuStreamWaitValue32)                                                                         \
+    X(cuStreamWaitValue64)                                                                         \
+    X(cuStreamWriteValue32)                                                                        \
+    X(cuStreamBeginCapture)                                                                        \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuGraphInstantiateWithFlags)                                                                 \
+    X(cuGraphLaunch)                                                                               \
+    X(cuGraphExecDestroy)                                                                          \
+    X(cuGraphDestroy)                                                                              \
+    X(cuEventCreate)                                                                               \
+    X(cuEventRecord)                                                                               \
+    X(cuEventQuery)                                                                                \
+    X(cuEventSynchronize)                                                                          \
+    X(cuEventElapsedTime)                                                                          \
+    X(cuEventDestroy)                                                                              \
+    X(cuGetErrorString)                                                                            \
+    X(cuGetErrorName)                                                                              \
+    X(cuStreamGetCtx)                                                                              \
+    X(cuIpcGetMemHandle)                                                                           \
+    X(cuIpcOpenMemHandle)                                                                          \
     X(cuIpcCloseMemHandle)
+/* clang-format on */
 
 typedef struct {
 #define CUDRV_MEMBER(n) __typeof__(n) *n;

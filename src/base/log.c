@@ -22,9 +22,9 @@ static const struct {
     const char *name;
     log_subsys_t bit;
 } subsys_names[] = {
-    {"INIT", LOG_INIT}, {"NET", LOG_NET},       {"COLL", LOG_COLL}, {"P2P", LOG_P2P},
-    {"BOOT", LOG_BOOT}, {"ENV", LOG_ENV},       {"TUNING", LOG_TUNING}, {"SHM", LOG_SHM},
-    {"CUDA", LOG_CUDA}, {"SHIM", LOG_SHIM},     {"ALL", LOG_ALL},
+    {"INIT", LOG_INIT}, {"NET", LOG_NET},   {"COLL", LOG_COLL},     {"P2P", LOG_P2P},
+    {"BOOT", LOG_BOOT}, {"ENV", LOG_ENV},   {"TUNING", LOG_TUNING}, {"SHM", LOG_SHM},
+    {"CUDA", LOG_CUDA}, {"SHIM", LOG_SHIM}, {"ALL", LOG_ALL},
 };
 
 static const char *subsys_name(log_subsys_t s)
@@ -73,10 +73,14 @@ int log_level(void)
         const char *d = getenv("LOOM_DEBUG");
         int l = LOG_WARN; /* warnings are always printed: they explain failures */
         if (d && d[0]) {
-            if (!strcasecmp(d, "NONE")) l = LOG_NONE;
-            else if (!strcasecmp(d, "WARN")) l = LOG_WARN;
-            else if (!strcasecmp(d, "INFO")) l = LOG_INFO;
-            else if (!strcasecmp(d, "TRACE")) l = LOG_TRACE;
+            if (!strcasecmp(d, "NONE"))
+                l = LOG_NONE;
+            else if (!strcasecmp(d, "WARN"))
+                l = LOG_WARN;
+            else if (!strcasecmp(d, "INFO"))
+                l = LOG_INFO;
+            else if (!strcasecmp(d, "TRACE"))
+                l = LOG_TRACE;
         }
         const char *s = getenv("LOOM_DEBUG_SUBSYS");
         uint32_t mask = LOG_ALL;
@@ -110,11 +114,17 @@ bool log_enabled(log_level_t level, log_subsys_t subsys)
     return level == LOG_WARN || (log_mask & (uint32_t)subsys) != 0;
 }
 
-void log_set_rank(int rank) { log_rank = rank; }
-int log_get_rank(void) { return log_rank; }
+void log_set_rank(int rank)
+{
+    log_rank = rank;
+}
+int log_get_rank(void)
+{
+    return log_rank;
+}
 
-void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line,
-               const char *fmt, ...)
+void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line, const char *fmt,
+               ...)
 {
     static const char *lvl[] = {"NONE", "WARN", "INFO", "TRACE"};
     char msg[2048];

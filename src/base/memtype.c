@@ -8,7 +8,10 @@
 /* Builds with the device executor ask the one driver table (cudrv.c) for everything. */
 #include "cudrv.h"
 
-bool mem_have_cuda(void) { return cudrv_get(NULL) != NULL; }
+bool mem_have_cuda(void)
+{
+    return cudrv_get(NULL) != NULL;
+}
 
 /* One driver call per buffer: type, managed, ordinal together. */
 mem_type_t mem_type_dev(const void *p, int *ordinal)
@@ -78,8 +81,7 @@ mem_type_t mem_type_of(const void *p)
     unsigned int type = 0, managed = 0;
     if (cu_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)p) != 0)
         return MEM_HOST;
-    if (cu_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (unsigned long long)(uintptr_t)p) ==
-            0 &&
+    if (cu_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (unsigned long long)(uintptr_t)p) == 0 &&
         managed)
         return MEM_MANAGED;
     return type == CU_MEMORYTYPE_DEVICE ? MEM_DEVICE : MEM_HOST;

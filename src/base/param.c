@@ -8,7 +8,8 @@
 #include "base.h"
 
 static const param_desc_t params[PARAM_COUNT] = {
-    [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "", "", "log level: WARN, INFO or TRACE (none if unset)"},
+    [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "", "",
+                     "log level: WARN, INFO or TRACE (none if unset)"},
     [PARAM_DEBUG_SUBSYS] = {"DEBUG_SUBSYS", PARAM_T_STR, "ALL", "",
                             "subsystems to log: INIT,BOOT,NET,COLL,P2P,ENV,TUNING,SHM,CUDA,SHIM "
                             "or ALL; a leading ^ excludes the listed ones"},
@@ -32,16 +33,19 @@ static const param_desc_t params[PARAM_COUNT] = {
                                 "receive slices posted ahead per channel (staging buffers)"},
     [PARAM_MAX_MESSAGE] = {"MAX_MESSAGE", PARAM_T_SIZE, "64M", "bytes",
                            "largest frame accepted from a peer; longer headers are refused"},
-    [PARAM_ALGO] = {"ALGO", PARAM_T_STR, "", "", "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)"},
+    [PARAM_ALGO] =
+        {"ALGO", PARAM_T_STR, "", "",
+         "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)"},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
                          "force one transport for every peer: tcp (shm, mpi, ucx, ibv later)"},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
                              "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)"},
     [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "50", "us",
                        "how long a waiting call polls without sleeping before it blocks"},
-    [PARAM_NODE_ID] = {"NODE_ID", PARAM_T_STR, "", "",
-                       "override this rank's node identity (default host name + boot id + netns); a "
-                       "comma-separated list gives rank r the r-th name"},
+    [PARAM_NODE_ID] =
+        {"NODE_ID", PARAM_T_STR, "", "",
+         "override this rank's node identity (default host name + boot id + netns); a "
+         "comma-separated list gives rank r the r-th name"},
     [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
                           "job secret for launches without a unique id (any text)"},
     [PARAM_CUDA_BLOCKS] = {"CUDA_BLOCKS", PARAM_T_INT, "128", "",
@@ -103,7 +107,10 @@ typedef struct {
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
 static param_value_t values[PARAM_COUNT];
 
-const param_desc_t *param_desc(param_id_t id) { return &params[id]; }
+const param_desc_t *param_desc(param_id_t id)
+{
+    return &params[id];
+}
 
 static const param_value_t *param_load(param_id_t id)
 {
@@ -150,8 +157,7 @@ static const param_value_t *param_load(param_id_t id)
             v->d = x;
             break;
         }
-        case PARAM_T_STR:
-            break;
+        case PARAM_T_STR: break;
         }
         __atomic_store_n(&v->loaded, true, __ATOMIC_RELEASE);
     }
@@ -159,7 +165,10 @@ static const param_value_t *param_load(param_id_t id)
     return v;
 }
 
-const char *param_text(param_id_t id) { return param_load(id)->text; }
+const char *param_text(param_id_t id)
+{
+    return param_load(id)->text;
+}
 
 bool param_is_set(param_id_t id)
 {
@@ -169,15 +178,28 @@ bool param_is_set(param_id_t id)
     return text != NULL && text[0] != '\0';
 }
 
-int64_t param_int(param_id_t id) { return param_load(id)->i; }
-uint64_t param_size(param_id_t id) { return param_load(id)->size; }
-double param_double(param_id_t id) { return param_load(id)->d; }
-const char *param_str(param_id_t id) { return param_load(id)->text; }
+int64_t param_int(param_id_t id)
+{
+    return param_load(id)->i;
+}
+uint64_t param_size(param_id_t id)
+{
+    return param_load(id)->size;
+}
+double param_double(param_id_t id)
+{
+    return param_load(id)->d;
+}
+const char *param_str(param_id_t id)
+{
+    return param_load(id)->text;
+}
 
 void param_reset_cache(void)
 {
     pthread_mutex_lock(&param_lock);
-    for (int i = 0; i < PARAM_COUNT; i++) __atomic_store_n(&values[i].loaded, false, __ATOMIC_RELEASE);
+    for (int i = 0; i < PARAM_COUNT; i++)
+        __atomic_store_n(&values[i].loaded, false, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&param_lock);
     log_level_cached = -1;
 }

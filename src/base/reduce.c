@@ -62,13 +62,19 @@ typedef void (*red_div_fn)(void *dst, const void *src, int divisor, size_t n);
 
 static inline float red_u2f(uint32_t u)
 {
-    union { uint32_t u; float f; } v = { .u = u };
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
     return v.f;
 }
 
 static inline uint32_t red_f2u(float f)
 {
-    union { float f; uint32_t u; } v = { .f = f };
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
     return v.u;
 }
 
@@ -110,7 +116,7 @@ static inline uint16_t red_f2h(float f)
     uint32_t norm = u - (112u << 23) + 0xfffu + ((u >> 13) & 1u);
     uint32_t sub = (red_f2u(red_u2f(u) + 0.5f) - (126u << 23)) << 13;
     uint32_t nan = (u & 0x007fe000u) | 0x0fc00000u; /* quiet, top 9 payload bits kept */
-    int32_t a = (int32_t)u; /* signed compares: AVX2 has no unsigned ones */
+    int32_t a = (int32_t)u;                         /* signed compares: AVX2 has no unsigned ones */
     uint32_t r = red_sel(a < (113 << 23), sub, norm);
     r = red_sel(a >= (143 << 23), 0x0f800000u, r);
     r = red_sel(a > 0x7f800000, nan, r);
@@ -165,15 +171,15 @@ uint16_t red_float_to_bf16(float f)
 
 /* No restrict: dst may be a or b. gcc versions the loop on a runtime check that accepts exact
  * aliasing (it only rejects |dst - src| below one vector), so in-place runs vectorised too. */
-#define RED_DEF_BIN(name, M, T, OP)                                                               \
-    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)             \
-    {                                                                                             \
-        M *dst = dst_;                                                                            \
-        const M *a = a_, *b = b_;                                                                 \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            T x = a[i], y = b[i];                                                                 \
-            dst[i] = OP(T, x, y);                                                                 \
-        }                                                                                         \
+#define RED_DEF_BIN(name, M, T, OP)                                                                \
+    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)              \
+    {                                                                                              \
+        M *dst = dst_;                                                                             \
+        const M *a = a_, *b = b_;                                                                  \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T x = a[i], y = b[i];                                                                  \
+            dst[i] = OP(T, x, y);                                                                  \
+        }                                                                                          \
     }
 
 RED_DEF_BIN(red_u8_sum, red_m_u8, uint8_t, RED_OP_SUM)
@@ -204,22 +210,25 @@ RED_DEF_BIN(red_f64_max, red_m_f64, double, RED_OP_MAX)
 RED_DEF_BIN(red_f64_min, red_m_f64, double, RED_OP_MIN)
 
 static const red_bin_fn red_f32_table[RED_NUM_OPS] = {
-    red_f32_sum, red_f32_prod, red_f32_max, red_f32_min,
+    red_f32_sum,
+    red_f32_prod,
+    red_f32_max,
+    red_f32_min,
 };
 
 /* ---- Scale (pre-multiplied sum) ---------------------------------------------------------- */
 
 /* The scalar is read once, before the loop, so it may point into dst. */
-#define RED_DEF_SCALE(name, M, T, LOADS)                                                          \
-    RED_CLONES static void name(void *dst_, const void *src_, const void *scalar, size_t n)       \
-    {                                                                                             \
-        M *dst = dst_;                                                                            \
-        const M *src = src_;                                                                      \
-        T s = LOADS(scalar);                                                                      \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            T x = src[i];                                                                         \
-            dst[i] = RED_OP_PROD(T, x, s);                                                        \
-        }                                                                                         \
+#define RED_DEF_SCALE(name, M, T, LOADS)                                                           \
+    RED_CLONES static void name(void *dst_, const void *src_, const void *scalar, size_t n)        \
+    {                                                                                              \
+        M *dst = dst_;                                                                             \
+        const M *src = src_;                                                                       \
+        T s = LOADS(scalar);                                                                       \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T x = src[i];                                                                          \
+            dst[i] = RED_OP_PROD(T, x, s);                                                         \
+        }                                                                                          \
     }
 
 #define RED_LOAD_U8(p) (*(const red_m_u8 *)(p))
@@ -246,7 +255,8 @@ RED_CLONES static void red_i8_div(void *dst_, const void *src_, int d, size_t n)
     red_m_i8 *dst = dst_;
     const red_m_i8 *src = src_;
     float fd = (float)d; /* rounded when d > 2^24, where every quotient is 0 anyway */
-    for (size_t i = 0; i < n; i++) dst[i] = (int8_t)((float)src[i] / fd);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (int8_t)((float)src[i] / fd);
 }
 
 RED_CLONES static void red_u8_div(void *dst_, const void *src_, int d, size_t n)
@@ -254,7 +264,8 @@ RED_CLONES static void red_u8_div(void *dst_, const void *src_, int d, size_t n)
     red_m_u8 *dst = dst_;
     const red_m_u8 *src = src_;
     float fd = (float)d;
-    for (size_t i = 0; i < n; i++) dst[i] = (uint8_t)(int32_t)((float)src[i] / fd);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (uint8_t)(int32_t)((float)src[i] / fd);
 }
 
 RED_CLONES static void red_i32_div(void *dst_, const void *src_, int d, size_t n)
@@ -262,7 +273,8 @@ RED_CLONES static void red_i32_div(void *dst_, const void *src_, int d, size_t n
     red_m_i32 *dst = dst_;
     const red_m_i32 *src = src_;
     double dd = d;
-    for (size_t i = 0; i < n; i++) dst[i] = (int32_t)((double)src[i] / dd);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (int32_t)((double)src[i] / dd);
 }
 
 /* AVX2 has no unsigned 32-bit conversions, so bias through int32 (exact). Needs d >= 2 so that
@@ -292,10 +304,11 @@ typedef struct {
 static red_udiv_t red_udiv_prepare(uint64_t d)
 {
     unsigned l = 0;
-    while ((1ull << l) < d) l++; /* d < 2^31 */
-    if ((d & (d - 1)) == 0) return (red_udiv_t){ 0, l, 1 };
+    while ((1ull << l) < d)
+        l++; /* d < 2^31 */
+    if ((d & (d - 1)) == 0) return (red_udiv_t){0, l, 1};
     uint64_t magic = (uint64_t)((((red_u128)((1ull << l) - d)) << 64) / d) + 1;
-    return (red_udiv_t){ magic, l - 1, 0 };
+    return (red_udiv_t){magic, l - 1, 0};
 }
 
 static inline uint64_t red_udiv_magic(uint64_t x, uint64_t magic, unsigned shift)
@@ -310,9 +323,11 @@ RED_CLONES static void red_u64_div(void *dst_, const void *src_, int d, size_t n
     const red_m_u64 *src = src_;
     red_udiv_t u = red_udiv_prepare((uint64_t)d);
     if (u.pow2) {
-        for (size_t i = 0; i < n; i++) dst[i] = src[i] >> u.shift;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = src[i] >> u.shift;
     } else {
-        for (size_t i = 0; i < n; i++) dst[i] = red_udiv_magic(src[i], u.magic, u.shift);
+        for (size_t i = 0; i < n; i++)
+            dst[i] = red_udiv_magic(src[i], u.magic, u.shift);
     }
 }
 
@@ -342,7 +357,8 @@ RED_CLONES static void red_f32_div(void *dst_, const void *src_, int d, size_t n
     red_m_f32 *dst = dst_;
     const red_m_f32 *src = src_;
     float fd = (float)d;
-    for (size_t i = 0; i < n; i++) dst[i] = src[i] / fd;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i] / fd;
 }
 
 RED_CLONES static void red_f64_div(void *dst_, const void *src_, int d, size_t n)
@@ -350,7 +366,8 @@ RED_CLONES static void red_f64_div(void *dst_, const void *src_, int d, size_t n
     red_m_f64 *dst = dst_;
     const red_m_f64 *src = src_;
     double dd = d;
-    for (size_t i = 0; i < n; i++) dst[i] = src[i] / dd;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i] / dd;
 }
 
 /* ---- Float16 / bfloat16 ------------------------------------------------------------------ */
@@ -366,15 +383,15 @@ typedef void (*red_widen_fn)(float *dst, const void *src, size_t n);
 typedef void (*red_narrow_fn)(void *dst, const float *src, size_t n);
 
 /* Exact aliasing of dst with a or b is safe for the same reason as in RED_DEF_BIN. */
-#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                    \
-    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)             \
-    {                                                                                             \
-        red_m_u16 *dst = dst_;                                                                    \
-        const red_m_u16 *a = a_, *b = b_;                                                         \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            float x = WIDEN(a[i]), y = WIDEN(b[i]);                                               \
-            dst[i] = NARROW(OP(float, x, y));                                                     \
-        }                                                                                         \
+#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                     \
+    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)              \
+    {                                                                                              \
+        red_m_u16 *dst = dst_;                                                                     \
+        const red_m_u16 *a = a_, *b = b_;                                                          \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            float x = WIDEN(a[i]), y = WIDEN(b[i]);                                                \
+            dst[i] = NARROW(OP(float, x, y));                                                      \
+        }                                                                                          \
     }
 
 RED_DEF_BIN16(red_bf16_sum, red_bf2f, red_f2bf, RED_OP_SUM)
@@ -385,25 +402,29 @@ RED_DEF_BIN16(red_bf16_min, red_bf2f, red_f2bf, RED_OP_MIN)
 RED_CLONES static void red_h2f_bits(float *restrict dst, const void *src_, size_t n)
 {
     const red_m_u16 *src = src_;
-    for (size_t i = 0; i < n; i++) dst[i] = red_h2f(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = red_h2f(src[i]);
 }
 
 RED_CLONES static void red_f2h_bits(void *dst_, const float *restrict src, size_t n)
 {
     red_m_u16 *dst = dst_;
-    for (size_t i = 0; i < n; i++) dst[i] = red_f2h(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = red_f2h(src[i]);
 }
 
 RED_CLONES static void red_bf2f_block(float *restrict dst, const void *src_, size_t n)
 {
     const red_m_u16 *src = src_;
-    for (size_t i = 0; i < n; i++) dst[i] = red_bf2f(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = red_bf2f(src[i]);
 }
 
 RED_CLONES static void red_f2bf_block(void *dst_, const float *restrict src, size_t n)
 {
     red_m_u16 *dst = dst_;
-    for (size_t i = 0; i < n; i++) dst[i] = red_f2bf(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = red_f2bf(src[i]);
 }
 
 static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
@@ -417,47 +438,49 @@ static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const vo
  * a NaN keeping its top payload bits and converts subnormals exactly: the same results as the
  * bit tricks, which also do the tails. */
 __attribute__((target("f16c"))) static void red_h2f_f16c(float *restrict dst, const void *src,
-                                                          size_t n)
+                                                         size_t n)
 {
     const char *s = src;
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
-    for (; i < n; i++) dst[i] = red_h2f(((const red_m_u16 *)src)[i]);
+    for (; i < n; i++)
+        dst[i] = red_h2f(((const red_m_u16 *)src)[i]);
 }
 
 __attribute__((target("f16c"))) static void red_f2h_f16c(void *dst, const float *restrict src,
-                                                          size_t n)
+                                                         size_t n)
 {
     char *d = dst;
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + 2 * i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) ((red_m_u16 *)dst)[i] = red_f2h(src[i]);
+    for (; i < n; i++)
+        ((red_m_u16 *)dst)[i] = red_f2h(src[i]);
 }
 
 /* _mm256_max_ps(x, y) is x > y ? x : y and _mm256_min_ps(x, y) is x < y ? x : y, as RED_OP_*.
  * Both inputs of 8 elements are loaded before their 8 results are stored, so exact aliasing is
  * safe. */
-#define RED_DEF_F16C_BIN(name, VOP, OP)                                                           \
-    __attribute__((target("f16c"))) static void name(void *dst, const void *a, const void *b,     \
-                                                     size_t n)                                    \
-    {                                                                                             \
-        char *d = dst;                                                                            \
-        const char *x = a, *y = b;                                                                \
-        size_t i = 0;                                                                             \
-        for (; i + 8 <= n; i += 8) {                                                              \
-            __m256 fx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i)));           \
-            __m256 fy = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + 2 * i)));           \
-            _mm_storeu_si128((__m128i *)(d + 2 * i),                                              \
-                             _mm256_cvtps_ph(VOP(fx, fy), _MM_FROUND_TO_NEAREST_INT));            \
-        }                                                                                         \
-        const red_m_u16 *ta = a, *tb = b;                                                         \
-        for (; i < n; i++) {                                                                      \
-            float fx = red_h2f(ta[i]), fy = red_h2f(tb[i]);                                       \
-            ((red_m_u16 *)dst)[i] = red_f2h(OP(float, fx, fy));                                   \
-        }                                                                                         \
+#define RED_DEF_F16C_BIN(name, VOP, OP)                                                            \
+    __attribute__((target("f16c"))) static void name(void *dst, const void *a, const void *b,      \
+                                                     size_t n)                                     \
+    {                                                                                              \
+        char *d = dst;                                                                             \
+        const char *x = a, *y = b;                                                                 \
+        size_t i = 0;                                                                              \
+        for (; i + 8 <= n; i += 8) {                                                               \
+            __m256 fx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i)));            \
+            __m256 fy = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + 2 * i)));            \
+            _mm_storeu_si128((__m128i *)(d + 2 * i),                                               \
+                             _mm256_cvtps_ph(VOP(fx, fy), _MM_FROUND_TO_NEAREST_INT));             \
+        }                                                                                          \
+        const red_m_u16 *ta = a, *tb = b;                                                          \
+        for (; i < n; i++) {                                                                       \
+            float fx = red_h2f(ta[i]), fy = red_h2f(tb[i]);                                        \
+            ((red_m_u16 *)dst)[i] = red_f2h(OP(float, fx, fy));                                    \
+        }                                                                                          \
     }
 
 RED_DEF_F16C_BIN(red_f16_sum_f16c, _mm256_add_ps, RED_OP_SUM)
@@ -470,14 +493,17 @@ typedef void (*red_apply2_fn)(red_op_t op, void *dst, const void *a, const void 
 static void red_f16_apply2_f16c(red_op_t op, void *dst, const void *a, const void *b, size_t n)
 {
     static const red_bin_fn table[RED_NUM_OPS] = {
-        red_f16_sum_f16c, red_f16_prod_f16c, red_f16_max_f16c, red_f16_min_f16c,
+        red_f16_sum_f16c,
+        red_f16_prod_f16c,
+        red_f16_max_f16c,
+        red_f16_min_f16c,
     };
     table[op](dst, a, b, n);
 }
 
 static void red_f16_apply2_bits(red_op_t op, void *dst, const void *a, const void *b, size_t n)
 {
-    const void *srcs[2] = { a, b };
+    const void *srcs[2] = {a, b};
     red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
 }
 
@@ -514,7 +540,7 @@ static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b,
 
 static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b, size_t n)
 {
-    const void *srcs[2] = { a, b };
+    const void *srcs[2] = {a, b};
     red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
 }
 #endif
@@ -571,15 +597,15 @@ static void red_16_div(loomDataType_t type, void *dst, const void *src, int divi
 /* Indexed by loomDataType_t (whose values are fixed, NCCL's numbering) then red_op_t; float16
  * goes through red_f16_apply2 instead. */
 static const red_bin_fn red_bin_table[loomNumTypes][RED_NUM_OPS] = {
-    [loomInt8] = { red_u8_sum, red_u8_prod, red_i8_max, red_i8_min },
-    [loomUint8] = { red_u8_sum, red_u8_prod, red_u8_max, red_u8_min },
-    [loomInt32] = { red_u32_sum, red_u32_prod, red_i32_max, red_i32_min },
-    [loomUint32] = { red_u32_sum, red_u32_prod, red_u32_max, red_u32_min },
-    [loomInt64] = { red_u64_sum, red_u64_prod, red_i64_max, red_i64_min },
-    [loomUint64] = { red_u64_sum, red_u64_prod, red_u64_max, red_u64_min },
-    [loomFloat32] = { red_f32_sum, red_f32_prod, red_f32_max, red_f32_min },
-    [loomFloat64] = { red_f64_sum, red_f64_prod, red_f64_max, red_f64_min },
-    [loomBfloat16] = { red_bf16_sum, red_bf16_prod, red_bf16_max, red_bf16_min },
+    [loomInt8] = {red_u8_sum, red_u8_prod, red_i8_max, red_i8_min},
+    [loomUint8] = {red_u8_sum, red_u8_prod, red_u8_max, red_u8_min},
+    [loomInt32] = {red_u32_sum, red_u32_prod, red_i32_max, red_i32_min},
+    [loomUint32] = {red_u32_sum, red_u32_prod, red_u32_max, red_u32_min},
+    [loomInt64] = {red_u64_sum, red_u64_prod, red_i64_max, red_i64_min},
+    [loomUint64] = {red_u64_sum, red_u64_prod, red_u64_max, red_u64_min},
+    [loomFloat32] = {red_f32_sum, red_f32_prod, red_f32_max, red_f32_min},
+    [loomFloat64] = {red_f64_sum, red_f64_prod, red_f64_max, red_f64_min},
+    [loomBfloat16] = {red_bf16_sum, red_bf16_prod, red_bf16_max, red_bf16_min},
 };
 
 static int red_is16(loomDataType_t type)
@@ -609,8 +635,8 @@ size_t red_type_size(loomDataType_t type)
 const char *red_type_name(loomDataType_t type)
 {
     static const char *const names[loomNumTypes] = {
-        "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-        "bfloat16",
+        "int8",   "uint8",   "int32",   "uint32",  "int64",
+        "uint64", "float16", "float32", "float64", "bfloat16",
     };
     if ((unsigned)type >= loomNumTypes) return "invalid";
     return names[type];
@@ -629,12 +655,14 @@ void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, 
                     size_t n)
 {
     if (!red_valid(type, op) || n == 0) return;
-    if (type == loomFloat16) red_f16_apply2(op, dst, a, b, n);
-    else red_bin_table[type][op](dst, a, b, n);
+    if (type == loomFloat16)
+        red_f16_apply2(op, dst, a, b, n);
+    else
+        red_bin_table[type][op](dst, a, b, n);
 }
 
-void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
-                      int k, size_t n)
+void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs, int k,
+                      size_t n)
 {
     if (!red_valid(type, op) || k < 1 || n == 0) return;
     size_t size = red_type_size(type);
@@ -660,7 +688,8 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
         size_t m = n - off < block ? n - off : block;
         size_t at = off * size;
         fn(acc, (const char *)srcs[0] + at, (const char *)srcs[1] + at, m);
-        for (int j = 2; j < k - 1; j++) fn(acc, acc, (const char *)srcs[j] + at, m);
+        for (int j = 2; j < k - 1; j++)
+            fn(acc, acc, (const char *)srcs[j] + at, m);
         fn((char *)dst + at, acc, (const char *)srcs[k - 1] + at, m);
     }
 }
@@ -668,20 +697,22 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
 void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n)
 {
     static const red_scale_fn table[loomNumTypes] = {
-        [loomInt8] = red_u8_scale,   [loomUint8] = red_u8_scale,   [loomInt32] = red_u32_scale,
-        [loomUint32] = red_u32_scale, [loomInt64] = red_u64_scale, [loomUint64] = red_u64_scale,
+        [loomInt8] = red_u8_scale,     [loomUint8] = red_u8_scale,    [loomInt32] = red_u32_scale,
+        [loomUint32] = red_u32_scale,  [loomInt64] = red_u64_scale,   [loomUint64] = red_u64_scale,
         [loomFloat32] = red_f32_scale, [loomFloat64] = red_f64_scale,
     };
     if ((unsigned)type >= loomNumTypes || n == 0) return;
-    if (red_is16(type)) red_16_scale(type, dst, src, scalar, n);
-    else table[type](dst, src, scalar, n);
+    if (red_is16(type))
+        red_16_scale(type, dst, src, scalar, n);
+    else
+        table[type](dst, src, scalar, n);
 }
 
 void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n)
 {
     static const red_div_fn table[loomNumTypes] = {
-        [loomInt8] = red_i8_div,     [loomUint8] = red_u8_div,   [loomInt32] = red_i32_div,
-        [loomUint32] = red_u32_div,  [loomInt64] = red_i64_div,  [loomUint64] = red_u64_div,
+        [loomInt8] = red_i8_div,     [loomUint8] = red_u8_div,    [loomInt32] = red_i32_div,
+        [loomUint32] = red_u32_div,  [loomInt64] = red_i64_div,   [loomUint64] = red_u64_div,
         [loomFloat32] = red_f32_div, [loomFloat64] = red_f64_div,
     };
     if ((unsigned)type >= loomNumTypes || n == 0 || divisor < 1) return;
@@ -690,6 +721,8 @@ void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, 
         if (dst != src) memmove(dst, src, n * red_type_size(type));
         return;
     }
-    if (red_is16(type)) red_16_div(type, dst, src, divisor, n);
-    else table[type](dst, src, divisor, n);
+    if (red_is16(type))
+        red_16_div(type, dst, src, divisor, n);
+    else
+        table[type](dst, src, divisor, n);
 }

@@ -23,14 +23,15 @@ size_t red_type_size(loomDataType_t type);
 /* "float32", "bfloat16", ...; "invalid" for an out-of-range type. */
 const char *red_type_name(loomDataType_t type);
 
-/* dst[i] = a[i] op b[i], i < n. dst may be the same pointer as a or b (not partially overlapping). */
+/* dst[i] = a[i] op b[i], i < n. dst may be the same pointer as a or b (not partially overlapping).
+ */
 void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, const void *b,
                     size_t n);
 
 /* dst[i] = op over j < k of srcs[j][i]; k >= 1. dst may equal srcs[0]. Half and bfloat16
  * accumulate all k inputs in float32 and round once. */
-void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
-                      int k, size_t n);
+void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs, int k,
+                      size_t n);
 
 /* dst[i] = src[i] * scalar, scalar pointing to one value of `type` (pre-multiplied sum). */
 void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n);

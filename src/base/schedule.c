@@ -52,17 +52,22 @@ void sched_free(sched_t *s)
     free(s->steps);
     free(s->deps);
     free(s->descs);
-    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].base);
+    for (size_t i = 0; i < s->nimaps; i++)
+        free(s->imaps[i].base);
     free(s->imaps);
     free(s->readers);
     memset(s, 0, sizeof(*s));
 }
 
-uint32_t sched_add_buf(sched_t *s) { return s->nbufs++; }
+uint32_t sched_add_buf(sched_t *s)
+{
+    return s->nbufs++;
+}
 
 void sched_drop_tracking(sched_t *s)
 {
-    for (size_t i = 0; i < s->nimaps; i++) free(s->imaps[i].base);
+    for (size_t i = 0; i < s->nimaps; i++)
+        free(s->imaps[i].base);
     free(s->imaps);
     s->imaps = NULL;
     s->nimaps = 0;
@@ -82,7 +87,8 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return true;
     size_t n = *cap ? *cap : 64;
-    while (n < need) n *= 2;
+    while (n < need)
+        n *= 2;
     void *q = realloc(*p, n * elem);
     if (q == NULL) return false;
     *p = q;
@@ -157,8 +163,10 @@ static size_t imap_find(const sched_imap_t *m, int64_t x)
     size_t lo = 0, hi = m->n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (m->iv[mid].end <= x) lo = mid + 1;
-        else hi = mid;
+        if (m->iv[mid].end <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -305,33 +313,57 @@ static void add_step(sched_t *s, sched_step_t st, bool reads, bool writes)
 
 void sched_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
 {
-    sched_step_t st = {.kind = STEP_SEND, .desc = desc, .peer = peer, .src_buf = buf,
-                       .src_off = off, .dst_buf = buf, .dst_off = off, .count = count};
+    sched_step_t st = {.kind = STEP_SEND,
+                       .desc = desc,
+                       .peer = peer,
+                       .src_buf = buf,
+                       .src_off = off,
+                       .dst_buf = buf,
+                       .dst_off = off,
+                       .count = count};
     add_step(s, st, true, false);
 }
 
 void sched_recv(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
 {
-    sched_step_t st = {.kind = STEP_RECV, .desc = desc, .peer = peer, .src_buf = buf,
-                       .src_off = off, .dst_buf = buf, .dst_off = off, .count = count};
+    sched_step_t st = {.kind = STEP_RECV,
+                       .desc = desc,
+                       .peer = peer,
+                       .src_buf = buf,
+                       .src_off = off,
+                       .dst_buf = buf,
+                       .dst_off = off,
+                       .count = count};
     add_step(s, st, false, true);
 }
 
 void sched_recv_reduce(sched_t *s, uint16_t desc, int peer, uint32_t src_buf, uint64_t src_off,
                        uint32_t dst_buf, uint64_t dst_off, uint64_t count, uint8_t flags)
 {
-    sched_step_t st = {.kind = STEP_RECV_REDUCE, .flags = flags, .desc = desc, .peer = peer,
-                       .src_buf = src_buf, .src_off = src_off, .dst_buf = dst_buf,
-                       .dst_off = dst_off, .count = count};
+    sched_step_t st = {.kind = STEP_RECV_REDUCE,
+                       .flags = flags,
+                       .desc = desc,
+                       .peer = peer,
+                       .src_buf = src_buf,
+                       .src_off = src_off,
+                       .dst_buf = dst_buf,
+                       .dst_off = dst_off,
+                       .count = count};
     add_step(s, st, true, true);
 }
 
 void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
                 uint64_t dst_off, uint64_t count, uint8_t flags)
 {
-    sched_step_t st = {.kind = STEP_COPY, .flags = flags, .desc = desc, .peer = -1,
-                       .src_buf = src_buf, .src_off = src_off, .dst_buf = dst_buf,
-                       .dst_off = dst_off, .count = count};
+    sched_step_t st = {.kind = STEP_COPY,
+                       .flags = flags,
+                       .desc = desc,
+                       .peer = -1,
+                       .src_buf = src_buf,
+                       .src_off = src_off,
+                       .dst_buf = dst_buf,
+                       .dst_off = dst_off,
+                       .count = count};
     add_step(s, st, true, true);
 }
 

@@ -44,7 +44,7 @@ typedef struct {
     uint32_t dst_buf;
     uint64_t src_off; /* element offsets */
     uint64_t dst_off;
-    uint64_t count;   /* elements, > 0 */
+    uint64_t count;     /* elements, > 0 */
     uint32_t dep_first; /* this step waits for steps deps[dep_first .. dep_first + ndeps) */
     uint32_t ndeps;
 } sched_step_t;
@@ -70,9 +70,9 @@ typedef struct {
     uint8_t dtype; /* loomDataType_t */
     uint8_t op;    /* red_op_t, or the public op for avg/premul reporting */
     uint8_t pad;
-    int32_t root;  /* root, or peer for point to point */
+    int32_t root; /* root, or peer for point to point */
     uint64_t count;
-    uint64_t seq;  /* collective sequence number, or per-pair p2p sequence */
+    uint64_t seq;   /* collective sequence number, or per-pair p2p sequence */
     uint64_t shape; /* how the operation is cut (algorithm, slice, channels): ranks must agree */
 } sched_desc_t;
 

@@ -49,8 +49,7 @@ const char *sock_addr_str(const sock_addr_t *a, char *buf, size_t len)
 int sock_addr_port(const sock_addr_t *a)
 {
     if (a->sa.ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)&a->sa)->sin_port);
-    if (a->sa.ss_family == AF_INET6)
-        return ntohs(((const struct sockaddr_in6 *)&a->sa)->sin6_port);
+    if (a->sa.ss_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)&a->sa)->sin6_port);
     return -1;
 }
 
@@ -165,7 +164,10 @@ loomResult_t sock_pick_address_spec(const char *spec, int want_family, sock_addr
             loomInvalidUsage, LOG_NET,
             "no network interface matches LOOM_SOCKET_IFNAME='%s'%s%s; interfaces found: %s",
             spec ? spec : "", want_family ? " with LOOM_SOCKET_FAMILY=" : "",
-            want_family == 4 ? "4" : want_family == 6 ? "6" : "", found[0] ? found : "none");
+            want_family == 4   ? "4"
+            : want_family == 6 ? "6"
+                               : "",
+            found[0] ? found : "none");
         freeifaddrs(ifs);
         return r;
     }
@@ -176,7 +178,8 @@ loomResult_t sock_pick_address_spec(const char *spec, int want_family, sock_addr
     } else {
         memcpy(&out->sa, best->ifa_addr, sizeof(struct sockaddr_in6));
         struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&out->sa;
-        if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) s6->sin6_scope_id = if_nametoindex(best->ifa_name);
+        if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr))
+            s6->sin6_scope_id = if_nametoindex(best->ifa_name);
         out->len = sizeof(struct sockaddr_in6);
     }
     if (ifname) snprintf(ifname, ifname_len, "%s", best->ifa_name);
@@ -189,7 +192,8 @@ loomResult_t sock_pick_address(sock_addr_t *out, char *ifname, size_t ifname_len
     const char *fam = param_str(PARAM_SOCKET_FAMILY);
     int want = 0;
     if (fam[0]) {
-        if (!strcmp(fam, "4") || !strcasecmp(fam, "AF_INET") || !strcasecmp(fam, "ipv4")) want = 4;
+        if (!strcmp(fam, "4") || !strcasecmp(fam, "AF_INET") || !strcasecmp(fam, "ipv4"))
+            want = 4;
         else if (!strcmp(fam, "6") || !strcasecmp(fam, "AF_INET6") || !strcasecmp(fam, "ipv6"))
             want = 6;
         else
@@ -293,7 +297,10 @@ void sock_tune(int fd, uint64_t bufsize)
 
 /* ---- handshake ---- */
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
 static uint32_t get32(const uint8_t *p)
 {
     uint32_t v;
@@ -520,8 +527,8 @@ pending:
 }
 
 void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
-                         log_subsys_t subsys, const char *who,
-                         void (*done)(void *arg, hs_t *hs), void *arg, bool *progressed)
+                         log_subsys_t subsys, const char *who, void (*done)(void *arg, hs_t *hs),
+                         void *arg, bool *progressed)
 {
     for (;;) {
         sock_addr_t peer;
@@ -582,7 +589,8 @@ int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max)
 
 void hs_pending_free(hs_pending_t *p)
 {
-    for (int i = 0; i < p->n; i++) close(p->hs[i].fd);
+    for (int i = 0; i < p->n; i++)
+        close(p->hs[i].fd);
     free(p->hs);
     memset(p, 0, sizeof(*p));
 }
@@ -615,16 +623,15 @@ static loomResult_t sock_io_all(int fd, void *buf, size_t len, uint64_t deadline
             continue;
         }
         if (n == 0)
-            return base_error(loomRemoteError, LOG_BOOT, "%s: connection closed by the peer",
-                              what);
+            return base_error(loomRemoteError, LOG_BOOT, "%s: connection closed by the peer", what);
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return base_error(loomRemoteError, LOG_BOOT, "%s: %s failed: %s", what,
                               sending ? "send" : "recv", strerror(errno));
         uint64_t now = base_now_ns();
         if (now >= deadline_ns)
-            return base_error(loomRemoteError, LOG_BOOT, "%s: timed out (LOOM_TIMEOUT=%g s)",
-                              what, param_double(PARAM_TIMEOUT));
+            return base_error(loomRemoteError, LOG_BOOT, "%s: timed out (LOOM_TIMEOUT=%g s)", what,
+                              param_double(PARAM_TIMEOUT));
         struct pollfd pf = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
         int ms = (int)LOOM_MIN((deadline_ns - now) / 1000000 + 1, 100);
         poll(&pf, 1, ms);

@@ -14,9 +14,9 @@
 #ifndef LOOM_BASE_SOCK_H
 #define LOOM_BASE_SOCK_H
 
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <poll.h>
 #include <sys/socket.h>
 
 #include "base.h"
@@ -113,8 +113,8 @@ typedef struct {
  * finished one is handed to done(arg, hs), which owns its descriptor from then on; a failed one
  * is logged, naming `who` (the listener) and the peer, and closed. */
 void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
-                         log_subsys_t subsys, const char *who,
-                         void (*done)(void *arg, hs_t *hs), void *arg, bool *progressed);
+                         log_subsys_t subsys, const char *who, void (*done)(void *arg, hs_t *hs),
+                         void *arg, bool *progressed);
 int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max);
 /* Closes what is still pending. */
 void hs_pending_free(hs_pending_t *p);
@@ -122,7 +122,6 @@ void hs_pending_free(hs_pending_t *p);
 /* Blocking send/receive with a deadline (absolute, base_now_ns clock) on a non-blocking socket. */
 loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,
                            const char *what);
-loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns,
-                           const char *what);
+loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns, const char *what);
 
 #endif

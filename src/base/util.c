@@ -46,7 +46,10 @@ const char *base_last_error(void)
     return process_error;
 }
 
-void base_clear_error(void) { thread_error[0] = '\0'; }
+void base_clear_error(void)
+{
+    thread_error[0] = '\0';
+}
 
 uint64_t base_now_ns(void)
 {
@@ -73,24 +76,36 @@ loomResult_t base_random(void *buf, size_t len)
 
 /* SipHash-2-4 (Aumasson and Bernstein), 128-bit output variant. */
 #define SIP_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
-#define SIP_ROUND                                                                                 \
-    do {                                                                                          \
-        v0 += v1; v1 = SIP_ROTL(v1, 13); v1 ^= v0; v0 = SIP_ROTL(v0, 32);                         \
-        v2 += v3; v3 = SIP_ROTL(v3, 16); v3 ^= v2;                                                \
-        v0 += v3; v3 = SIP_ROTL(v3, 21); v3 ^= v0;                                                \
-        v2 += v1; v1 = SIP_ROTL(v1, 17); v1 ^= v2; v2 = SIP_ROTL(v2, 32);                         \
+#define SIP_ROUND                                                                                  \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = SIP_ROTL(v1, 13);                                                                     \
+        v1 ^= v0;                                                                                  \
+        v0 = SIP_ROTL(v0, 32);                                                                     \
+        v2 += v3;                                                                                  \
+        v3 = SIP_ROTL(v3, 16);                                                                     \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = SIP_ROTL(v3, 21);                                                                     \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = SIP_ROTL(v1, 17);                                                                     \
+        v1 ^= v2;                                                                                  \
+        v2 = SIP_ROTL(v2, 32);                                                                     \
     } while (0)
 
 static uint64_t sip_load64(const uint8_t *p)
 {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
     return v;
 }
 
 static void sip_store64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 void base_siphash128(const uint8_t key[16], const void *data, size_t len, uint8_t out[16])
@@ -109,16 +124,19 @@ void base_siphash128(const uint8_t key[16], const void *data, size_t len, uint8_
         v0 ^= m;
     }
     uint64_t b = (uint64_t)len << 56;
-    for (size_t i = 0; i < len % 8; i++) b |= (uint64_t)in[i] << (8 * i);
+    for (size_t i = 0; i < len % 8; i++)
+        b |= (uint64_t)in[i] << (8 * i);
     v3 ^= b;
     SIP_ROUND;
     SIP_ROUND;
     v0 ^= b;
     v2 ^= 0xee;
-    for (int i = 0; i < 4; i++) SIP_ROUND;
+    for (int i = 0; i < 4; i++)
+        SIP_ROUND;
     sip_store64(out, v0 ^ v1 ^ v2 ^ v3);
     v1 ^= 0xdd;
-    for (int i = 0; i < 4; i++) SIP_ROUND;
+    for (int i = 0; i < 4; i++)
+        SIP_ROUND;
     sip_store64(out + 8, v0 ^ v1 ^ v2 ^ v3);
 }
 
@@ -126,7 +144,8 @@ bool base_equal_ct(const void *a, const void *b, size_t len)
 {
     const volatile uint8_t *x = a, *y = b;
     uint8_t d = 0;
-    for (size_t i = 0; i < len; i++) d |= (uint8_t)(x[i] ^ y[i]);
+    for (size_t i = 0; i < len; i++)
+        d |= (uint8_t)(x[i] ^ y[i]);
     return d == 0;
 }
 
@@ -144,7 +163,8 @@ uint64_t base_hash64(const void *data, size_t len, uint64_t seed)
 bool base_parse_size(const char *text, uint64_t *out)
 {
     if (text == NULL) return false;
-    while (isspace((unsigned char)*text)) text++;
+    while (isspace((unsigned char)*text))
+        text++;
     if (!isdigit((unsigned char)*text)) return false;
     char *end = NULL;
     errno = 0;
@@ -153,10 +173,22 @@ bool base_parse_size(const char *text, uint64_t *out)
     uint64_t mult = 1;
     switch (toupper((unsigned char)*end)) {
     case '\0': break;
-    case 'K': mult = 1ull << 10; end++; break;
-    case 'M': mult = 1ull << 20; end++; break;
-    case 'G': mult = 1ull << 30; end++; break;
-    case 'T': mult = 1ull << 40; end++; break;
+    case 'K':
+        mult = 1ull << 10;
+        end++;
+        break;
+    case 'M':
+        mult = 1ull << 20;
+        end++;
+        break;
+    case 'G':
+        mult = 1ull << 30;
+        end++;
+        break;
+    case 'T':
+        mult = 1ull << 40;
+        end++;
+        break;
     default: return false;
     }
     if (*end == 'i' || *end == 'I') end++;

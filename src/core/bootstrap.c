@@ -138,8 +138,7 @@ static void *root_main(void *arg)
             bool prog = false;
             if (c->state == 0) {
                 if (hs_progress(&c->hs, &prog) != loomSuccess) {
-                    WARN(LOG_BOOT, "bootstrap root %s refused a connection from %s", as,
-                         c->hs.err);
+                    WARN(LOG_BOOT, "bootstrap root %s refused a connection from %s", as, c->hs.err);
                     close(c->hs.fd);
                     c->state = 3;
                     continue;
@@ -147,10 +146,14 @@ static void *root_main(void *arg)
                 if (c->hs.state != HS_DONE) continue;
                 const hs_hello_t *h = &c->hs.hello;
                 const char *why = NULL;
-                if (h->comm_id != a.job_id || h->to_rank != BOOT_RANK_ROOT) why = "wrong job";
-                else if (h->nchan == 0 || h->nchan > (1u << 24)) why = "bad rank count";
-                else if (h->from_rank < 0 || (uint32_t)h->from_rank >= h->nchan) why = "bad rank";
-                else if (nranks >= 0 && (int)h->nchan != nranks) why = "rank counts differ";
+                if (h->comm_id != a.job_id || h->to_rank != BOOT_RANK_ROOT)
+                    why = "wrong job";
+                else if (h->nchan == 0 || h->nchan > (1u << 24))
+                    why = "bad rank count";
+                else if (h->from_rank < 0 || (uint32_t)h->from_rank >= h->nchan)
+                    why = "bad rank";
+                else if (nranks >= 0 && (int)h->nchan != nranks)
+                    why = "rank counts differ";
                 if (why) {
                     char text[256];
                     snprintf(text, sizeof(text),
@@ -168,16 +171,17 @@ static void *root_main(void *arg)
                     table = calloc((size_t)nranks, sizeof(*table));
                     fd_of = malloc((size_t)nranks * sizeof(int));
                     if (table == NULL || fd_of == NULL) goto out;
-                    for (int k = 0; k < nranks; k++) fd_of[k] = -1;
+                    for (int k = 0; k < nranks; k++)
+                        fd_of[k] = -1;
                 }
                 c->state = 1;
             }
             if (c->state == 1) {
-                ssize_t n = recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got,
-                                 0);
+                ssize_t n =
+                    recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got, 0);
                 if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                    WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
-                         as, c->hs.hello.from_rank);
+                    WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address", as,
+                         c->hs.hello.from_rank);
                     close(c->hs.fd);
                     c->state = 3;
                     continue;
@@ -187,8 +191,7 @@ static void *root_main(void *arg)
                 int r = c->hs.hello.from_rank;
                 if (c->info.rank != r || fd_of[r] >= 0) {
                     char text[256];
-                    snprintf(text, sizeof(text), "bootstrap root %s: rank %d joined twice", as,
-                             r);
+                    snprintf(text, sizeof(text), "bootstrap root %s: rank %d joined twice", as, r);
                     WARN(LOG_BOOT, "%s", text);
                     root_send_error(c->hs.fd, text);
                     close(c->hs.fd);
@@ -216,8 +219,10 @@ static void *root_main(void *arg)
             done = true;
         } else if (timeout && base_now_ns() - last_join > timeout) {
             if (nranks < 0)
-                INFO(LOG_BOOT, "bootstrap root %s closes: no rank used this id for "
-                               "LOOM_TIMEOUT=%g s", as, param_double(PARAM_TIMEOUT));
+                INFO(LOG_BOOT,
+                     "bootstrap root %s closes: no rank used this id for "
+                     "LOOM_TIMEOUT=%g s",
+                     as, param_double(PARAM_TIMEOUT));
             else
                 WARN(LOG_BOOT,
                      "bootstrap root %s gives up: %d of %d ranks joined, none for the last "
@@ -310,8 +315,8 @@ loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
                           getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)",
                           maddr ? maddr : "(unset)", mport ? mport : "(unset)");
     if (*rank >= *nranks)
-        return base_error(loomInvalidUsage, LOG_BOOT, "RANK=%d is not below WORLD_SIZE=%d",
-                          *rank, *nranks);
+        return base_error(loomInvalidUsage, LOG_BOOT, "RANK=%d is not below WORLD_SIZE=%d", *rank,
+                          *nranks);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     int g = getaddrinfo(maddr, mport, &hints, &res);
     if (g != 0 || res == NULL)
@@ -380,8 +385,8 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
             return base_error(r, LOG_BOOT, "bootstrap: cannot reach the root: %s", hs.err);
         usleep(100000);
     }
-    snprintf(what, sizeof(what), "bootstrap: sending rank %d's address to the root %s",
-             comm->rank, as);
+    snprintf(what, sizeof(what), "bootstrap: sending rank %d's address to the root %s", comm->rank,
+             as);
     LOOM_CHECK_GOTO(sock_send_all(fd, mine, sizeof(*mine), dl, what), r, out);
     boot_reply_t rep;
     snprintf(what, sizeof(what),
@@ -403,9 +408,9 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
         goto out;
     }
     snprintf(what, sizeof(what), "bootstrap: receiving the rank table from the root %s", as);
-    LOOM_CHECK_GOTO(sock_recv_all(fd, comm->peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl,
-                                  what),
-                    r, out);
+    LOOM_CHECK_GOTO(
+        sock_recv_all(fd, comm->peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what), r,
+        out);
 out:
     close(fd);
     return r;

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "comm.h"
-#include "param.h"
 #include "hier.h"
 #include "memtype.h"
+#include "param.h"
 #include "ring.h"
 #ifdef LOOM_HAVE_CUDA
 #include "dev.h"
@@ -57,8 +57,7 @@ static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t ble
     return alen && blen && x < y + blen && y < x + alen;
 }
 
-static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op,
-                             loomDataType_t type)
+static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type)
 {
     if ((int)op >= 0 && op < loomNumOps) return loomSuccess;
     int i = (int)op - loomNumOps;
@@ -75,8 +74,8 @@ static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op,
                       fn, (int)op);
 }
 
-static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t type,
-                                 size_t count, size_t mult, size_t *bytes)
+static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t type, size_t count,
+                                 size_t mult, size_t *bytes)
 {
     LOOM_CHECK(comm_check(comm, fn));
     log_set_rank(comm->rank);
@@ -84,9 +83,8 @@ static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t
     call_dev = call_host = false;
     call_seen = NULL;
     if ((int)type < 0 || type >= loomNumTypes)
-        return base_error(loomInvalidArgument, LOG_COLL,
-                          "%s: invalid datatype %d (expected 0..%d)", fn, (int)type,
-                          loomNumTypes - 1);
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: invalid datatype %d (expected 0..%d)",
+                          fn, (int)type, loomNumTypes - 1);
     size_t elems;
     if (mul_overflows(count, mult, &elems) || mul_overflows(elems, red_type_size(type), bytes) ||
         *bytes > (size_t)INT64_MAX)
@@ -291,11 +289,14 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     size_t es = red_type_size(o->type);
     bool avg = o->op == loomAvg;
     int pm = (int)o->op - loomNumOps;
-    sched_desc_t d = {.kind = (uint8_t)o->kind, .dtype = (uint8_t)o->type,
+    sched_desc_t d = {.kind = (uint8_t)o->kind,
+                      .dtype = (uint8_t)o->type,
                       .op = (uint8_t)(pm >= 0 ? OP_PREMUL_CODE : (int)o->op),
-                      .root = o->root, .count = o->count, .seq = comm->coll_seq++};
-    bool reduces = o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCE ||
-                   o->kind == OPK_REDUCESCATTER;
+                      .root = o->root,
+                      .count = o->count,
+                      .seq = comm->coll_seq++};
+    bool reduces =
+        o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCE || o->kind == OPK_REDUCESCATTER;
     if (!reduces) d.op = 0;
     if (o->kind == OPK_ALLGATHER || o->kind == OPK_BROADCAST || o->kind == OPK_ALLTOALL ||
         o->kind == OPK_SPLIT)
@@ -306,9 +307,8 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     LOOM_CHECK(job_bufs(j, SCHED_BUF_FIRST_FREE));
     const void *send = o->send;
     void *recv = o->recv;
-    size_t in_elems = o->kind == OPK_REDUCESCATTER || o->kind == OPK_ALLTOALL
-                          ? o->count * (size_t)p
-                          : o->count;
+    size_t in_elems =
+        o->kind == OPK_REDUCESCATTER || o->kind == OPK_ALLTOALL ? o->count * (size_t)p : o->count;
     /* A pre-multiplied sum scales this rank's input once, then sums. */
     if (pm >= 0 && o->count > 0) {
         j->scaled = malloc(LOOM_MAX(in_elems * es, 1));
@@ -347,16 +347,20 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         break;
     case OPK_REDUCESCATTER:
         inplace = (uint8_t *)recv == (const uint8_t *)send + (size_t)r * o->count * es;
-        if (inplace) alias_from = SCHED_BUF_RECV, alias_to = SCHED_BUF_SEND,
-                     delta = (int64_t)r * (int64_t)o->count;
+        if (inplace)
+            alias_from = SCHED_BUF_RECV, alias_to = SCHED_BUF_SEND,
+            delta = (int64_t)r * (int64_t)o->count;
         break;
     default: break;
     }
     if (alias_to && !alias_from) alias_from = SCHED_BUF_SEND;
     uint64_t key[6] = {(uint64_t)d.kind | (uint64_t)d.dtype << 8 | (uint64_t)d.op << 16 |
                            (uint64_t)(uint32_t)d.root << 32,
-                       o->count, (uint64_t)inplace | (uint64_t)(algo + 1) << 8,
-                       (uint64_t)delta, (uint64_t)prm.nchannels, prm.slice_elems};
+                       o->count,
+                       (uint64_t)inplace | (uint64_t)(algo + 1) << 8,
+                       (uint64_t)delta,
+                       (uint64_t)prm.nchannels,
+                       prm.slice_elems};
     /* the cut, carried in every message: ranks that slice differently fail with that reason
      * instead of a confusing size mismatch */
     /* (in place or not may differ between ranks: only the algorithm and the cut count) */
@@ -385,24 +389,13 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         }
         break;
     }
-    case OPK_BROADCAST:
-        ring_broadcast(s, di, o->count, o->root, &prm, inplace);
-        break;
-    case OPK_REDUCE:
-        ring_reduce(s, di, o->count, o->root, &prm, inplace, avg);
-        break;
+    case OPK_BROADCAST: ring_broadcast(s, di, o->count, o->root, &prm, inplace); break;
+    case OPK_REDUCE: ring_reduce(s, di, o->count, o->root, &prm, inplace, avg); break;
     case OPK_ALLGATHER:
-    case OPK_SPLIT:
-        ring_allgather(s, di, o->count, &prm, inplace);
-        break;
-    case OPK_REDUCESCATTER:
-        ring_reduce_scatter(s, di, o->count, &prm, inplace, avg);
-        break;
-    case OPK_ALLTOALL:
-        direct_alltoall(s, di, o->count, &prm);
-        break;
-    default:
-        return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", o->kind);
+    case OPK_SPLIT: ring_allgather(s, di, o->count, &prm, inplace); break;
+    case OPK_REDUCESCATTER: ring_reduce_scatter(s, di, o->count, &prm, inplace, avg); break;
+    case OPK_ALLTOALL: direct_alltoall(s, di, o->count, &prm); break;
+    default: return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", o->kind);
     }
     LOOM_CHECK(sched_status(s));
     cache_commit(comm, s);
@@ -467,17 +460,19 @@ static loomResult_t plan_p2p(comm_job_t *j, sched_t *s, int *used)
             continue;
         }
         j->bufs[b] = o->kind == OPK_SEND ? (void *)o->send : o->recv;
-        sched_desc_t d = {.kind = (uint8_t)o->kind, .dtype = (uint8_t)o->type,
+        sched_desc_t d = {.kind = (uint8_t)o->kind,
+                          .dtype = (uint8_t)o->type,
                           .root = o->kind == OPK_SEND ? comm->rank : o->root,
                           .count = o->count};
-        d.seq = o->kind == OPK_SEND ? comm->p2p_send_seq[o->root]++
-                                    : comm->p2p_recv_seq[o->root]++;
+        d.seq = o->kind == OPK_SEND ? comm->p2p_send_seq[o->root]++ : comm->p2p_recv_seq[o->root]++;
         uint16_t di = sched_add_desc(s, &d);
         uint64_t S = sched_nslices(o->count, slice);
         for (uint64_t q = 0; q < S; q++) {
             uint64_t len = sched_slice_len(o->count, slice, q);
-            if (o->kind == OPK_SEND) sched_send(s, di, o->root, b, q * slice, len);
-            else sched_recv(s, di, o->root, b, q * slice, len);
+            if (o->kind == OPK_SEND)
+                sched_send(s, di, o->root, b, q * slice, len);
+            else
+                sched_recv(s, di, o->root, b, q * slice, len);
         }
     }
     LOOM_CHECK(sched_status(s));
@@ -550,8 +545,14 @@ static loomResult_t run_dev_ops(loomComm_t c, int first)
         coll_op_t *o = &gq[q];
         if (!o->dev || o->comm != c) continue;
         dev_op_t *d = &dops[m++];
-        *d = (dev_op_t){.kind = o->kind, .send = o->send, .recv = o->recv, .count = o->count,
-                        .type = o->type, .op = o->op, .root = o->root, .stream = o->stream};
+        *d = (dev_op_t){.kind = o->kind,
+                        .send = o->send,
+                        .recv = o->recv,
+                        .count = o->count,
+                        .type = o->type,
+                        .op = o->op,
+                        .root = o->root,
+                        .stream = o->stream};
         int pm = (int)o->op - loomNumOps;
         if (pm >= 0) { /* the pre-multiplied sum's scalar */
             d->scale_host = c->premul[pm].scalar;
@@ -583,7 +584,8 @@ static loomResult_t run_group(void)
         for (int i = 0; i < n; i++) {
             if (!gq[i].dev || dev_ready(&gq[i].comm->devh)) continue;
             int k = 0;
-            while (k < nf && fresh[k] != &gq[i].comm->devh) k++;
+            while (k < nf && fresh[k] != &gq[i].comm->devh)
+                k++;
             if (k == nf) {
                 comm_devhost_fill(gq[i].comm);
                 fresh[nf++] = &gq[i].comm->devh;
@@ -601,7 +603,8 @@ static loomResult_t run_group(void)
     }
 #endif
     int nhost = 0;
-    for (int i = 0; i < n; i++) nhost += gq[i].comm != NULL;
+    for (int i = 0; i < n; i++)
+        nhost += gq[i].comm != NULL;
     if (nhost == 0) {
         gq_len = 0;
         return loomSuccess;
@@ -709,8 +712,14 @@ loomResult_t coll_internal_allgather_many(loomComm_t *comms, const void *const *
     group_depth = 1;
     loomResult_t r = loomSuccess;
     for (int i = 0; i < k && r == loomSuccess; i++) {
-        coll_op_t o = {.comm = comms[i], .kind = OPK_SPLIT, .send = send[i], .recv = recv[i],
-                       .count = bytes, .type = loomUint8, .op = loomSum, .root = -1};
+        coll_op_t o = {.comm = comms[i],
+                       .kind = OPK_SPLIT,
+                       .send = send[i],
+                       .recv = recv[i],
+                       .count = bytes,
+                       .type = loomUint8,
+                       .op = loomSum,
+                       .root = -1};
         r = enqueue(&o);
     }
     group_depth = 0;
@@ -760,14 +769,15 @@ LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, siz
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     }
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count, type, loomSum, root, stream, false};
+    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count,
+                   type, loomSum,       root,     stream,   false};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
 
 LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
-                                    loomDataType_t type, loomRedOp_t op, int root,
-                                    loomComm_t comm, cudaStream_t stream)
+                                    loomDataType_t type, loomRedOp_t op, int root, loomComm_t comm,
+                                    cudaStream_t stream)
 {
     const char *fn = "loomReduce";
     size_t bytes = 0;
@@ -799,7 +809,8 @@ LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, siz
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
                                         (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
-    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum, -1, stream, false};
+    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount,
+                   type, loomSum,       -1,       stream,   false};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -818,7 +829,8 @@ LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff,
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
-    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream, false};
+    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream,
+                   false};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -839,8 +851,8 @@ LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size
     return enqueue(&o);
 }
 
-LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t type,
-                                  int peer, loomComm_t comm, cudaStream_t stream)
+LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t type, int peer,
+                                  loomComm_t comm, cudaStream_t stream)
 {
     const char *fn = "loomSend";
     size_t bytes = 0;
@@ -898,8 +910,7 @@ LOOM_EXPORT loomResult_t loomCommRegister(const loomComm_t comm, void *buff, siz
 {
     LOOM_CHECK(comm_check(comm, "loomCommRegister"));
     if (handle == NULL || (buff == NULL && size > 0))
-        return base_error(loomInvalidArgument, LOG_COLL,
-                          "loomCommRegister: NULL handle or buffer");
+        return base_error(loomInvalidArgument, LOG_COLL, "loomCommRegister: NULL handle or buffer");
     /* Host memory needs no registration for the TCP transport: the handle records the range. */
     void **h = malloc(2 * sizeof(void *));
     if (h == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "comm.h"
-#include "param.h"
 #include "memtype.h"
+#include "param.h"
 #ifdef LOOM_HAVE_CUDA
 #include "cudrv.h"
 #include "dev.h"
@@ -27,9 +27,11 @@ LOOM_EXPORT const char *loomGetErrorString(loomResult_t r)
 {
     switch (r) {
     case loomSuccess: return "no error";
-    case loomUnhandledCudaError: return "unhandled cuda error (run with LOOM_DEBUG=WARN for details)";
+    case loomUnhandledCudaError:
+        return "unhandled cuda error (run with LOOM_DEBUG=WARN for details)";
     case loomSystemError: return "unhandled system error (run with LOOM_DEBUG=WARN for details)";
-    case loomInternalError: return "internal error - please report this issue to the loom developers";
+    case loomInternalError:
+        return "internal error - please report this issue to the loom developers";
     case loomInvalidArgument: return "invalid argument (run with LOOM_DEBUG=WARN for details)";
     case loomInvalidUsage: return "invalid usage (run with LOOM_DEBUG=WARN for details)";
     case loomRemoteError: return "remote process exited or there was a network error";
@@ -48,8 +50,7 @@ LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
 
 loomResult_t comm_check(loomComm_t comm, const char *fn)
 {
-    if (comm == NULL)
-        return base_error(loomInvalidArgument, LOG_COLL, "%s: comm is NULL", fn);
+    if (comm == NULL) return base_error(loomInvalidArgument, LOG_COLL, "%s: comm is NULL", fn);
     if (comm->magic != COMM_MAGIC)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: %p is not a live loom communicator (destroyed, or not one)", fn,
@@ -106,8 +107,8 @@ static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
                               peer, comm->peers[peer].host);
         *tp = comm->forced_tp;
     } else {
-        *tp = local && comm->tp[TP_SHM].ctx && comm->peers[peer].handle[TP_SHM][0] ? TP_SHM
-                                                                                 : TP_TCP;
+        *tp =
+            local && comm->tp[TP_SHM].ctx && comm->peers[peer].handle[TP_SHM][0] ? TP_SHM : TP_TCP;
     }
     if (comm->tp[*tp].ctx == NULL || comm->peers[peer].handle[*tp][0] == 0)
         return base_error(loomInvalidUsage, LOG_NET,
@@ -122,8 +123,8 @@ loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link)
     if (l->conn == NULL) {
         int tp = TP_TCP;
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
-        LOOM_CHECK(comm->tp[tp].ops->connect(comm->tp[tp].ctx, peer,
-                                             comm->peers[peer].handle[tp], &l->conn));
+        LOOM_CHECK(comm->tp[tp].ops->connect(comm->tp[tp].ctx, peer, comm->peers[peer].handle[tp],
+                                             &l->conn));
         l->ops = comm->tp[tp].ops;
         TRACE(LOG_NET, "rank %d reaches rank %d over %s", comm->rank, peer, l->ops->name);
     }
@@ -144,7 +145,8 @@ static void comm_free(loomComm_t comm)
         if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
     if (comm->wake_fd >= 0) close(comm->wake_fd);
     sched_free(&comm->sched);
-    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++) sched_free(&comm->cache[i].s);
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++)
+        sched_free(&comm->cache[i].s);
     free(comm->staging);
     free(comm->tmp_buf);
     free(comm->peers);
@@ -185,7 +187,8 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     }
     /* A device named in the config binds the communicator to it (its context is taken at the
      * first device call); otherwise the first device buffer decides. */
-    if (cfg && cfg->cudaDev != LOOM_CONFIG_UNDEF_INT && cfg->cudaDev >= 0) c->cuda_dev = cfg->cudaDev;
+    if (cfg && cfg->cudaDev != LOOM_CONFIG_UNDEF_INT && cfg->cudaDev >= 0)
+        c->cuda_dev = cfg->cudaDev;
     c->nchannels = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NCHANNELS), 16));
     if (cfg && cfg->nChannels != LOOM_CONFIG_UNDEF_INT && cfg->nChannels > 0)
         c->nchannels = LOOM_MIN(cfg->nChannels, 16);
@@ -194,8 +197,7 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
     c->slices_in_flight = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_SLICES_IN_FLIGHT), 64));
     c->spin_ns = (uint64_t)LOOM_MAX(0, param_int(PARAM_SPIN_US)) * 1000;
     c->timeout_s = param_double(PARAM_TIMEOUT);
-    snprintf(c->name, sizeof(c->name), "%s",
-             cfg && cfg->commName ? cfg->commName : "");
+    snprintf(c->name, sizeof(c->name), "%s", cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->sched, rank, nranks);
     c->last_pick = -1;
     loomResult_t ar = parse_algo(&c->algo);
@@ -211,7 +213,8 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
 static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 {
     const char *name = param_str(PARAM_TRANSPORT);
-    for (int t = 0; t < TP_MAX; t++) want[t] = name[0] == '\0';
+    for (int t = 0; t < TP_MAX; t++)
+        want[t] = name[0] == '\0';
     if (name[0] == '\0') return loomSuccess;
     for (int t = 0; t < TP_MAX; t++)
         if (strcmp(name, tp_names[t]) == 0) {
@@ -236,12 +239,13 @@ static loomResult_t comm_start_transport(loomComm_t comm,
 {
     bool want[TP_MAX];
     LOOM_CHECK(pick_transports(comm, want));
-    transport_setup_t setup = {.rank = comm->rank, .nranks = comm->nranks,
+    transport_setup_t setup = {.rank = comm->rank,
+                               .nranks = comm->nranks,
                                .comm_id = comm->comm_id,
                                /* comm_tune_for_cores may raise the slice 4x once the layout is
                                 * known */
-                               .max_message = LOOM_MIN(comm->slice_bytes * 4,
-                                                       param_size(PARAM_MAX_MESSAGE))};
+                               .max_message =
+                                   LOOM_MIN(comm->slice_bytes * 4, param_size(PARAM_MAX_MESSAGE))};
     memcpy(setup.secret, comm->secret, 16);
     if (want[TP_TCP]) {
         sock_addr_t a;
@@ -292,8 +296,10 @@ static loomResult_t comm_layout(loomComm_t comm)
         comm->node_of[r] = n >= 0 ? n : nnodes++;
     }
     int *count = comm->node_start + 1;
-    for (int r = 0; r < p; r++) count[comm->node_of[r]]++;
-    for (int n = 0; n < nnodes; n++) comm->node_start[n + 1] += comm->node_start[n];
+    for (int r = 0; r < p; r++)
+        count[comm->node_of[r]]++;
+    for (int n = 0; n < nnodes; n++)
+        comm->node_start[n + 1] += comm->node_start[n];
     int *fill = calloc((size_t)nnodes, sizeof(int));
     if (fill == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (layout)");
     for (int r = 0; r < p; r++) {
@@ -322,8 +328,10 @@ static loomResult_t comm_layout(loomComm_t comm)
 
 sched_topo_t comm_topo(loomComm_t comm)
 {
-    sched_topo_t t = {.nnodes = comm->nnodes, .node_of = comm->node_of,
-                      .node_start = comm->node_start, .node_ranks = comm->node_ranks};
+    sched_topo_t t = {.nnodes = comm->nnodes,
+                      .node_of = comm->node_of,
+                      .node_start = comm->node_start,
+                      .node_ranks = comm->node_ranks};
     return t;
 }
 
@@ -363,20 +371,21 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     double p = comm->nranks, n = comm->nnodes, g = (double)comm->nranks / comm->nnodes;
     double nb = (double)bytes;
     double lg = 0;
-    while ((1 << (int)(lg + 1)) <= comm->nranks) lg++;
+    while ((1 << (int)(lg + 1)) <= comm->nranks)
+        lg++;
     double folds = (1 << (int)lg) < comm->nranks ? 2 : 0;
     double cost[ALGO_COUNT];
-    for (int i = 0; i < ALGO_COUNT; i++) cost[i] = 1e30;
+    for (int i = 0; i < ALGO_COUNT; i++)
+        cost[i] = 1e30;
     /* gamma: reducing a byte on the host (about 5 GB/s of output per core) */
     double c_red = 1.0 / 5e9;
-    cost[ALGO_RING] = 2 * (p - 1) * a_flat + 2 * (p - 1) / p * nb * b_flat +
-                      (p - 1) / p * nb * c_red;
+    cost[ALGO_RING] =
+        2 * (p - 1) * a_flat + 2 * (p - 1) / p * nb * b_flat + (p - 1) / p * nb * c_red;
     cost[ALGO_RD] =
         (lg + folds) * a_flat + (lg + folds) * nb * b_flat + (lg + folds / 2) * nb * c_red;
     if (multi)
-        cost[ALGO_HIER] = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc +
-                          2 * (n - 1) * a_net + 2 * (n - 1) / n * nb * b_net +
-                          ((g - 1) / g + (n - 1) / n) * nb * c_red;
+        cost[ALGO_HIER] = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc + 2 * (n - 1) * a_net +
+                          2 * (n - 1) / n * nb * b_net + ((g - 1) / g + (n - 1) / n) * nb * c_red;
     int pick = ALGO_RING;
     for (int i = 0; i < ALGO_COUNT; i++)
         if (cost[i] < cost[pick]) pick = i;
@@ -487,8 +496,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
          LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->node, comm->nnodes,
          comm->local_rank, comm->local_size,
          comm->forced_tp >= 0 ? tp_names[comm->forced_tp] : "shm in node, tcp across",
-         comm->nchannels,
-         (unsigned long long)comm->slice_bytes);
+         comm->nchannels, (unsigned long long)comm->slice_bytes);
     return loomSuccess;
 }
 
@@ -516,8 +524,7 @@ static loomResult_t config_read(const loomConfig_t *in, loomConfig_t *out)
                           in->magic);
     size_t prefix = offsetof(loomConfig_t, blocking);
     if (in->size < prefix)
-        return base_error(loomInvalidArgument, LOG_INIT, "config: size %zu is too small",
-                          in->size);
+        return base_error(loomInvalidArgument, LOG_INIT, "config: size %zu is too small", in->size);
     size_t n = LOOM_MIN(in->size, sizeof(loomConfig_t));
     memcpy((char *)out + prefix, (const char *)in + prefix, n - prefix);
     out->size = sizeof(loomConfig_t);
@@ -531,8 +538,7 @@ LOOM_EXPORT loomResult_t loomCommInitRankConfig(loomComm_t *out, int nranks, loo
     if (out == NULL)
         return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitRank: comm is NULL");
     if (nranks < 1)
-        return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitRank: nranks %d < 1",
-                          nranks);
+        return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitRank: nranks %d < 1", nranks);
     if (rank < 0 || rank >= nranks)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommInitRank: rank %d is outside [0, %d)", rank, nranks);
@@ -633,7 +639,8 @@ LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int 
         }
         started++;
     }
-    for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
     for (int i = 0; i < started && res == loomSuccess; i++)
         if (a[i].res != loomSuccess) {
             res = a[i].res;
@@ -644,7 +651,8 @@ LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int 
         for (int i = 0; i < started; i++)
             if (a[i].res == loomSuccess) comm_free(comms[i]);
     if (res == loomSuccess && devlist)
-        for (int i = 0; i < ndev; i++) comms[i]->cuda_dev = devlist[i]; /* as NCCL binds them */
+        for (int i = 0; i < ndev; i++)
+            comms[i]->cuda_dev = devlist[i]; /* as NCCL binds them */
     free(a);
     free(t);
     return res;
@@ -688,7 +696,8 @@ bool comm_stop(loomComm_t comm, const char *reason)
     /* A call blocked on comm in another thread sees the flag within one poll interval and
      * leaves; wait for it so that nothing is torn down under it. */
     uint64_t dl = base_now_ns() + 10000000000ull;
-    while (atomic_load(&comm->active_calls) > 0 && base_now_ns() < dl) usleep(1000);
+    while (atomic_load(&comm->active_calls) > 0 && base_now_ns() < dl)
+        usleep(1000);
     bool idle = atomic_load(&comm->active_calls) == 0;
     if (!idle)
         WARN(LOG_INIT, "a call on this communicator did not return within 10 s of its abort");
@@ -838,8 +847,7 @@ out:
 
 LOOM_EXPORT loomResult_t loomRedOpCreatePreMulSum(loomRedOp_t *op, void *scalar,
                                                   loomDataType_t type,
-                                                  loomScalarResidence_t residence,
-                                                  loomComm_t comm)
+                                                  loomScalarResidence_t residence, loomComm_t comm)
 {
     LOOM_CHECK(comm_check(comm, "loomRedOpCreatePreMulSum"));
     if (op == NULL || scalar == NULL)

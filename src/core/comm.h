@@ -36,7 +36,7 @@ typedef struct {
 /* What every rank tells the others at bootstrap. */
 typedef struct {
     int32_t rank;
-    int32_t cores; /* online cores of its machine: job-wide tuning needs everyone's */
+    int32_t cores;      /* online cores of its machine: job-wide tuning needs everyone's */
     uint64_t node_hash; /* node identity (host + boot id + netns, or LOOM_NODE_ID) */
     uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES]; /* per transport; empty: not offered */
     char host[HOST_NAME_LEN];
@@ -78,11 +78,11 @@ struct loomComm {
     int algo;                               /* LOOM_ALGO, or ALGO_AUTO */
     int last_pick;                          /* the model's previous choice (for the log) */
 
-    comm_tp_t tp[TP_MAX];     /* started transports (ops NULL: not started) */
-    int forced_tp;            /* LOOM_TRANSPORT, or -1 */
-    comm_link_t *links;       /* by peer; conn NULL until a schedule needs it */
+    comm_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
+    int forced_tp;        /* LOOM_TRANSPORT, or -1 */
+    comm_link_t *links;   /* by peer; conn NULL until a schedule needs it */
 
-    uint64_t coll_seq;    /* collectives issued so far */
+    uint64_t coll_seq; /* collectives issued so far */
     uint64_t *p2p_send_seq, *p2p_recv_seq;
     int split_count;
 
@@ -97,14 +97,14 @@ struct loomComm {
     /* State shared with other threads: abort and the asynchronous error. */
     atomic_int aborting;
     atomic_int active_calls; /* API calls inside this communicator now */
-    int wake_fd; /* eventfd: written by abort to wake a blocked poll */
+    int wake_fd;             /* eventfd: written by abort to wake a blocked poll */
     pthread_mutex_t lock;
     atomic_int async_error; /* loomResult_t */
     char async_text[ERR_TEXT_MAX];
     bool finalized;
-    int cuda_dev;             /* bound GPU, -1 none */
-    dev_host_t devh;          /* this communicator as the device executor (src/cuda) sees it;
-                                 devh.state is NULL until device memory is used */
+    int cuda_dev;                    /* bound GPU, -1 none */
+    dev_host_t devh;                 /* this communicator as the device executor (src/cuda) sees it;
+                                        devh.state is NULL until device memory is used */
     loomComm_t dev_stage, dev_cross; /* the host side of device work crossing nodes */
 
     /* Non-blocking init. */
@@ -130,15 +130,7 @@ struct loomComm {
     uint64_t cache_clock;
 };
 
-enum {
-    ALGO_AUTO = -1,
-    ALGO_RING = 0,
-    ALGO_HIER,
-    ALGO_HIER_LEADER,
-    ALGO_PS,
-    ALGO_RD,
-    ALGO_COUNT
-};
+enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_RD, ALGO_COUNT };
 extern const char *const algo_names[ALGO_COUNT];
 /* The allreduce algorithm for `bytes` on this communicator (LOOM_ALGO, or the cost model). */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
@@ -183,7 +175,7 @@ int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
 loomResult_t exec_check_timeout(exec_t *e);
 void exec_free(exec_t *e);
 /* Runs a schedule to completion on the calling thread. */
-loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
-                      loomDataType_t type, red_op_t op);
+loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs, loomDataType_t type,
+                      red_op_t op);
 
 #endif

@@ -35,7 +35,8 @@ static loomResult_t host_allgather(dev_host_t *const *hs, const void *const *sen
                                    void *const *recv, size_t bytes, int k)
 {
     loomComm_t comms[k];
-    for (int i = 0; i < k; i++) comms[i] = comm_of(hs[i]);
+    for (int i = 0; i < k; i++)
+        comms[i] = comm_of(hs[i]);
     return coll_internal_allgather_many(comms, send, recv, bytes, k);
 }
 

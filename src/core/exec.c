@@ -34,21 +34,21 @@ struct exec {
     red_op_t op;
     uint8_t *state;
     transport_req_t **reqs;
-    int32_t *slot;        /* staging slot of an issued receive-and-reduce */
-    uint32_t *inflight;   /* issued steps awaiting completion */
+    int32_t *slot;      /* staging slot of an issued receive-and-reduce */
+    uint32_t *inflight; /* issued steps awaiting completion */
     int ninflight;
-    size_t first;         /* first step not yet issued */
+    size_t first; /* first step not yet issued */
     size_t ndone;
     uint8_t *staging;
     size_t slot_bytes;
     int nslots;
     int *free_slots;
     int nfree;
-    uint32_t *stamp;      /* per (peer, direction): scan that found an earlier blocked step */
+    uint32_t *stamp; /* per (peer, direction): scan that found an earlier blocked step */
     uint32_t scan;
     uint64_t start_ns;
     uint64_t last_step_ns; /* when a step last finished */
-    bool dirty; /* a step finished since the last scan: more may be issuable */
+    bool dirty;            /* a step finished since the last scan: more may be issuable */
 };
 
 static const char *op_name(int op)
@@ -80,8 +80,8 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
         break;
     case OPK_ALLREDUCE:
     case OPK_REDUCESCATTER:
-        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", sched_opkind_name(d->kind), seq, count,
-                 type, op_name(d->op));
+        snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", sched_opkind_name(d->kind), seq,
+                 count, type, op_name(d->op));
         break;
     case OPK_REDUCE:
         snprintf(buf, len, "reduce seq %llu (count %llu, %s, %s, root %d)", seq, count, type,
@@ -92,13 +92,14 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
                  d->root);
         break;
     default:
-        snprintf(buf, len, "%s seq %llu (count %llu, %s)", sched_opkind_name(d->kind), seq, count, type);
+        snprintf(buf, len, "%s seq %llu (count %llu, %s)", sched_opkind_name(d->kind), seq, count,
+                 type);
         break;
     }
 }
 
-loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
-                         loomDataType_t type, red_op_t op, exec_t **out)
+loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs, loomDataType_t type,
+                         red_op_t op, exec_t **out)
 {
     exec_t *e = calloc(1, sizeof(*e));
     size_t n = s->nsteps;
@@ -132,7 +133,8 @@ loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs,
         e->staging = comm->staging;
         e->free_slots = calloc((size_t)e->nslots, sizeof(int));
         if (!e->free_slots) goto oom;
-        for (int i = 0; i < e->nslots; i++) e->free_slots[i] = i;
+        for (int i = 0; i < e->nslots; i++)
+            e->free_slots[i] = i;
         e->nfree = e->nslots;
     }
     e->start_ns = e->last_step_ns = base_now_ns();
@@ -222,15 +224,13 @@ static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
     if (st->kind == STEP_SEND) {
         uint8_t meta[TRANSPORT_META_BYTES];
         meta_pack(&e->s->descs[st->desc], meta);
-        r = l->ops->isend(l->conn, buf_at(e, st->src_buf, st->src_off), bytes, meta,
-                          &e->reqs[i]);
+        r = l->ops->isend(l->conn, buf_at(e, st->src_buf, st->src_off), bytes, meta, &e->reqs[i]);
     } else if (st->kind == STEP_RECV) {
         r = l->ops->irecv(l->conn, buf_at(e, st->dst_buf, st->dst_off), bytes, &e->reqs[i]);
     } else {
         int slot = e->free_slots[--e->nfree];
         e->slot[i] = slot;
-        r = l->ops->irecv(l->conn, e->staging + (size_t)slot * e->slot_bytes, bytes,
-                          &e->reqs[i]);
+        r = l->ops->irecv(l->conn, e->staging + (size_t)slot * e->slot_bytes, bytes, &e->reqs[i]);
     }
     if (r != loomSuccess) return step_error(e, st, l, r);
     e->state[i] = ST_ISSUED;
@@ -254,10 +254,13 @@ static loomResult_t issue(exec_t *e, bool *progressed)
         }
         bool issued;
         LOOM_CHECK(try_issue(e, i, &issued));
-        if (issued) *progressed = true;
-        else if (stamp) *stamp = e->scan;
+        if (issued)
+            *progressed = true;
+        else if (stamp)
+            *stamp = e->scan;
     }
-    while (e->first < s->nsteps && e->state[e->first] != ST_PENDING) e->first++;
+    while (e->first < s->nsteps && e->state[e->first] != ST_PENDING)
+        e->first++;
     return loomSuccess;
 }
 
@@ -355,9 +358,9 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
     loomComm_t comm = e->comm;
     *done = false;
     if (atomic_load(&comm->aborting)) {
-        loomResult_t r = base_error(loomRemoteError, LOG_COLL,
-                                    "%s: the communicator was aborted (loomCommAbort)",
-                                    e->s->ndescs ? sched_opkind_name(e->s->descs[0].kind) : "operation");
+        loomResult_t r = base_error(
+            loomRemoteError, LOG_COLL, "%s: the communicator was aborted (loomCommAbort)",
+            e->s->ndescs ? sched_opkind_name(e->s->descs[0].kind) : "operation");
         return r;
     }
     if (e->ndone == e->s->nsteps) {
@@ -459,8 +462,8 @@ static void wait_events(exec_t *e, int ms)
     (void)r;
 }
 
-loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs,
-                      loomDataType_t type, red_op_t op)
+loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs, loomDataType_t type,
+                      red_op_t op)
 {
     exec_t *e;
     LOOM_CHECK(exec_create(comm, sched, bufs, type, op, &e));

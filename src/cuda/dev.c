@@ -36,8 +36,8 @@
 extern const unsigned char loom_kernels_fatbin[];
 extern const size_t loom_kernels_fatbin_size;
 
-#define STAGE_RING 4 /* pinned pieces in flight per communicator (allreduce pipeline) */
-#define DEV_IPC_CACHE 32 /* mapped user allocations per peer (LRU) */
+#define STAGE_RING 4      /* pinned pieces in flight per communicator (allreduce pipeline) */
+#define DEV_IPC_CACHE 32  /* mapped user allocations per peer (LRU) */
 #define DEV_TEXT_MAX 1024 /* error texts */
 
 typedef struct stage_job {
@@ -55,8 +55,8 @@ struct dev_state {
     CUcontext ctx;
     CUmodule mod;
     CUfunction fn, fn_lla[10][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
-    int n, me;                /* ranks of this node in the exchange, and my index */
-    int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
+    int n, me;                    /* ranks of this node in the exchange, and my index */
+    int lrank[DEV_MAX_LOCAL];     /* their communicator ranks */
     int nblocks, nslot, threads, push_threads, empty, couple;
     uint64_t slot, oneshot;
     uint64_t lla_max, lla_cap; /* DEV_LLA: largest S*(n-1), chunks per writer and parity */
@@ -68,12 +68,12 @@ struct dev_state {
     CUdeviceptr err_dev;
     CUevent ev;
     CUstream last;
-    bool have_last; /* a call was ordered on `last`, its completion marked by ... */
-    bool last_counted;  /* ... the DEV_OFF_LDONE count reaching ldone_want, else by ev */
-    bool ev_valid;      /* ev was recorded (after the last call that was not counted) */
+    bool have_last;       /* a call was ordered on `last`, its completion marked by ... */
+    bool last_counted;    /* ... the DEV_OFF_LDONE count reaching ldone_want, else by ev */
+    bool ev_valid;        /* ev was recorded (after the last call that was not counted) */
     uint64_t counted_max; /* LOOM_CUDA_COUNTED (0 without 64-bit stream waits on this GPU) */
-    bool counted;       /* this call's launch was counted (set by run_lla) */
-    uint64_t ldone_want; /* blocks of the counted DEV_LLA launches so far */
+    bool counted;         /* this call's launch was counted (set by run_lla) */
+    uint64_t ldone_want;  /* blocks of the counted DEV_LLA launches so far */
     uint64_t seq;
     int opkind[64]; /* kind of the last launches, by seq, for error texts */
     /* direct allreduce: user buffers mapped through CUDA IPC, cached by allocation identity
@@ -97,7 +97,7 @@ struct dev_state {
     int pid[DEV_MAX_LOCAL];
     /* across nodes */
     bool multinode, hier_ok;
-    bool staged; /* the host side's communicators are open */
+    bool staged;     /* the host side's communicators are open */
     uint32_t *flags; /* host-mapped: [0] ready (stream -> proxy), [1] done (proxy -> stream) */
     CUdeviceptr flags_dev;
     uint32_t next_val;
@@ -115,7 +115,10 @@ struct dev_state {
     stage_job_t *qhead, *qtail;
 };
 
-static const char *kind_name(int k) { return sched_opkind_name(k); }
+static const char *kind_name(int k)
+{
+    return sched_opkind_name(k);
+}
 
 /* ---- context ---- */
 
@@ -149,9 +152,9 @@ void dev_poll(dev_host_t *h)
                  "rank %d: the GPU kernel of %s (device operation %llu) waited %.1f s for rank "
                  "%d (block %d, %s step %llu, saw %llu) and gave up (LOOM_TIMEOUT=%g s): that "
                  "rank died, stalled, or did not make the same call",
-                 h->rank, kind_name(s->opkind[e.seq % 64]), e.seq, e.waited_ns / 1e9, peer,
-                 e.block, e.wait_kind == DEV_WAIT_ACK ? "acknowledgement of" : "data of", e.step,
-                 e.seen, h->timeout_s);
+                 h->rank, kind_name(s->opkind[e.seq % 64]), e.seq, e.waited_ns / 1e9, peer, e.block,
+                 e.wait_kind == DEV_WAIT_ACK ? "acknowledgement of" : "data of", e.step, e.seen,
+                 h->timeout_s);
     else
         snprintf(text, sizeof(text),
                  "rank %d: the GPU kernel of %s (device operation %llu) stopped while waiting for "
@@ -225,8 +228,8 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     const char *why = NULL;
     const cudrv_t *d = cudrv_get(&why);
     if (d == NULL)
-        return base_error(loomInvalidUsage, LOG_CUDA, "rank %d: device buffer but %s",
-                          h->rank, why);
+        return base_error(loomInvalidUsage, LOG_CUDA, "rank %d: device buffer but %s", h->rank,
+                          why);
     dev_state_t *s = calloc(1, sizeof(*s));
     u->all = calloc((size_t)h->nranks, sizeof(dev_rec_t));
     if (s == NULL || u->all == NULL) {
@@ -238,7 +241,8 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     s->d = d;
     s->dev = dev;
     s->wake_fd = -1;
-    for (int j = 0; j < DEV_MAX_LOCAL; j++) s->pidfd[j] = -1;
+    for (int j = 0; j < DEV_MAX_LOCAL; j++)
+        s->pidfd[j] = -1;
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     h->state = s;
@@ -246,8 +250,8 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->ctx, s->cudev);
     if (cr != CUDA_SUCCESS) {
         s->ctx = NULL;
-        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: GPU %d: %s", h->rank,
-                          dev, cudrv_err(cr));
+        return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: GPU %d: %s", h->rank, dev,
+                          cudrv_err(cr));
     }
     CUcontext prev = ctx_enter(s);
     cr = d->cuModuleLoadData(&s->mod, loom_kernels_fatbin);
@@ -294,11 +298,12 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     m->oneshot = param_size(PARAM_CUDA_ONESHOT);
     m->lla_max = LOOM_MIN(param_size(PARAM_CUDA_LL), 64ull << 20);
     m->nslot = (int32_t)LOOM_MAX(2, LOOM_MIN(param_int(PARAM_CUDA_NSLOT), 16));
-    m->threads = (int32_t)LOOM_MAX(64, LOOM_MIN(param_int(PARAM_CUDA_THREADS), DEV_MAX_THREADS)) /
-                 64 * 64;
+    m->threads =
+        (int32_t)LOOM_MAX(64, LOOM_MIN(param_int(PARAM_CUDA_THREADS), DEV_MAX_THREADS)) / 64 * 64;
     /* the receive side does more memory traffic (it reads two inputs when it reduces) */
-    m->push_threads = (int32_t)LOOM_MAX(32, LOOM_MIN(param_int(PARAM_CUDA_PUSH_THREADS),
-                                                     m->threads - 32)) / 32 * 32;
+    m->push_threads =
+        (int32_t)LOOM_MAX(32, LOOM_MIN(param_int(PARAM_CUDA_PUSH_THREADS), m->threads - 32)) / 32 *
+        32;
     CUuuid uu;
     if (d->cuDeviceGetUuid(&uu, s->cudev) == CUDA_SUCCESS) memcpy(m->uuid, uu.bytes, 16);
     return loomSuccess;
@@ -344,13 +349,13 @@ static loomResult_t setup_region(setup_t *u)
          * captured, where work on the legacy stream is not allowed. */
         CUstream st = NULL;
         CUresult cr = d->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
-        if (cr == CUDA_SUCCESS) cr = d->cuMemsetD8Async(s->mem[s->me].ptr, 0, s->mem[s->me].size, st);
+        if (cr == CUDA_SUCCESS)
+            cr = d->cuMemsetD8Async(s->mem[s->me].ptr, 0, s->mem[s->me].size, st);
         if (cr == CUDA_SUCCESS) cr = d->cuStreamSynchronize(st);
         if (st) d->cuStreamDestroy(st);
         if (cr != CUDA_SUCCESS)
             res = base_error(loomUnhandledCudaError, LOG_CUDA,
-                             "rank %d: clearing the exchange memory: %s", h->rank,
-                             cudrv_err(cr));
+                             "rank %d: clearing the exchange memory: %s", h->rank, cudrv_err(cr));
     }
     ctx_leave(s, prev);
     return res;
@@ -387,12 +392,14 @@ static loomResult_t setup_peers(setup_t *u)
     if (s->wake_fd < 0 || pthread_create(&s->wd, NULL, wd_main, s) != 0)
         return base_error(loomSystemError, LOG_CUDA, "starting the GPU watchdog thread failed");
     s->wd_live = true;
-    INFO(LOG_CUDA,
-         "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %d slots of %llu bytes, "
-         "%zu bytes of exchange memory; one shot up to %llu bytes, low-latency allreduce up to %llu",
-         s->dev, s->n, s->nblocks, s->nslot, (unsigned long long)s->slot, s->mem[s->me].size,
-         (unsigned long long)s->oneshot,
-         (unsigned long long)(s->lla_max / (uint64_t)LOOM_MAX(1, s->n - 1)));
+    INFO(
+        LOG_CUDA,
+        "device executor on GPU %d: %d GPU rank(s) on this node, %d blocks, %d slots of %llu "
+        "bytes, "
+        "%zu bytes of exchange memory; one shot up to %llu bytes, low-latency allreduce up to %llu",
+        s->dev, s->n, s->nblocks, s->nslot, (unsigned long long)s->slot, s->mem[s->me].size,
+        (unsigned long long)s->oneshot,
+        (unsigned long long)(s->lla_max / (uint64_t)LOOM_MAX(1, s->n - 1)));
     return loomSuccess;
 }
 
@@ -426,9 +433,11 @@ loomResult_t dev_setup(dev_host_t *const *hs, int k)
     for (int i = 0; i < k && res == loomSuccess; i++)
         res = setup_local(hs[i], &u[i]);
     if (res == loomSuccess) res = gather_recs(u, k);
-    for (int i = 0; i < k && res == loomSuccess; i++) res = setup_region(&u[i]);
+    for (int i = 0; i < k && res == loomSuccess; i++)
+        res = setup_region(&u[i]);
     if (res == loomSuccess) res = gather_recs(u, k);
-    for (int i = 0; i < k && res == loomSuccess; i++) res = setup_peers(&u[i]);
+    for (int i = 0; i < k && res == loomSuccess; i++)
+        res = setup_peers(&u[i]);
     for (int i = 0; i < k && res == loomSuccess; i++) {
         dev_state_t *s = u[i].s;
         s->multinode = s->h->nnodes > 1;
@@ -444,15 +453,20 @@ loomResult_t dev_setup(dev_host_t *const *hs, int k)
     if (res != loomSuccess) {
         char text[DEV_TEXT_MAX];
         snprintf(text, sizeof(text), "%s", base_last_error());
-        for (int i = 0; i < k; i++) hs[i]->set_error(hs[i], res, text);
+        for (int i = 0; i < k; i++)
+            hs[i]->set_error(hs[i], res, text);
         base_set_error_text(text);
     }
-    for (int i = 0; i < k; i++) free(u[i].all);
+    for (int i = 0; i < k; i++)
+        free(u[i].all);
     free(u);
     return res;
 }
 
-bool dev_ready(const dev_host_t *h) { return h->state != NULL; }
+bool dev_ready(const dev_host_t *h)
+{
+    return h->state != NULL;
+}
 
 /* ---- launching ---- */
 
@@ -534,7 +548,8 @@ static void args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const v
     a->send = send;
     a->recv = recv;
     a->err = (dev_err_t *)(uintptr_t)s->err_dev;
-    for (int j = 0; j < s->n; j++) a->region[j] = (char *)(uintptr_t)s->mem[j].ptr;
+    for (int j = 0; j < s->n; j++)
+        a->region[j] = (char *)(uintptr_t)s->mem[j].ptr;
     a->seq = ++s->seq;
     s->opkind[a->seq % 64] = kind;
 }
@@ -587,8 +602,8 @@ static int aliases(const dev_args_t *a)
 
 /* One launch of the kernel with a's arguments, as a programmatic dependent launch if pdl;
  * `path` names the way it moves data, for the error. */
-static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads,
-                       CUstream st, bool pdl, const char *path)
+static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads, CUstream st,
+                       bool pdl, const char *path)
 {
     void *params[] = {a};
     CUfunction fn = a->mode == DEV_LLA ? s->fn_lla[a->dtype][a->op] : s->fn;
@@ -598,9 +613,15 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
         memset(&at, 0, sizeof(at));
         at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         at.value.programmaticStreamSerializationAllowed = 1;
-        CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1,
-                              .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
-                              .hStream = st, .attrs = &at, .numAttrs = 1};
+        CUlaunchConfig cfg = {.gridDimX = grid,
+                              .gridDimY = 1,
+                              .gridDimZ = 1,
+                              .blockDimX = threads,
+                              .blockDimY = 1,
+                              .blockDimZ = 1,
+                              .hStream = st,
+                              .attrs = &at,
+                              .numAttrs = 1};
         cr = s->d->cuLaunchKernelEx(&cfg, fn, params, NULL);
     } else {
         cr = s->d->cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
@@ -731,8 +752,7 @@ static loomResult_t ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMe
  * its stream not being captured) travels in the exchange, and all go direct only if all can.
  * An allreduce writes each reduced segment into every rank's output; a reduce-scatter's
  * segment is the rank's own output, so only the inputs are mapped. */
-static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
-                               bool *done)
+static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap, bool *done)
 {
     const bool rs = o->kind == OPK_REDUCESCATTER;
     size_t es = red_type_size(o->type), S = o->count * es, total = rs ? S * (size_t)s->n : S;
@@ -752,7 +772,8 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     void *rp = all;
     loomResult_t res = s->h->allgather(&s->h, &sp, &rp, sizeof(mine), 1);
     bool ok = res == loomSuccess;
-    for (int j = 0; j < s->n && ok; j++) ok = all[s->lrank[j]].ok;
+    for (int j = 0; j < s->n && ok; j++)
+        ok = all[s->lrank[j]].ok;
     dev_args_t a;
     if (ok) {
         args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
@@ -932,12 +953,16 @@ static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstr
             size_t bytes = o->count * red_type_size(o->type);
             if (j < 0 || j >= s->n) continue;
             if (o->kind == OPK_SEND && sends[j]++ == layer) {
-                if (j == s->me) self_send = o;
-                else a.io[j].send_off = (uintptr_t)o->send, a.io[j].send_len = bytes;
+                if (j == s->me)
+                    self_send = o;
+                else
+                    a.io[j].send_off = (uintptr_t)o->send, a.io[j].send_len = bytes;
                 any = true;
             } else if (o->kind == OPK_RECV && recvs[j]++ == layer) {
-                if (j == s->me) self_recv = o;
-                else a.io[j].recv_off = (uintptr_t)o->recv, a.io[j].recv_len = bytes;
+                if (j == s->me)
+                    self_recv = o;
+                else
+                    a.io[j].recv_off = (uintptr_t)o->recv, a.io[j].recv_len = bytes;
                 any = true;
             }
         }
@@ -960,7 +985,8 @@ static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstr
         }
         if (any && a.self_len == 0) {
             bool peers = false;
-            for (int j = 0; j < s->n; j++) peers |= a.io[j].send_len || a.io[j].recv_len;
+            for (int j = 0; j < s->n; j++)
+                peers |= a.io[j].send_len || a.io[j].recv_len;
             if (!peers) {
                 layer++;
                 continue; /* zero-byte calls only */
@@ -1002,8 +1028,10 @@ loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
         }
         if (res != loomSuccess) break;
         if (s->multinode) {
-            if (o->kind == OPK_ALLREDUCE) res = stage_allreduce(s, o, st, cap);
-            else res = stage_generic(s, o, k, st, cap);
+            if (o->kind == OPK_ALLREDUCE)
+                res = stage_allreduce(s, o, st, cap);
+            else
+                res = stage_generic(s, o, k, st, cap);
         } else if (k > 1 || o->kind == OPK_SEND || o->kind == OPK_RECV) {
             res = run_p2p(s, o, k, st);
         } else {
@@ -1043,8 +1071,8 @@ static loomResult_t stage_start(dev_state_t *s)
     if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0)
         return base_error(loomSystemError, LOG_CUDA, "starting the GPU proxy thread failed");
     s->proxy_live = true;
-    INFO(LOG_CUDA, "device buffers cross %d nodes through pinned host memory (%s)",
-         h->nnodes, s->hier_ok ? "hierarchical allreduce" : "whole buffers");
+    INFO(LOG_CUDA, "device buffers cross %d nodes through pinned host memory (%s)", h->nnodes,
+         s->hier_ok ? "hierarchical allreduce" : "whole buffers");
     return loomSuccess;
 }
 
@@ -1062,8 +1090,8 @@ static loomResult_t pinned(dev_state_t *s, uint8_t **p, size_t *have, size_t wan
     CUresult cr = s->d->cuMemHostAlloc((void **)p, sz, CU_MEMHOSTALLOC_PORTABLE);
     if (cr != CUDA_SUCCESS)
         return base_error(loomUnhandledCudaError, LOG_CUDA,
-                          "rank %d: pinning %zu bytes of host memory for staging: %s",
-                          s->h->rank, sz, cudrv_err(cr));
+                          "rank %d: pinning %zu bytes of host memory for staging: %s", s->h->rank,
+                          sz, cudrv_err(cr));
     *have = sz;
     return loomSuccess;
 }
@@ -1076,8 +1104,10 @@ static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uin
     j->nops = nops;
     memcpy(j->ops, ops, (size_t)nops * sizeof(host_op_t));
     pthread_mutex_lock(&s->qlock);
-    if (s->qtail) s->qtail->next = j;
-    else s->qhead = j;
+    if (s->qtail)
+        s->qtail->next = j;
+    else
+        s->qhead = j;
     s->qtail = j;
     pthread_cond_signal(&s->qcond);
     pthread_mutex_unlock(&s->qlock);
@@ -1089,8 +1119,8 @@ static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uin
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
         if (r_ != CUDA_SUCCESS)                                                                    \
-            return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: %s: %s",                 \
-                              s->h->rank, #call, cudrv_err(r_));                                \
+            return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: %s: %s", s->h->rank,     \
+                              #call, cudrv_err(r_));                                               \
     } while (0)
 
 static loomResult_t stream_handoff(dev_state_t *s, CUstream st, uint32_t val)
@@ -1167,10 +1197,15 @@ static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream 
         if (k < npieces) {
             size_t pos = k * chunk, pl = LOOM_MIN(chunk, bytes - pos);
             uint8_t *h = s->ring[k % STAGE_RING];
-            STREAM_CU(s->d->cuMemcpyDtoHAsync(h, (CUdeviceptr)(uintptr_t)(src + off * es + pos),
-                                              pl, st));
-            host_op_t hop = {.kind = OPK_ALLREDUCE, .count = pl / es, .type = o->type,
-                             .root = -1, .hsend = h, .hrecv = h, .cross = s->hier_ok};
+            STREAM_CU(
+                s->d->cuMemcpyDtoHAsync(h, (CUdeviceptr)(uintptr_t)(src + off * es + pos), pl, st));
+            host_op_t hop = {.kind = OPK_ALLREDUCE,
+                             .count = pl / es,
+                             .type = o->type,
+                             .root = -1,
+                             .hsend = h,
+                             .hrecv = h,
+                             .cross = s->hier_ok};
             if (!s->hier_ok) {
                 host_reduction(&hop, o);
             } else {
@@ -1225,10 +1260,10 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
     for (int i = 0; i < nops; i++) {
         const dev_op_t *q = &o[i];
         size_t S = q->count * red_type_size(q->type);
-        size_t total = q->kind == OPK_ALLGATHER || q->kind == OPK_REDUCESCATTER ||
-                               q->kind == OPK_ALLTOALL
-                           ? S * (size_t)p
-                           : S;
+        size_t total =
+            q->kind == OPK_ALLGATHER || q->kind == OPK_REDUCESCATTER || q->kind == OPK_ALLTOALL
+                ? S * (size_t)p
+                : S;
         sizes[i] = q->kind == OPK_ALLTOALL ? 2 * total : total;
         in_off[i] = need;
         need += (sizes[i] + 255) / 256 * 256;
@@ -1239,8 +1274,12 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
         size_t S = q->count * red_type_size(q->type);
         uint8_t *h = s->arena + in_off[i];
         host_op_t *hp = &hops[i];
-        *hp = (host_op_t){.kind = q->kind, .count = q->count, .type = q->type, .root = q->root,
-                          .hsend = h, .hrecv = h};
+        *hp = (host_op_t){.kind = q->kind,
+                          .count = q->count,
+                          .type = q->type,
+                          .root = q->root,
+                          .hsend = h,
+                          .hrecv = h};
         host_reduction(hp, q);
         CUdeviceptr dsend = (CUdeviceptr)(uintptr_t)q->send;
         CUresult cr = CUDA_SUCCESS;
@@ -1282,9 +1321,12 @@ static loomResult_t stage_generic(dev_state_t *s, const dev_op_t *o, int nops, C
         CUdeviceptr drecv = (CUdeviceptr)(uintptr_t)q->recv;
         size_t out = 0;
         switch (q->kind) {
-        case OPK_BROADCAST: case OPK_RECV: case OPK_REDUCESCATTER: out = S; break;
+        case OPK_BROADCAST:
+        case OPK_RECV:
+        case OPK_REDUCESCATTER: out = S; break;
         case OPK_REDUCE: out = r == q->root ? S : 0; break;
-        case OPK_ALLGATHER: case OPK_ALLTOALL: out = S * (size_t)p; break;
+        case OPK_ALLGATHER:
+        case OPK_ALLTOALL: out = S * (size_t)p; break;
         default: break;
         }
         if (out == 0 || drecv == 0) continue;
@@ -1325,7 +1367,8 @@ static void *proxy_main(void *arg)
     log_set_rank(h->rank);
     for (;;) {
         pthread_mutex_lock(&s->qlock);
-        while (s->qhead == NULL && !atomic_load(&s->stop)) pthread_cond_wait(&s->qcond, &s->qlock);
+        while (s->qhead == NULL && !atomic_load(&s->stop))
+            pthread_cond_wait(&s->qcond, &s->qlock);
         stage_job_t *j = s->qhead;
         if (j) {
             s->qhead = j->next;
@@ -1350,8 +1393,8 @@ static void *proxy_main(void *arg)
             if (r != loomSuccess) {
                 char text[DEV_TEXT_MAX];
                 snprintf(text, sizeof(text),
-                         "rank %d: the network part of a device collective failed: %s",
-                         h->rank, base_last_error());
+                         "rank %d: the network part of a device collective failed: %s", h->rank,
+                         base_last_error());
                 h->set_error(h, r, text);
             }
         }
@@ -1417,7 +1460,8 @@ void dev_free(dev_host_t *h)
     for (int i = 0; i < STAGE_RING; i++)
         if (s->ring[i]) d->cuMemFreeHost(s->ring[i]);
     if (s->arena) d->cuMemFreeHost(s->arena);
-    for (int i = 0; i < s->nretired; i++) d->cuMemFreeHost(s->retired[i]);
+    for (int i = 0; i < s->nretired; i++)
+        d->cuMemFreeHost(s->retired[i]);
     free(s->retired);
     if (s->err) d->cuMemFreeHost((void *)s->err);
     if (s->ev) d->cuEventDestroy(s->ev);
@@ -1449,8 +1493,7 @@ loomResult_t dev_mem_alloc(void **ptr, size_t size)
     CUdeviceptr p = 0;
     CUresult cr = d->cuMemAlloc(&p, LOOM_MAX(size, 1));
     if (cr != CUDA_SUCCESS)
-        return base_error(cr == CUDA_ERROR_OUT_OF_MEMORY ? loomSystemError
-                                                         : loomUnhandledCudaError,
+        return base_error(cr == CUDA_ERROR_OUT_OF_MEMORY ? loomSystemError : loomUnhandledCudaError,
                           LOG_CUDA, "loomMemAlloc of %zu bytes: %s", size, cudrv_err(cr));
     *ptr = (void *)(uintptr_t)p;
     return loomSuccess;
@@ -1463,7 +1506,6 @@ loomResult_t dev_mem_free(void *ptr)
         return base_error(loomInvalidUsage, LOG_CUDA, "loomMemFree: %p: no CUDA driver", ptr);
     CUresult cr = d->cuMemFree((CUdeviceptr)(uintptr_t)ptr);
     if (cr != CUDA_SUCCESS)
-        return base_error(loomInvalidArgument, LOG_CUDA, "loomMemFree(%p): %s", ptr,
-                          cudrv_err(cr));
+        return base_error(loomInvalidArgument, LOG_CUDA, "loomMemFree(%p): %s", ptr, cudrv_err(cr));
     return loomSuccess;
 }

@@ -107,8 +107,7 @@ static __device__ __noinline__ bool wait_geq(const u64 *flag, u64 want, const de
 
 /* ---- byte copies (block-wide) ---- */
 
-static __device__ __noinline__ void copy_bytes(char *dst, const char *src, u64 len, int t,
-                                                  int nt)
+static __device__ __noinline__ void copy_bytes(char *dst, const char *src, u64 len, int t, int nt)
 {
     if (dst == src || len == 0) return;
     if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
@@ -123,30 +122,64 @@ static __device__ __noinline__ void copy_bytes(char *dst, const char *src, u64 l
             d[i + 2 * nt] = v2;
             d[i + 3 * nt] = v3;
         }
-        for (; i < nv; i += nt) d[i] = __ldcg(s + i);
-        for (u64 k = (nv << 4) + t; k < len; k += nt) dst[k] = __ldcg(src + k);
+        for (; i < nv; i += nt)
+            d[i] = __ldcg(s + i);
+        for (u64 k = (nv << 4) + t; k < len; k += nt)
+            dst[k] = __ldcg(src + k);
     } else if ((((uintptr_t)dst | (uintptr_t)src | len) & 3) == 0) {
         const unsigned *s = (const unsigned *)src;
         unsigned *d = (unsigned *)dst;
-        for (u64 i = t; i < len / 4; i += nt) d[i] = __ldcg(s + i);
+        for (u64 i = t; i < len / 4; i += nt)
+            d[i] = __ldcg(s + i);
     } else {
-        for (u64 i = t; i < len; i += nt) dst[i] = __ldcg(src + i);
+        for (u64 i = t; i < len; i += nt)
+            dst[i] = __ldcg(src + i);
     }
 }
 
 /* ---- typed reductions ---- */
 
 template <int DT> struct ty;
-template <> struct ty<0> { typedef int8_t S; typedef int8_t A; };
-template <> struct ty<1> { typedef uint8_t S; typedef uint8_t A; };
-template <> struct ty<2> { typedef int32_t S; typedef int32_t A; };
-template <> struct ty<3> { typedef uint32_t S; typedef uint32_t A; };
-template <> struct ty<4> { typedef long long S; typedef long long A; };
-template <> struct ty<5> { typedef unsigned long long S; typedef unsigned long long A; };
-template <> struct ty<6> { typedef unsigned short S; typedef float A; };
-template <> struct ty<7> { typedef float S; typedef float A; };
-template <> struct ty<8> { typedef double S; typedef double A; };
-template <> struct ty<9> { typedef unsigned short S; typedef float A; };
+template <> struct ty<0> {
+    typedef int8_t S;
+    typedef int8_t A;
+};
+template <> struct ty<1> {
+    typedef uint8_t S;
+    typedef uint8_t A;
+};
+template <> struct ty<2> {
+    typedef int32_t S;
+    typedef int32_t A;
+};
+template <> struct ty<3> {
+    typedef uint32_t S;
+    typedef uint32_t A;
+};
+template <> struct ty<4> {
+    typedef long long S;
+    typedef long long A;
+};
+template <> struct ty<5> {
+    typedef unsigned long long S;
+    typedef unsigned long long A;
+};
+template <> struct ty<6> {
+    typedef unsigned short S;
+    typedef float A;
+};
+template <> struct ty<7> {
+    typedef float S;
+    typedef float A;
+};
+template <> struct ty<8> {
+    typedef double S;
+    typedef double A;
+};
+template <> struct ty<9> {
+    typedef unsigned short S;
+    typedef float A;
+};
 
 template <int DT> static __device__ __forceinline__ typename ty<DT>::A up(typename ty<DT>::S s)
 {
@@ -194,8 +227,9 @@ template <int DT> static __device__ typename ty<DT>::A scale_of(const dev_args_t
 /* dst = op over src[0..nsrc) (rank order); src[scaled] (if >= 0) is multiplied by the scalar
  * and rounded to the type first; avg divides by navg. */
 template <int DT, int OP>
-static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, int nsrc, int scaled,
-                                u64 bytes, const dev_args_t &a, int navg, int t, int nt)
+static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, int nsrc,
+                                             int scaled, u64 bytes, const dev_args_t &a, int navg,
+                                             int t, int nt)
 {
     typedef typename ty<DT>::S S;
     typedef typename ty<DT>::A A;
@@ -203,17 +237,22 @@ static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, 
     A scale = scaled >= 0 ? scale_of<DT>(a) : (A)1;
     u64 nel = bytes / sizeof(S);
     uintptr_t al = (uintptr_t)dst;
-    for (int s = 0; s < nsrc; s++) al |= (uintptr_t)src[s];
+    for (int s = 0; s < nsrc; s++)
+        al |= (uintptr_t)src[s];
     u64 nv = (al & 15) == 0 ? nel / E : 0;
     /* U independent vectors per thread and iteration, so that enough loads are in flight to
      * cover the memory latency (fewer for the wide-accumulator small types) */
     const int U = sizeof(S) == 1 ? 1 : sizeof(S) == 2 ? 2 : 4;
     for (u64 i0 = t; i0 < nv; i0 += (u64)U * nt) {
         int nvec = 0;
-        while (nvec < U && i0 + (u64)nvec * nt < nv) nvec++;
+        while (nvec < U && i0 + (u64)nvec * nt < nv)
+            nvec++;
         A acc[U][E];
         for (int s = 0; s < nsrc; s++) {
-            union { int4 v; S e[E]; } u[U];
+            union {
+                int4 v;
+                S e[E];
+            } u[U];
 #pragma unroll
             for (int h = 0; h < U; h++)
                 if (h < nvec) u[h].v = __ldcg((const int4 *)src[s] + i0 + (u64)h * nt);
@@ -230,7 +269,10 @@ static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, 
 #pragma unroll
         for (int h = 0; h < U; h++) {
             if (h >= nvec) break;
-            union { int4 v; S e[E]; } o;
+            union {
+                int4 v;
+                S e[E];
+            } o;
 #pragma unroll
             for (int k = 0; k < E; k++)
                 o.e[k] = down<DT>(navg > 1 ? acc[h][k] / (A)navg : acc[h][k]);
@@ -249,8 +291,8 @@ static __device__ __noinline__ void reduce_t(char *dst, const char *const *src, 
 }
 
 template <int DT>
-static __device__ void reduce_dt(char *dst, const char *const *src, int nsrc, int scaled,
-                                 u64 bytes, const dev_args_t &a, int navg, int t, int nt)
+static __device__ void reduce_dt(char *dst, const char *const *src, int nsrc, int scaled, u64 bytes,
+                                 const dev_args_t &a, int navg, int t, int nt)
 {
     switch (a.op) {
     case 0: reduce_t<DT, 0>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
@@ -308,7 +350,8 @@ static __device__ __forceinline__ unsigned gather4(const char *p, u64 left)
 {
     if (left >= 4 && ((uintptr_t)p & 3) == 0) return *(const unsigned *)p;
     unsigned v = 0;
-    for (int i = 0; i < 4 && (u64)i < left; i++) v |= (unsigned)(unsigned char)p[i] << (8 * i);
+    for (int i = 0; i < 4 && (u64)i < left; i++)
+        v |= (unsigned)(unsigned char)p[i] << (8 * i);
     return v;
 }
 
@@ -318,7 +361,8 @@ static __device__ __forceinline__ void scatter4(char *p, u64 left, unsigned v)
         *(unsigned *)p = v;
         return;
     }
-    for (int i = 0; i < 4 && (u64)i < left; i++) p[i] = (char)(v >> (8 * i));
+    for (int i = 0; i < 4 && (u64)i < left; i++)
+        p[i] = (char)(v >> (8 * i));
 }
 
 static __device__ void ll_push(u64 *dst, const char *src, u64 len, u64 step, int t, int nt)
@@ -350,14 +394,16 @@ static __device__ bool ll_take(char *dst, const u64 *src, u64 len, u64 step, int
 }
 
 /* The push half: my pieces into the peers' slots, round after round. */
-static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &sh, u64 rounds, int t, int nt)
+static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &sh, u64 rounds,
+                                                 int t, int nt)
 {
     const int b = blockIdx.x, nb = a.nblocks, n = a.n, me = a.me;
     char *mine = a.region[me];
     u64 *ack = (u64 *)(mine + DEV_OFF_ACK);
     u64 *sstep = (u64 *)(mine + DEV_OFF_SSTEP);
     u64 ss[DEV_MAX_LOCAL];
-    for (int j = 0; j < n; j++) ss[j] = sstep[j * DEV_MAX_BLOCKS + b];
+    for (int j = 0; j < n; j++)
+        ss[j] = sstep[j * DEV_MAX_BLOCKS + b];
     const bool scale_push = a.mode == DEV_REDUCE && a.premul;
     for (u64 k = 0; k < rounds; k++) {
         for (int j = 0; j < n; j++) {
@@ -393,38 +439,40 @@ static __device__ __forceinline__ void push_half(const dev_args_t &a, xshared &s
         if (t == 0) sh.pushed = k + 1;
     }
     if (t == 0)
-        for (int j = 0; j < n; j++) sstep[j * DEV_MAX_BLOCKS + b] = ss[j];
+        for (int j = 0; j < n; j++)
+            sstep[j * DEV_MAX_BLOCKS + b] = ss[j];
 }
 
 /* The receive half: peers' pieces out of my slots, copied or reduced. */
-static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &sh, u64 rounds, int t, int nt)
+static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &sh, u64 rounds,
+                                                 int t, int nt)
 {
     const int b = blockIdx.x, nb = a.nblocks, n = a.n, me = a.me;
     char *mine = a.region[me];
     u64 *rflag = (u64 *)(mine + DEV_OFF_RFLAG);
     u64 *rstep = (u64 *)(mine + DEV_OFF_RSTEP);
     u64 rs[DEV_MAX_LOCAL];
-    for (int j = 0; j < n; j++) rs[j] = rstep[j * DEV_MAX_BLOCKS + b];
+    for (int j = 0; j < n; j++)
+        rs[j] = rstep[j * DEV_MAX_BLOCKS + b];
     for (u64 k = 0; k < rounds; k++) {
         /* Writing over my input (in place) waits until the push half has sent this round. */
         if (a.alias && t == 0)
-            while (sh.pushed < k + 1 && !sh.fail) __nanosleep(32);
+            while (sh.pushed < k + 1 && !sh.fail)
+                __nanosleep(32);
         if (a.mode == DEV_COPY) {
             for (int j = 0; j < n; j++) {
                 u64 pos, len;
-                if (j == me || !piece_of(a.io[j].recv_len, k, nb, b, a.slot, &pos, &len))
-                    continue;
+                if (j == me || !piece_of(a.io[j].recv_len, k, nb, b, a.slot, &pos, &len)) continue;
                 u64 s = rs[j] + 1;
                 if (dev_is_ll(a.io[j].recv_len, nb, a.slot, 0)) {
                     ll_take(a.recv + a.io[j].recv_off + pos,
-                            (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, s % a.nslot, n, nb,
-                                                                 a.nslot, a.slot)),
+                            (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, s % a.nslot, n, nb, a.nslot,
+                                                                 a.slot)),
                             len, s, t, nt, a, j, &sh.fail);
                     half_sync(2, nt);
                     if (sh.fail) return;
                     if (t == 0)
-                        st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b,
-                                   s);
+                        st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b, s);
                     rs[j] = s;
                     continue;
                 }
@@ -451,20 +499,20 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
                 for (int j = 0; j < n; j++)
                     if (j != me)
                         ll_take(mine + DEV_UNPACK_OFF(j, b, n, nb, a.nslot, a.slot),
-                                (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, (rs[j] + 1) % a.nslot,
-                                                                     n, nb, a.nslot, a.slot)),
+                                (const u64 *)(mine + DEV_LL_SLOT_OFF(j, b, (rs[j] + 1) % a.nslot, n,
+                                                                     nb, a.nslot, a.slot)),
                                 len, rs[j] + 1, t, nt, a, j, &sh.fail);
             } else if (t == 0) {
                 for (int j = 0; j < n; j++)
-                    if (j != me && !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j,
-                                             DEV_WAIT_DATA))
+                    if (j != me &&
+                        !wait_geq(&rflag[j * DEV_MAX_BLOCKS + b], rs[j] + 1, a, j, DEV_WAIT_DATA))
                         sh.fail = 1;
             }
             if (t < n)
-                sh.srcs[t] = t == me ? a.send + a.self_src + pos
-                             : ll   ? mine + DEV_UNPACK_OFF(t, b, n, nb, a.nslot, a.slot)
-                                    : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) % a.nslot, nb, a.nslot,
-                                                          a.slot);
+                sh.srcs[t] =
+                    t == me ? a.send + a.self_src + pos
+                    : ll    ? mine + DEV_UNPACK_OFF(t, b, n, nb, a.nslot, a.slot)
+                            : mine + DEV_SLOT_OFF(t, b, (rs[t] + 1) % a.nslot, nb, a.nslot, a.slot);
             half_sync(2, nt);
             if (sh.fail) return;
             reduce_any(a.recv + a.self_dst + pos, sh.srcs, n, a.premul ? me : -1, len, a,
@@ -474,13 +522,13 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
                 if (j == me) continue;
                 rs[j]++;
                 if (t == 0)
-                    st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b,
-                               rs[j]);
+                    st_release((u64 *)(a.region[j] + DEV_OFF_ACK) + me * DEV_MAX_BLOCKS + b, rs[j]);
             }
         }
     }
     if (t == 0)
-        for (int j = 0; j < n; j++) rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
+        for (int j = 0; j < n; j++)
+            rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
 }
 
 /* DEV_DIRECT: see kernels.h. */
@@ -495,8 +543,8 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
             if (j != me)
                 st_release((u64 *)(a.region[j] + DEV_OFF_ARRIVE) + me * DEV_MAX_BLOCKS + b, s);
         for (int j = 0; j < n; j++)
-            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_ARRIVE) + j * DEV_MAX_BLOCKS + b, s,
-                                     a, j, DEV_WAIT_DATA))
+            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_ARRIVE) + j * DEV_MAX_BLOCKS + b, s, a,
+                                     j, DEV_WAIT_DATA))
                 sh.fail = 1;
     }
     __syncthreads();
@@ -505,8 +553,7 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
     u64 pos = (u64)b * ch;
     if (pos < len) {
         u64 plen = len - pos < ch ? len - pos : ch;
-        if (t < n)
-            sh.srcs[t] = (t == me ? a.send : a.peer_send[t]) + a.self_src + pos;
+        if (t < n) sh.srcs[t] = (t == me ? a.send : a.peer_send[t]) + a.self_src + pos;
         __syncthreads();
         char *out = a.recv + a.self_dst + pos;
         reduce_any(out, sh.srcs, n, -1, plen, a, a.avg ? n : 0, t, nt);
@@ -521,8 +568,8 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
             if (j != me)
                 st_release((u64 *)(a.region[j] + DEV_OFF_DONE) + me * DEV_MAX_BLOCKS + b, s);
         for (int j = 0; j < n; j++)
-            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_DONE) + j * DEV_MAX_BLOCKS + b, s,
-                                     a, j, DEV_WAIT_ACK))
+            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_DONE) + j * DEV_MAX_BLOCKS + b, s, a, j,
+                                     DEV_WAIT_ACK))
                 sh.fail = 1;
         if (!sh.fail) dstep[b] = s;
     }
@@ -538,8 +585,7 @@ static __device__ __forceinline__ void lla_put(char *p, u64 v, unsigned flag)
 }
 
 /* The 8 bytes of a word once both halves carry `flag`. */
-static __device__ __forceinline__ bool lla_get(const char *p, unsigned flag, u64 *v,
-                                               unsigned *seen)
+static __device__ __forceinline__ bool lla_get(const char *p, unsigned flag, u64 *v, unsigned *seen)
 {
     unsigned x, f1, y, f2;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -558,7 +604,8 @@ static __device__ __forceinline__ u64 load8(const char *p, u64 left)
     if (left >= 8 && ((uintptr_t)p & 3) == 0)
         return (u64)((const unsigned *)p)[0] | (u64)((const unsigned *)p)[1] << 32;
     u64 v = 0;
-    for (int i = 0; i < 8 && (u64)i < left; i++) v |= (u64)(unsigned char)p[i] << (8 * i);
+    for (int i = 0; i < 8 && (u64)i < left; i++)
+        v |= (u64)(unsigned char)p[i] << (8 * i);
     return v;
 }
 
@@ -570,14 +617,15 @@ static __device__ __forceinline__ void store8(char *p, u64 left, u64 v)
         ((unsigned *)p)[0] = (unsigned)v;
         ((unsigned *)p)[1] = (unsigned)(v >> 32);
     } else {
-        for (int i = 0; i < 8 && (u64)i < left; i++) p[i] = (char)(v >> (8 * i));
+        for (int i = 0; i < 8 && (u64)i < left; i++)
+            p[i] = (char)(v >> (8 * i));
     }
 }
 
 /* Spins for a peer's word; false (after recording why) on abort, timeout, or another thread's
  * failure. */
 static __device__ __forceinline__ bool lla_wait(const dev_args_t &a, const char *p, unsigned flag,
-                                             int peer, volatile int *fail, u64 *v)
+                                                int peer, volatile int *fail, u64 *v)
 {
     unsigned seen;
     if (lla_get(p, flag, v, &seen)) return true;
@@ -606,7 +654,7 @@ struct lla_t {
 /* Returns the step this lane used. */
 template <int DT, int OP>
 static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &a, const u64 *lstep,
-                                           volatile int *fail)
+                                              volatile int *fail)
 {
     typedef typename ty<DT>::S S;
     typedef typename ty<DT>::A A;
@@ -628,7 +676,8 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
         if (L.premul) {
             const A scale = scale_of<DT>(a);
 #pragma unroll
-            for (int k = 0; k < E; k++) w.e[k] = down<DT>(up<DT>(w.e[k]) * scale);
+            for (int k = 0; k < E; k++)
+                w.e[k] = down<DT>(up<DT>(w.e[k]) * scale);
         }
         return w;
     };
@@ -649,7 +698,8 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
     auto finish = [&](u64 c, const A *acc) {
         W o;
 #pragma unroll
-        for (int k = 0; k < E; k++) o.e[k] = down<DT>(L.avg ? acc[k] / (A)n : acc[k]);
+        for (int k = 0; k < E; k++)
+            o.e[k] = down<DT>(L.avg ? acc[k] / (A)n : acc[k]);
         store8(L.recv + c * 8, len - c * 8, o.v);
     };
     if (nchunk <= stride) {
@@ -738,16 +788,17 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
         if (r > rounds) rounds = r;
     }
     __syncthreads();
-    if (t < np) push_half(a, sh, rounds, t, np);
-    else recv_half(a, sh, rounds, t - np, (int)blockDim.x - np);
+    if (t < np)
+        push_half(a, sh, rounds, t, np);
+    else
+        recv_half(a, sh, rounds, t - np, (int)blockDim.x - np);
     /* a failed half must not leave the other waiting at a barrier: both only wait at their
      * own barrier, and the waits see sh.fail or the abort word */
 }
 
 /* DEV_LLA's own entries (below): the latency path gets registers of its own (loom_exchange's
  * slot path needs all 128 and a stack frame) and no dispatch on the mode. */
-template <int DT, int OP>
-static __device__ __forceinline__ void lla_kernel(const dev_args_t &a)
+template <int DT, int OP> static __device__ __forceinline__ void lla_kernel(const dev_args_t &a)
 {
     /* Launched as a programmatic dependent (PDL, Hopper and later): the next launch may be
      * scheduled as soon as every block of this one got here (so this comes first), and waits
@@ -762,7 +813,8 @@ static __device__ __forceinline__ void lla_kernel(const dev_args_t &a)
         L.send = a.send;
         L.recv = a.recv;
 #pragma unroll
-        for (int j = 0; j < DEV_MAX_LOCAL; j++) L.region[j] = a.region[j];
+        for (int j = 0; j < DEV_MAX_LOCAL; j++)
+            L.region[j] = a.region[j];
         L.len = a.self_len;
         L.base = a.lla_base;
         L.cap = a.lla_cap;

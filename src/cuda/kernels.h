@@ -21,7 +21,7 @@
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H
 
-#define DEV_MAX_LOCAL 8   /* ranks of one node in one exchange */
+#define DEV_MAX_LOCAL 8    /* ranks of one node in one exchange */
 #define DEV_MAX_BLOCKS 128 /* lanes per peer */
 #define DEV_MIN_PIECE 4096ull
 #define DEV_MAX_THREADS 512 /* threads per block: half push, half receive */
@@ -52,10 +52,10 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 
 /* Region layout: four tables of u64 [DEV_MAX_LOCAL][DEV_MAX_BLOCKS], then the slots. */
 #define DEV_TABLE_BYTES (8ull * DEV_MAX_LOCAL * DEV_MAX_BLOCKS)
-#define DEV_OFF_RFLAG 0ull               /* [writer][block]: step published to me */
-#define DEV_OFF_ACK (1 * DEV_TABLE_BYTES) /* [reader][block]: step the reader consumed */
-#define DEV_OFF_SSTEP (2 * DEV_TABLE_BYTES) /* [peer][block]: my last step sent (private) */
-#define DEV_OFF_RSTEP (3 * DEV_TABLE_BYTES) /* [peer][block]: my last step received */
+#define DEV_OFF_RFLAG 0ull                   /* [writer][block]: step published to me */
+#define DEV_OFF_ACK (1 * DEV_TABLE_BYTES)    /* [reader][block]: step the reader consumed */
+#define DEV_OFF_SSTEP (2 * DEV_TABLE_BYTES)  /* [peer][block]: my last step sent (private) */
+#define DEV_OFF_RSTEP (3 * DEV_TABLE_BYTES)  /* [peer][block]: my last step received */
 #define DEV_OFF_ARRIVE (5 * DEV_TABLE_BYTES) /* [peer][block]: direct ops the peer started */
 #define DEV_OFF_DONE (6 * DEV_TABLE_BYTES)   /* [peer][block]: direct ops the peer finished */
 #define DEV_OFF_DSTEP (7 * DEV_TABLE_BYTES)  /* [0][block]: my direct ops (private) */
@@ -79,7 +79,7 @@ enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 /* The piece size of a stream of len bytes over nb lanes: an even share, 16-byte aligned, at
  * least DEV_MIN_PIECE, at most a slot. Host and device cut streams the same way. */
 static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, int nb,
-                                                         unsigned long long slot)
+                                                        unsigned long long slot)
 {
     unsigned long long c = (len + (unsigned long long)nb - 1) / (unsigned long long)nb;
     c = (c + 15) & ~15ull;
@@ -95,8 +95,8 @@ static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, 
  * word of a bulk piece could look like a valid step) after the bulk slots, and an unpack area
  * per lane where the receiver gathers a peer's piece before it reduces.
  */
-#define DEV_LL_PIECE 4096ull  /* data bytes of one low-latency piece */
-#define DEV_LL_MAX 65536ull   /* streams up to this length go in low-latency pieces */
+#define DEV_LL_PIECE 4096ull /* data bytes of one low-latency piece */
+#define DEV_LL_MAX 65536ull  /* streams up to this length go in low-latency pieces */
 #define DEV_LL_SLOT (2 * DEV_LL_PIECE)
 #define DEV_LL_BASE(n, nb, nslot, slot)                                                            \
     (DEV_OFF_SLOTS + (unsigned long long)(n) * (nb) * (nslot) * (slot))
@@ -104,13 +104,13 @@ static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, 
     (DEV_LL_BASE(n, nb, nslot, slot) +                                                             \
      ((((unsigned long long)(w) * (nb) + (b)) * (unsigned long long)(nslot) + (p)) * DEV_LL_SLOT))
 #define DEV_UNPACK_OFF(j, b, n, nb, nslot, slot)                                                   \
-    (DEV_LL_BASE(n, nb, nslot, slot) + (unsigned long long)(n) * (nb) * (nslot) * DEV_LL_SLOT +    \
+    (DEV_LL_BASE(n, nb, nslot, slot) + (unsigned long long)(n) * (nb) * (nslot)*DEV_LL_SLOT +      \
      ((unsigned long long)(j) * (nb) + (b)) * DEV_LL_PIECE)
 /* DEV_LLA's slots: [writer][parity][chunk] words of 16 bytes, `cap` chunks per writer and
  * parity (0 when the communicator has no DEV_LLA path). */
 #define DEV_LLA_BASE(n, nb, nslot, slot) DEV_UNPACK_OFF(n, 0, n, nb, nslot, slot)
-#define DEV_LLA_OFF(w, par, c, cap)                                                               \
-    ((((unsigned long long)(w) * 2 + (par)) * (unsigned long long)(cap) + (c)) * 16ull)
+#define DEV_LLA_OFF(w, par, c, cap)                                                                \
+    ((((unsigned long long)(w)*2 + (par)) * (unsigned long long)(cap) + (c)) * 16ull)
 #define DEV_REGION_BYTES(n, nb, nslot, slot, cap)                                                  \
     (DEV_LLA_BASE(n, nb, nslot, slot) + DEV_LLA_OFF(n, 0, 0, cap))
 
@@ -130,7 +130,8 @@ static DEV_HD inline void dev_lla_launch(unsigned long long len, int nb, unsigne
     unsigned long long chunks = (len + 7) / 8, spans = (chunks + DEV_LLA_SPAN - 1) / DEV_LLA_SPAN;
     *grid = (unsigned)(spans < (unsigned long long)nb ? spans : (unsigned long long)nb);
     if (*grid == 0) *grid = 1;
-    *threads = chunks >= DEV_LLA_SPAN ? (unsigned)DEV_LLA_SPAN : (unsigned)((chunks + 31) / 32 * 32);
+    *threads =
+        chunks >= DEV_LLA_SPAN ? (unsigned)DEV_LLA_SPAN : (unsigned)((chunks + 31) / 32 * 32);
     if (*threads == 0) *threads = 32;
 }
 
@@ -141,7 +142,8 @@ static DEV_HD inline int dev_piece_of(unsigned long long len, unsigned long long
                                       unsigned long long *plen)
 {
     if (len == 0) return 0;
-    unsigned long long ch = dev_piece_bytes(len, nb, slot), p = (k * (unsigned long long)nb + b) * ch;
+    unsigned long long ch = dev_piece_bytes(len, nb, slot),
+                       p = (k * (unsigned long long)nb + b) * ch;
     if (p >= len) return 0;
     *pos = p;
     *plen = len - p < ch ? len - p : ch;
@@ -174,8 +176,8 @@ typedef struct {
 typedef struct {
     /* what every kernel reads first, together (one pass through the constant cache) */
     int n, me, mode, dtype, op, avg, nblocks, premul;
-    int alias; /* the receive buffer overlaps the send buffer (in place) */
-    int nslot; /* slots per lane: pieces a lane has in flight */
+    int alias;        /* the receive buffer overlaps the send buffer (in place) */
+    int nslot;        /* slots per lane: pieces a lane has in flight */
     int push_threads; /* the first push_threads of a block push, the rest receive */
     int empty;        /* debugging: the kernel returns at once (LOOM_CUDA_EMPTY) */
     const char *send;
@@ -192,13 +194,13 @@ typedef struct {
     /* the rest */
     unsigned long long slot;
     unsigned long long seq, timeout_ns;
-    double scale_f;         /* pre-multiplied sum scalar, host immediate (floating types) */
-    long long scale_i;      /* ... integer types */
-    const void *scale_dev;  /* ... or in device memory (read when the kernel runs) */
+    double scale_f;        /* pre-multiplied sum scalar, host immediate (floating types) */
+    long long scale_i;     /* ... integer types */
+    const void *scale_dev; /* ... or in device memory (read when the kernel runs) */
     const char *peer_send[DEV_MAX_LOCAL]; /* DEV_DIRECT: the ranks' buffers, mapped here */
     char *peer_recv[DEV_MAX_LOCAL];
     int direct_fanout, direct_pad; /* DEV_DIRECT: 1 (allreduce): the result into every output */
-    dev_err_t *err;              /* device address of the host-mapped error record */
+    dev_err_t *err;                /* device address of the host-mapped error record */
     dev_io_t io[DEV_MAX_LOCAL];
 } dev_args_t;
 

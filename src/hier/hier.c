@@ -5,7 +5,10 @@
 
 #include "base.h"
 
-static inline int mod(int a, int p) { return ((a % p) + p) % p; }
+static inline int mod(int a, int p)
+{
+    return ((a % p) + p) % p;
+}
 
 typedef struct {
     uint64_t off, len;
@@ -22,7 +25,8 @@ static span_t shard_span(uint64_t count, int nshards, int k)
 static int max_local(const sched_topo_t *t)
 {
     int m = 1;
-    for (int n = 0; n < t->nnodes; n++) m = LOOM_MAX(m, t->node_start[n + 1] - t->node_start[n]);
+    for (int n = 0; n < t->nnodes; n++)
+        m = LOOM_MAX(m, t->node_start[n + 1] - t->node_start[n]);
     return m;
 }
 
@@ -89,9 +93,9 @@ static ring_span_t unit_at(const units_t *cu, uint64_t u)
  * ring, so that each unit's last step (and the cross-node phase waiting for it) comes early.
  * reduce: reduce-scatter (step k sends chunk li-k-1, reduces chunk li-k-2, ending with chunk
  * li complete here); else allgather (step k forwards chunk li-k, receives chunk li-k-1). */
-static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int li,
-                       uint64_t count, int nshards, const ring_params_t *prm, int N, int node,
-                       bool reduce, uint8_t last_flags)
+static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int li, uint64_t count,
+                       int nshards, const ring_params_t *prm, int N, int node, bool reduce,
+                       uint8_t last_flags)
 {
     int next = local[mod(li + 1, ls)], prev = local[mod(li - 1, ls)];
     int K = ls - 1;
@@ -125,7 +129,8 @@ static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int 
         }
     }
 out:
-    for (int c = 0; c < ls; c++) free(cu[c].u);
+    for (int c = 0; c < ls; c++)
+        free(cu[c].u);
     free(cu);
 }
 
@@ -133,9 +138,11 @@ out:
 static ring_group_t my_node(const sched_t *s, const sched_topo_t *t)
 {
     int node = t->node_of[s->rank];
-    ring_group_t g = {.n = t->node_start[node + 1] - t->node_start[node], .me = 0,
+    ring_group_t g = {.n = t->node_start[node + 1] - t->node_start[node],
+                      .me = 0,
                       .ranks = t->node_ranks + t->node_start[node]};
-    while (g.ranks[g.me] != s->rank) g.me++;
+    while (g.ranks[g.me] != s->rank)
+        g.me++;
     return g;
 }
 
@@ -169,8 +176,8 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
             }
             ring_group_t g = {.n = N, .me = node, .ranks = ranks};
             span_t sp = shard_span(count, S, k);
-            ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, sp.off, sp.len,
-                                  prm, true, avg);
+            ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, sp.off, sp.len, prm,
+                                  true, avg);
         }
         free(ranks);
     }
@@ -194,7 +201,8 @@ void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uin
             s->oom = true;
             return;
         }
-        for (int n = 0; n < N; n++) leaders[n] = t->node_ranks[t->node_start[n]];
+        for (int n = 0; n < N; n++)
+            leaders[n] = t->node_ranks[t->node_start[n]];
         ring_group_t g = {.n = N, .me = node, .ranks = leaders};
         ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, 0, count, prm, true,
                               avg);
@@ -204,8 +212,8 @@ void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uin
     if (ls > 1) ring_broadcast_group(s, desc, &lg, count, 0, SCHED_BUF_RECV, prm, true);
 }
 
-void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
-                  bool inplace, bool avg)
+void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg)
 {
     int p = s->nranks, r = s->rank;
     if (count == 0) return;

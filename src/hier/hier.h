@@ -30,7 +30,7 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_
                     const ring_params_t *prm, bool inplace, bool avg);
 void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
-void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
-                  bool inplace, bool avg);
+void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg);
 
 #endif

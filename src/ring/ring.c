@@ -16,7 +16,10 @@
 
 #include "base.h"
 
-static inline int mod(int a, int p) { return ((a % p) + p) % p; }
+static inline int mod(int a, int p)
+{
+    return ((a % p) + p) % p;
+}
 
 /* The whole communicator as a group. */
 static ring_group_t whole(const sched_t *s)
@@ -72,8 +75,7 @@ void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params
                     bool inplace, bool avg)
 {
     ring_group_t g = whole(s);
-    ring_allreduce_region(s, desc, &g, SCHED_BUF_SEND, SCHED_BUF_RECV, 0, count, prm, inplace,
-                          avg);
+    ring_allreduce_region(s, desc, &g, SCHED_BUF_SEND, SCHED_BUF_RECV, 0, count, prm, inplace, avg);
 }
 
 void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
@@ -139,8 +141,8 @@ static int piece_cmp(const void *a, const void *b)
     return (x->c > y->c) - (x->c < y->c);
 }
 
-size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, int me,
-                             bool finish, ring_span_t **out, bool *oom)
+size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, int me, bool finish,
+                             ring_span_t **out, bool *oom)
 {
     *out = NULL;
     if (count == 0) return 0;
@@ -167,8 +169,10 @@ size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, i
             uint64_t ns = sched_nslices(a.len, sl);
             /* the wavefront (step + slice) at which the ring reads or finishes slice j */
             uint64_t lag;
-            if (finish) lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
-            else lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
+            if (finish)
+                lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
+            else
+                lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
             if (p == 1) lag = 0;
             for (uint64_t j = 0; j < ns; j++) {
                 k[m].wave = j + lag;
@@ -181,7 +185,8 @@ size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, i
         }
     }
     qsort(k, n, sizeof(*k), piece_cmp);
-    for (size_t i = 0; i < n; i++) o[i] = k[i].sp;
+    for (size_t i = 0; i < n; i++)
+        o[i] = k[i].sp;
     free(k);
     *out = o;
     return n;
@@ -225,8 +230,7 @@ void ring_reduce_scatter(sched_t *s, uint16_t desc, uint64_t n, const ring_param
     }
 }
 
-void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm0,
-                    bool inplace)
+void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm0, bool inplace)
 {
     int p = s->nranks, r = s->rank;
     if (n == 0) return;
@@ -255,8 +259,8 @@ void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *
     }
 }
 
-void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root,
-                    const ring_params_t *prm, bool inplace)
+void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
+                    bool inplace)
 {
     ring_group_t g = whole(s);
     ring_broadcast_group(s, desc, &g, count, root, SCHED_BUF_SEND, prm, inplace);
@@ -343,8 +347,8 @@ void direct_alltoall(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t 
  * waits for ours (a transport that reads from the sender's memory, or a full socket, would hold
  * both forever). So the partial values move between two scratch halves and end in the output.
  */
-void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
-                  bool inplace, bool avg)
+void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg)
 {
     int p = s->nranks, r = s->rank;
     if (count == 0) return;
@@ -353,7 +357,8 @@ void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
         return;
     }
     int q = 1, L = 0;
-    while (q * 2 <= p) q *= 2, L++;
+    while (q * 2 <= p)
+        q *= 2, L++;
     int extra = p - q;
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
     /* Fold: among the first 2*extra ranks, each odd one hands its buffer to the even one below

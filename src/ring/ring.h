@@ -70,8 +70,8 @@ void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_
                        const ring_params_t *prm, bool inplace, bool avg);
 
 /* Recursive doubling allreduce: log2 steps, whole buffer each step (small buffers). */
-void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
-                  bool inplace, bool avg);
+void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg);
 
 /* Direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i sends to r+i and
  * receives from r-i), count elements per pair. Out of place only. */

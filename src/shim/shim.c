@@ -123,8 +123,9 @@ SHIM_API void *dlopen(const char *file, int mode)
     if (real == NULL) real = (void *(*)(const char *, int))dlsym(RTLD_NEXT, "dlopen");
     const char *self = NULL;
     if (real && other_nccl(file, &self)) {
-        INFO(LOG_SHIM, "dlopen(%s): NCCL is served by loom's shim (%s) in this process; "
-                       "answering with the shim instead of loading a second NCCL",
+        INFO(LOG_SHIM,
+             "dlopen(%s): NCCL is served by loom's shim (%s) in this process; "
+             "answering with the shim instead of loading a second NCCL",
              file, self);
         return real(self, mode);
     }

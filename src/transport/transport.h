@@ -41,7 +41,7 @@ typedef struct {
     uint8_t secret[16];           /* the job's secret: peers must prove they know it */
     struct sockaddr_storage bind; /* the address chosen by LOOM_SOCKET_IFNAME (port ignored) */
     socklen_t bind_len;
-    size_t max_message;           /* the largest message this communicator will post */
+    size_t max_message; /* the largest message this communicator will post */
 } transport_setup_t;
 
 typedef struct {
@@ -56,8 +56,7 @@ typedef struct {
     /* The connection to `peer` (whose handle is given), created at the first call and returned
      * at once; it becomes usable inside progress. Work may be posted on it before then. */
     loomResult_t (*connect)(transport_ctx_t *ctx, int peer,
-                            const uint8_t handle[TRANSPORT_HANDLE_BYTES],
-                            transport_conn_t **conn);
+                            const uint8_t handle[TRANSPORT_HANDLE_BYTES], transport_conn_t **conn);
     loomResult_t (*isend)(transport_conn_t *conn, const void *buf, size_t len,
                           const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **req);
     loomResult_t (*irecv)(transport_conn_t *conn, void *buf, size_t len, transport_req_t **req);

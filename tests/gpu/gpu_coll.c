@@ -172,9 +172,7 @@ static void put_val(int t, double v, uint8_t *p)
         memcpy(p, &f, 4);
         break;
     }
-    case F64:
-        memcpy(p, &v, 8);
-        break;
+    case F64: memcpy(p, &v, 8); break;
     default: {
         uint64_t u = (uint64_t)(int64_t)v;
         memcpy(p, &u, TS[t]); /* little endian: the low bytes, wrapped */
@@ -203,36 +201,24 @@ static double gen_val(int k, int t, uint64_t salt, int r, int n, size_t i)
     case K_SUM:
     case K_AVG:
         switch (t) {
-        case I8:
-            return range(h, -7, 7);
-        case U8:
-            return range(h, 0, 15);
-        case BF16:
-            return range(h, -15, 15);
-        case F16:
-            return range(h, -100, 100);
+        case I8: return range(h, -7, 7);
+        case U8: return range(h, 0, 15);
+        case BF16: return range(h, -15, 15);
+        case F16: return range(h, -100, 100);
         case U32:
-        case U64:
-            return range(h, 0, 2000);
-        default:
-            return range(h, -1000, 1000);
+        case U64: return range(h, 0, 2000);
+        default: return range(h, -1000, 1000);
         }
     case K_MAX:
     case K_MIN:
         switch (t) {
-        case I8:
-            return range(h, -100, 100);
-        case U8:
-            return range(h, 0, 200);
-        case BF16:
-            return range(h, -250, 250);
-        case F16:
-            return range(h, -2000, 2000);
+        case I8: return range(h, -100, 100);
+        case U8: return range(h, 0, 200);
+        case BF16: return range(h, -250, 250);
+        case F16: return range(h, -2000, 2000);
         case U32:
-        case U64:
-            return range(h, 0, 4000000);
-        default:
-            return range(h, -1000000, 1000000);
+        case U64: return range(h, 0, 4000000);
+        default: return range(h, -1000000, 1000000);
         }
     case K_PROD:
         if (i % (size_t)n ==
@@ -249,8 +235,7 @@ static double gen_val(int k, int t, uint64_t salt, int r, int n, size_t i)
         if (t == F16) return 256.0 + (double)(h % 1024) * 0.25;
         if (t == BF16) return 1.0 + (double)(h % 128) / 128.0;
         return range(h, -1000, 1000);
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -263,14 +248,10 @@ static double premul_scalar(int t, int r)
 static double round_to(int t, double v)
 {
     switch (t) {
-    case F16:
-        return h2f(f2h((float)v));
-    case BF16:
-        return bf2f(f2bf((float)v));
-    case F32:
-        return (float)v;
-    default:
-        return v;
+    case F16: return h2f(f2h((float)v));
+    case BF16: return bf2f(f2bf((float)v));
+    case F32: return (float)v;
+    default: return v;
     }
 }
 
@@ -284,21 +265,11 @@ static void ref_elem(int op, int t, int n, const double *x, uint8_t *out)
             int64_t v = (int64_t)x[r];
             switch (op) {
             case K_SUM:
-            case K_AVG:
-                acc += v;
-                break;
-            case K_PROD:
-                acc *= v;
-                break;
-            case K_MAX:
-                acc = v > acc ? v : acc;
-                break;
-            case K_MIN:
-                acc = v < acc ? v : acc;
-                break;
-            case OP_PREMUL:
-                acc += (int64_t)premul_scalar(t, r) * v;
-                break;
+            case K_AVG: acc += v; break;
+            case K_PROD: acc *= v; break;
+            case K_MAX: acc = v > acc ? v : acc; break;
+            case K_MIN: acc = v < acc ? v : acc; break;
+            case OP_PREMUL: acc += (int64_t)premul_scalar(t, r) * v; break;
             }
         }
         if (op == K_AVG) acc = is_signed(t) ? acc / n : (int64_t)((uint64_t)acc / (uint64_t)n);
@@ -316,18 +287,10 @@ static void ref_elem(int op, int t, int n, const double *x, uint8_t *out)
         switch (op) {
         case K_SUM:
         case K_AVG:
-        case OP_PREMUL:
-            acc += v;
-            break;
-        case K_PROD:
-            acc *= v;
-            break;
-        case K_MAX:
-            acc = v > acc ? v : acc;
-            break;
-        case K_MIN:
-            acc = v < acc ? v : acc;
-            break;
+        case OP_PREMUL: acc += v; break;
+        case K_PROD: acc *= v; break;
+        case K_MAX: acc = v > acc ? v : acc; break;
+        case K_MIN: acc = v < acc ? v : acc; break;
         }
     }
     if (op == K_AVG) acc = t == F64 ? acc / n : (double)((float)acc / (float)n);
@@ -377,9 +340,7 @@ static void fmt_elem(int t, const uint8_t *p, char *buf, size_t len)
         memcpy(&i8, p, 1);
         snprintf(buf, len, "%d", i8);
         break;
-    case U8:
-        snprintf(buf, len, "%u", p[0]);
-        break;
+    case U8: snprintf(buf, len, "%u", p[0]); break;
     case I32:
         memcpy(&i32, p, 4);
         snprintf(buf, len, "%" PRId32, i32);
@@ -1204,7 +1165,8 @@ static void grp_streams(ctx_t *c)
         for (size_t i = 0; i < cc; i++) {
             float f;
             memcpy(&f, e + i * 4, 4);
-            for (int r = 1; r < CHAIN; r++) f *= (float)n;
+            for (int r = 1; r < CHAIN; r++)
+                f *= (float)n;
             memcpy(e + i * 4, &f, 4);
         }
         reg_poison(c, &Y[2], cb + 2 * GUARD);
@@ -1213,8 +1175,8 @@ static void grp_streams(ctx_t *c)
         CU(d->cuStreamSynchronize(c->s));
         for (int r = 0; r < CHAIN; r++)
             lok(c,
-                loomAllReduce(P(Y[2].base + GUARD), P(Y[2].base + GUARD), cc, loomFloat32,
-                              loomSum, c->comm, ss[r % 2]),
+                loomAllReduce(P(Y[2].base + GUARD), P(Y[2].base + GUARD), cc, loomFloat32, loomSum,
+                              c->comm, ss[r % 2]),
                 c->comm, "loomAllReduce (chained)");
         sync_ok(c, ss[(CHAIN - 1) % 2], c->comm);
         sync_ok(c, ss[CHAIN % 2], c->comm);
@@ -1269,8 +1231,10 @@ static void grp_burst(ctx_t *c)
     reg_poison(c, &B, total);
     for (int i = 0; i < NOPS; i++) {
         size_t bytes = counts[i % NC] * 4;
-        if (i % 3 == 2) reg_put(c, &B, off[i], in + off[i], bytes);
-        else reg_put(c, &A, off[i], in + off[i], bytes);
+        if (i % 3 == 2)
+            reg_put(c, &B, off[i], in + off[i], bytes);
+        else
+            reg_put(c, &A, off[i], in + off[i], bytes);
     }
     for (int i = 0; i < NOPS; i++) {
         int t = i % 2 ? I32 : F32;
@@ -1282,7 +1246,8 @@ static void grp_burst(ctx_t *c)
             break;
     }
     if (sync_ok(c, c->s, c->comm)) {
-        for (int i = 0; i < NOPS; i++) reg_expect(&B, off[i], exp + off[i], counts[i % NC] * 4);
+        for (int i = 0; i < NOPS; i++)
+            reg_expect(&B, off[i], exp + off[i], counts[i % NC] * 4);
         reg_check(c, &A, 0, total, F32, "sendbuffs (must stay unchanged)");
         reg_check(c, &B, 0, total, F32, "recvbuffs");
     }
@@ -2041,9 +2006,8 @@ static void run_kill_reexec(int ngpu, size_t count)
         snprintf(fdarg, sizeof(fdarg), "%d", fd[1]);
         snprintf(ng, sizeof(ng), "%d", ngpu);
         snprintf(kc, sizeof(kc), "%zu", count);
-        char *args[] = {"gpu_coll", "--only", "kill",         "--report-fd", fdarg,
-                        "--ngpus",  ng,       "--kill-count", kc,            verbose ? "-v" : NULL,
-                        NULL};
+        char *args[] = {"gpu_coll", "--only",       "kill", "--report-fd",         fdarg, "--ngpus",
+                        ng,         "--kill-count", kc,     verbose ? "-v" : NULL, NULL};
         execv("/proc/self/exe", args);
         printf("FAIL kill: exec /proc/self/exe: %s\n", strerror(errno));
         fflush(stdout);
@@ -2249,8 +2213,7 @@ int main(int argc, char **argv)
         if (!strcmp(g->name, "kill") && report_fd < 0) {
             run_kill_reexec(ngpu, 1048576); /* 4 MiB: the direct path */
             run_kill_reexec(ngpu, 1024);    /* 4 KiB: the latency path */
-        }
-        else
+        } else
             run_group(g, ngpu);
     }
     if (report_fd >= 0) {

@@ -47,7 +47,8 @@ int main(void)
         return 1;
     }
     float host[256];
-    for (int i = 0; i < 256; i++) host[i] = (float)i;
+    for (int i = 0; i < 256; i++)
+        host[i] = (float)i;
     loomResult_t r = loomAllReduce(host, host, 256, loomFloat32, loomSum, comm, NULL);
     unsigned flags = 0;
     int active = -1;
@@ -65,15 +66,17 @@ int main(void)
         printf("FAIL: could not allocate device memory\n");
         return 1;
     }
-    for (int i = 0; i < 256; i++) host[i] = (float)(3 * i);
+    for (int i = 0; i < 256; i++)
+        host[i] = (float)(3 * i);
     htod(dptr, host, sizeof(host));
-    r = loomAllReduce((void *)(uintptr_t)dptr, (void *)(uintptr_t)dptr, 256, loomFloat32,
-                      loomSum, comm, NULL);
+    r = loomAllReduce((void *)(uintptr_t)dptr, (void *)(uintptr_t)dptr, 256, loomFloat32, loomSum,
+                      comm, NULL);
     int sr = sync();
     float back[256];
     dtoh(back, dptr, sizeof(back));
     int bad = 0;
-    for (int i = 0; i < 256; i++) bad += back[i] != (float)(3 * i);
+    for (int i = 0; i < 256; i++)
+        bad += back[i] != (float)(3 * i);
     loomCommCuDevice(comm, &cudev);
     printf("device allreduce: %s (%s); sync %d; wrong elements %d; loomCommCuDevice %d (want "
            "%d)\n",

@@ -80,8 +80,8 @@ loomResult_t cuda_tp_import(const cudrv_t *d, int dev, const cuda_export_t *exp,
     if (exp->pid == (int32_t)getpid()) {
         fd = dup(exp->fd); /* a rank of this process (loomCommInitAll) */
         if (fd < 0)
-            return base_error(loomSystemError, LOG_CUDA, "dup of rank %d's handle: %s",
-                              peer_rank, strerror(errno));
+            return base_error(loomSystemError, LOG_CUDA, "dup of rank %d's handle: %s", peer_rank,
+                              strerror(errno));
     } else {
         int pfd = (int)syscall(SYS_pidfd_open, (pid_t)exp->pid, 0);
         if (pfd < 0)
@@ -110,8 +110,9 @@ loomResult_t cuda_tp_import(const cudrv_t *d, int dev, const cuda_export_t *exp,
     res = map_handle(d, dev, h, exp->size, out, "mapping a peer's GPU memory");
     if (res != loomSuccess) {
         d->cuMemRelease(h);
-        return base_error(res, LOG_CUDA, "rank %d's GPU memory (device %d) is not reachable from "
-                                         "device %d: %s",
+        return base_error(res, LOG_CUDA,
+                          "rank %d's GPU memory (device %d) is not reachable from "
+                          "device %d: %s",
                           peer_rank, exp->dev, dev, base_last_error());
     }
     return loomSuccess;

@@ -105,11 +105,11 @@ struct transport_conn {
     bool slot_busy[SHM_BOUNCE_SLOTS];
     int bounce_fd;
     /* queues */
-    transport_req_t *wait_head, *wait_tail;   /* sends waiting for a bounce slot or readiness */
-    transport_req_t *ack_head, *ack_tail;     /* sends posted, waiting for the acknowledgement */
-    transport_req_t *recv_head, *recv_tail;   /* receives in posting order */
+    transport_req_t *wait_head, *wait_tail; /* sends waiting for a bounce slot or readiness */
+    transport_req_t *ack_head, *ack_tail;   /* sends posted, waiting for the acknowledgement */
+    transport_req_t *recv_head, *recv_tail; /* receives in posting order */
     shm_pending_desc_t *desc_head, *desc_tail;
-    shm_msg_t *out;                            /* control messages not yet sent */
+    shm_msg_t *out; /* control messages not yet sent */
     int nout, outcap;
     uint64_t send_seq, recv_seq;
     int pending;
@@ -139,8 +139,14 @@ struct transport_ctx {
 
 #define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
 
-static const char *shm_peer_name(transport_conn_t *c) { return c->name; }
-static const char *shm_conn_error(transport_conn_t *c) { return c->fail.text; }
+static const char *shm_peer_name(transport_conn_t *c)
+{
+    return c->name;
+}
+static const char *shm_conn_error(transport_conn_t *c)
+{
+    return c->fail.text;
+}
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
 static socklen_t shm_sockaddr(const char *name, size_t len, struct sockaddr_un *sa)
@@ -168,9 +174,9 @@ static loomResult_t shm_init(const transport_setup_t *setup, transport_ctx_t **o
     if (!ctx->conns || !ctx->active || base_random(rnd, sizeof(rnd)) != loomSuccess) goto fail;
     uint64_t r64;
     memcpy(&r64, rnd, 8);
-    ctx->name_len = (size_t)snprintf(ctx->name, sizeof(ctx->name), "loom/%016llx/%d/%016llx",
-                                     (unsigned long long)setup->comm_id, setup->rank,
-                                     (unsigned long long)r64);
+    ctx->name_len =
+        (size_t)snprintf(ctx->name, sizeof(ctx->name), "loom/%016llx/%d/%016llx",
+                         (unsigned long long)setup->comm_id, setup->rank, (unsigned long long)r64);
     ctx->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ctx->listen_fd < 0) {
         base_error(loomSystemError, LOG_SHM, "shm: socket(AF_UNIX) failed: %s", strerror(errno));
@@ -238,8 +244,11 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
         } else {
             sock_addr_t peer_addr;
             memset(&peer_addr, 0, sizeof(peer_addr));
-            hs_hello_t hello = {.comm_id = ctx->setup.comm_id, .from_rank = ctx->setup.rank,
-                                .to_rank = peer, .chan = 0, .nchan = 1};
+            hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
+                                .from_rank = ctx->setup.rank,
+                                .to_rank = peer,
+                                .chan = 0,
+                                .nchan = 1};
             c->fd = fd;
             c->state = CS_HANDSHAKE;
             hs_connect_init(&c->hs, fd, &peer_addr, ctx->setup.secret, &hello);
@@ -262,8 +271,10 @@ static loomResult_t conn_check(transport_conn_t *c)
 static void q_push(transport_req_t **h, transport_req_t **t, transport_req_t *r)
 {
     r->next = NULL;
-    if (*t) (*t)->next = r;
-    else *h = r;
+    if (*t)
+        (*t)->next = r;
+    else
+        *h = r;
     *t = r;
 }
 
@@ -355,8 +366,10 @@ static void start_sends(transport_conn_t *c)
                 }
             if (s < 0) return;
             if (r->len > c->ctx->slot_bytes) {
-                conn_fail(c, loomInternalError, "shm: message of %zu bytes to %s exceeds the %zu "
-                          "byte bounce slot", r->len, c->name, c->ctx->slot_bytes);
+                conn_fail(c, loomInternalError,
+                          "shm: message of %zu bytes to %s exceeds the %zu "
+                          "byte bounce slot",
+                          r->len, c->name, c->ctx->slot_bytes);
                 return;
             }
             c->slot_busy[s] = true;
@@ -442,8 +455,8 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
             if (n <= 0) {
                 conn_fail(c, loomRemoteError,
                           "process_vm_readv from %s (pid %d, %zu bytes at 0x%llx) failed: %s",
-                          c->name, (int)c->pid, r->len - done,
-                          (unsigned long long)(d->addr + done), n == 0 ? "no data" : strerror(errno));
+                          c->name, (int)c->pid, r->len - done, (unsigned long long)(d->addr + done),
+                          n == 0 ? "no data" : strerror(errno));
                 return;
             }
             done += (size_t)n;
@@ -535,8 +548,8 @@ static void read_control(transport_conn_t *c, bool *progressed)
         shm_msg_t m;
         char cbuf[CMSG_SPACE(sizeof(int))];
         struct iovec iov = {&m, sizeof(m)};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                            .msg_controllen = sizeof(cbuf)};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
         ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -557,8 +570,8 @@ static void read_control(transport_conn_t *c, bool *progressed)
         *progressed = true;
         c->last_activity_ns = base_now_ns();
         if ((size_t)n < sizeof(uint32_t)) {
-            conn_fail(c, loomRemoteError, "malformed control message from %s (%zd bytes)",
-                      c->name, n);
+            conn_fail(c, loomRemoteError, "malformed control message from %s (%zd bytes)", c->name,
+                      n);
             return;
         }
         switch (m.type) {
@@ -574,8 +587,10 @@ static void read_control(transport_conn_t *c, bool *progressed)
             }
             pd->d = m.desc;
             pd->next = NULL;
-            if (c->desc_tail) c->desc_tail->next = pd;
-            else c->desc_head = pd;
+            if (c->desc_tail)
+                c->desc_tail->next = pd;
+            else
+                c->desc_head = pd;
             c->desc_tail = pd;
             break;
         }
@@ -599,8 +614,7 @@ static void read_control(transport_conn_t *c, bool *progressed)
             }
             handle_mode(c, &m.mode, passed_fd);
             break;
-        case SHM_MSG_PING:
-            break;
+        case SHM_MSG_PING: break;
         case SHM_MSG_ABORT:
             ((char *)&m)[LOOM_MIN((size_t)n, sizeof(m) - 1)] = '\0';
             conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, m.abort.text);
@@ -646,13 +660,15 @@ static void mode_start(transport_conn_t *c)
             return;
         }
     }
-    shm_mode_t m = {.type = SHM_MSG_MODE, .probe_addr = (uint64_t)(uintptr_t)&c->probe,
-                    .probe_value = c->probe, .slot_bytes = c->ctx->slot_bytes};
+    shm_mode_t m = {.type = SHM_MSG_MODE,
+                    .probe_addr = (uint64_t)(uintptr_t)&c->probe,
+                    .probe_value = c->probe,
+                    .slot_bytes = c->ctx->slot_bytes};
     char cbuf[CMSG_SPACE(sizeof(int))];
     memset(cbuf, 0, sizeof(cbuf));
     struct iovec iov = {&m, sizeof(m)};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                        .msg_controllen = sizeof(cbuf)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
@@ -675,14 +691,19 @@ static void attach_accepted(void *arg, hs_t *hs)
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
     const char *why = NULL;
-    if (h->comm_id != ctx->setup.comm_id) why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank) why = "it was meant for another rank";
-    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank) why = "bad source rank";
+    if (h->comm_id != ctx->setup.comm_id)
+        why = "it belongs to another communicator";
+    else if (h->to_rank != ctx->setup.rank)
+        why = "it was meant for another rank";
+    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank)
+        why = "bad source rank";
     transport_conn_t *c = NULL;
     if (!why) {
         c = ctx->conns[h->from_rank] ? ctx->conns[h->from_rank] : conn_new(ctx, h->from_rank);
-        if (c == NULL) why = "out of memory";
-        else if (c->fd >= 0) why = "duplicate connection";
+        if (c == NULL)
+            why = "out of memory";
+        else if (c->fd >= 0)
+            why = "duplicate connection";
     }
     if (why) {
         WARN(LOG_SHM, "shm: rank %d refused a local connection claiming rank %d: %s",
@@ -780,8 +801,10 @@ static void abort_grace(transport_ctx_t *ctx)
                 c->fail.failed = true;
                 continue;
             }
-            if (c->hs.state == HS_DONE) mode_start(c);
-            else busy = true;
+            if (c->hs.state == HS_DONE)
+                mode_start(c);
+            else
+                busy = true;
         }
         if (!busy) break;
         if (!prog) usleep(2000);
@@ -850,7 +873,10 @@ static void shm_fini(transport_ctx_t *ctx)
     free(ctx);
 }
 
-bool shm_conn_uses_cma(const transport_conn_t *c) { return c->state == CS_READY && c->cma; }
+bool shm_conn_uses_cma(const transport_conn_t *c)
+{
+    return c->state == CS_READY && c->cma;
+}
 
 const transport_ops_t transport_shm = {
     .name = "shm",

@@ -91,8 +91,8 @@ struct transport_ctx {
     transport_conn_t **conns; /* by rank, NULL until needed */
     transport_conn_t **active;
     int nactive;
-    hs_pending_t pend; /* accepted sockets still proving who they are */
-    char who[48];      /* "tcp rank 3", for the log */
+    hs_pending_t pend;       /* accepted sockets still proving who they are */
+    char who[48];            /* "tcp rank 3", for the log */
     uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
     uint64_t ping_ns;        /* heartbeat interval */
     bool aborted;
@@ -101,8 +101,14 @@ struct transport_ctx {
 
 #define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
 
-static const char *tcp_peer_name(transport_conn_t *c) { return c->name; }
-static const char *tcp_conn_error(transport_conn_t *c) { return c->fail.text; }
+static const char *tcp_peer_name(transport_conn_t *c)
+{
+    return c->name;
+}
+static const char *tcp_conn_error(transport_conn_t *c)
+{
+    return c->fail.text;
+}
 
 static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **out,
                              uint8_t handle[TRANSPORT_HANDLE_BYTES])
@@ -153,7 +159,8 @@ static transport_conn_t *conn_get(transport_ctx_t *ctx, int peer, const sock_add
     c->peer = peer;
     c->nsocks = ctx->nsocks;
     c->last_activity_ns = base_now_ns();
-    for (int i = 0; i < TCP_MAX_SOCKS; i++) c->socks[i].fd = -1;
+    for (int i = 0; i < TCP_MAX_SOCKS; i++)
+        c->socks[i].fd = -1;
     if (addr) c->addr = *addr;
     char as[SOCK_ADDR_STRLEN];
     snprintf(c->name, sizeof(c->name), "rank %d (%s)", peer,
@@ -213,8 +220,10 @@ static loomResult_t conn_check(transport_conn_t *c)
 static void enqueue(transport_req_t **head, transport_req_t **tail, transport_req_t *r)
 {
     r->next = NULL;
-    if (*tail) (*tail)->next = r;
-    else *head = r;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
     *tail = r;
 }
 
@@ -283,8 +292,10 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
     uint64_t deadline = base_now_ns() + 200000000ull;
     while (got < want && base_now_ns() < deadline) {
         ssize_t n = recv(s->fd, text + got, want - got, 0);
-        if (n > 0) got += (size_t)n;
-        else if (n == 0 || (errno != EAGAIN && errno != EINTR)) break;
+        if (n > 0)
+            got += (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+            break;
     }
     text[got] = '\0';
     conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, text);
@@ -314,8 +325,7 @@ static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
         return false;
     }
     if (h->type != TCP_FRAME_DATA) {
-        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->name,
-                  h->type);
+        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->name, h->type);
         return false;
     }
     if (h->seq != s->recv_seq) {
@@ -386,13 +396,13 @@ static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progres
             if (n < 0) {
                 if (errno == EINTR) continue;
                 if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-                conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)",
-                          c->name, strerror(errno));
+                conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
+                          strerror(errno));
                 return;
             }
             if (n == 0) {
-                conn_fail(c, loomRemoteError,
-                          "connection closed by %s (the peer exited or died)", c->name);
+                conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
+                          c->name);
                 return;
             }
             *progressed = true;
@@ -509,17 +519,23 @@ static void attach_accepted(void *arg, hs_t *hs)
     const hs_hello_t *h = &hs->hello;
     char as[SOCK_ADDR_STRLEN];
     const char *why = NULL;
-    if (h->comm_id != ctx->setup.comm_id) why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank) why = "it was meant for another rank";
-    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank) why = "bad source rank";
+    if (h->comm_id != ctx->setup.comm_id)
+        why = "it belongs to another communicator";
+    else if (h->to_rank != ctx->setup.rank)
+        why = "it was meant for another rank";
+    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank)
+        why = "bad source rank";
     else if ((int)h->nchan != ctx->nsocks)
         why = "LOOM_NSOCKS_PERPEER differs between the two ranks";
-    else if (h->chan >= h->nchan) why = "bad socket index";
+    else if (h->chan >= h->nchan)
+        why = "bad socket index";
     transport_conn_t *c = NULL;
     if (why == NULL) {
         c = conn_get(ctx, h->from_rank, NULL);
-        if (c == NULL) why = "out of memory";
-        else if (c->socks[h->chan].state != SK_NONE) why = "duplicate socket";
+        if (c == NULL)
+            why = "out of memory";
+        else if (c->socks[h->chan].state != SK_NONE)
+            why = "duplicate socket";
     }
     if (why) {
         WARN(LOG_NET, "tcp: refused connection from %s claiming rank %d: %s",
@@ -574,8 +590,7 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
     if (now >= c->next_peek_ns) {
         c->next_peek_ns = now + c->ctx->ping_ns / 4;
         for (int i = 0; i < c->nsocks && !c->fail.failed; i++)
-            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL &&
-                !c->socks[i].eof)
+            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL && !c->socks[i].eof)
                 peek_heartbeats(c, &c->socks[i]);
     }
 }
@@ -613,7 +628,8 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
         for (int k = 0; k < c->nsocks && n < max; k++) {
             tcp_sock_t *s = &c->socks[k];
             short ev = 0;
-            if (s->state == SK_HANDSHAKE) ev = hs_events(&s->hs);
+            if (s->state == SK_HANDSHAKE)
+                ev = hs_events(&s->hs);
             else if (s->state == SK_READY)
                 ev = (short)((s->sq_head ? POLLOUT : 0) | (s->rq_head ? POLLIN : 0));
             if (ev) fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
@@ -684,8 +700,10 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
              * as payload): then closing the socket must say it. */
             bool mid_frame = s->sq_head && s->sq_head->done > 0;
             if (s->state == SK_READY && !mid_frame) {
-                tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ABORT,
-                                 .seq = s->send_seq, .len = (uint32_t)rl};
+                tcp_frame_t h = {.magic = TCP_MAGIC,
+                                 .type = TCP_FRAME_ABORT,
+                                 .seq = s->send_seq,
+                                 .len = (uint32_t)rl};
                 struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)reason, rl}};
                 struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
                 ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
