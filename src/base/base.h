@@ -100,6 +100,17 @@ void base_clear_error(void);
 /* ---- time ---- */
 
 /* Monotonic nanoseconds. */
+/* Pre-multiplied sums (loomRedOpCreatePreMulSum) are numbered from loomNumOps on: the index of
+ * op in its communicator's table, or -1 for a built-in op. A schedule's descriptor carries every
+ * pre-multiplied sum as the one code BASE_OP_CODE_PREMUL (the scalar is applied before it runs). */
+#define BASE_OP_CODE_PREMUL ((int)loomNumOps)
+static inline int base_premul_index(loomRedOp_t op)
+{
+    return (int)op >= (int)loomNumOps ? (int)op - (int)loomNumOps : -1;
+}
+/* "sum", "prod", "max", "min", "avg", "premulsum" for a descriptor's op code, else "?". */
+const char *base_op_code_name(int code);
+
 uint64_t base_now_ns(void);
 static inline double base_now_s(void)
 {

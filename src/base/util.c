@@ -212,3 +212,10 @@ const char *base_format_size(uint64_t bytes, char *buf, size_t len)
     snprintf(buf, len, "%.0f %s", v, units[u]);
     return buf;
 }
+
+const char *base_op_code_name(int code)
+{
+    static const char *const names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+    _Static_assert(LOOM_ARRAY_SIZE(names) == BASE_OP_CODE_PREMUL + 1, "one name per op code");
+    return code >= 0 && code < (int)LOOM_ARRAY_SIZE(names) ? names[code] : "?";
+}

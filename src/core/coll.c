@@ -21,8 +21,6 @@
 #include "dev.h"
 #endif
 
-#define OP_PREMUL_CODE 5
-
 typedef struct {
     loomComm_t comm;
     int kind; /* sched_opkind_t */
@@ -60,7 +58,7 @@ static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t ble
 static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type)
 {
     if ((int)op >= 0 && op < loomNumOps) return loomSuccess;
-    int i = (int)op - loomNumOps;
+    int i = base_premul_index(op);
     if (i >= 0 && i < COMM_MAX_PREMUL && comm->premul[i].used) {
         if (comm->premul[i].type != type)
             return base_error(loomInvalidArgument, LOG_COLL,
@@ -288,10 +286,10 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     int p = comm->nranks, r = comm->rank;
     size_t es = red_type_size(o->type);
     bool avg = o->op == loomAvg;
-    int pm = (int)o->op - loomNumOps;
+    int pm = base_premul_index(o->op);
     sched_desc_t d = {.kind = (uint8_t)o->kind,
                       .dtype = (uint8_t)o->type,
-                      .op = (uint8_t)(pm >= 0 ? OP_PREMUL_CODE : (int)o->op),
+                      .op = (uint8_t)(pm >= 0 ? BASE_OP_CODE_PREMUL : (int)o->op),
                       .root = o->root,
                       .count = o->count,
                       .seq = comm->coll_seq++};
@@ -553,7 +551,7 @@ static loomResult_t run_dev_ops(loomComm_t c, int first)
                         .op = o->op,
                         .root = o->root,
                         .stream = o->stream};
-        int pm = (int)o->op - loomNumOps;
+        int pm = base_premul_index(o->op);
         if (pm >= 0) { /* the pre-multiplied sum's scalar */
             d->scale_host = c->premul[pm].scalar;
             d->scale_dev = c->premul[pm].dev_ptr;

@@ -879,7 +879,7 @@ LOOM_EXPORT loomResult_t loomRedOpCreatePreMulSum(loomRedOp_t *op, void *scalar,
 LOOM_EXPORT loomResult_t loomRedOpDestroy(loomRedOp_t op, loomComm_t comm)
 {
     LOOM_CHECK(comm_check(comm, "loomRedOpDestroy"));
-    int i = (int)op - loomNumOps;
+    int i = base_premul_index(op);
     if (i < 0 || i >= COMM_MAX_PREMUL || !comm->premul[i].used)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "loomRedOpDestroy: op %d was not created on this communicator", (int)op);

@@ -51,12 +51,6 @@ struct exec {
     bool dirty;            /* a step finished since the last scan: more may be issuable */
 };
 
-static const char *op_name(int op)
-{
-    static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-    return op >= 0 && op < 6 ? names[op] : "?";
-}
-
 /* Metadata as carried in messages: point to point looks the same from both ends. */
 _Static_assert(sizeof(sched_desc_t) <= TRANSPORT_META_BYTES, "descriptor fits the metadata");
 
@@ -81,11 +75,11 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
     case OPK_ALLREDUCE:
     case OPK_REDUCESCATTER:
         snprintf(buf, len, "%s seq %llu (count %llu, %s, %s)", sched_opkind_name(d->kind), seq,
-                 count, type, op_name(d->op));
+                 count, type, base_op_code_name(d->op));
         break;
     case OPK_REDUCE:
         snprintf(buf, len, "reduce seq %llu (count %llu, %s, %s, root %d)", seq, count, type,
-                 op_name(d->op), d->root);
+                 base_op_code_name(d->op), d->root);
         break;
     case OPK_BROADCAST:
         snprintf(buf, len, "broadcast seq %llu (count %llu, %s, root %d)", seq, count, type,

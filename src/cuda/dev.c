@@ -648,7 +648,7 @@ static void set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op)
     a->dtype = (int)type;
     a->op = op == loomProd ? 1 : op == loomMax ? 2 : op == loomMin ? 3 : 0;
     a->avg = op == loomAvg;
-    if ((int)op < loomNumOps) return;
+    if (base_premul_index(op) < 0) return;
     a->premul = 1;
     if (o->scale_dev) {
         a->scale_dev = o->scale_dev;
@@ -760,7 +760,7 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     /* a reduce-scatter moves half an allreduce's bytes for the same exchange of handles on the
      * host (tens of us): measured on 2 H200s, direct lost to NCCL at 4 MiB of input (0.6x) and
      * won from 64 MiB (1.3x), so it starts at four times the allreduce's size */
-    if (!s->direct_ok || total < (rs ? 4 : 1) * s->direct_min || (int)o->op >= loomNumOps ||
+    if (!s->direct_ok || total < (rs ? 4 : 1) * s->direct_min || base_premul_index(o->op) >= 0 ||
         s->n < 2)
         return loomSuccess;
     direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->h->nranks, sizeof(*all));
@@ -1147,7 +1147,7 @@ static loomResult_t refuse_capture(dev_state_t *s, const dev_op_t *o)
 static void host_reduction(host_op_t *h, const dev_op_t *o)
 {
     h->op = o->op;
-    if ((int)o->op >= loomNumOps) {
+    if (base_premul_index(o->op) >= 0) {
         h->scaled = true;
         memcpy(h->scale, o->scale_host, 8);
         h->op = loomSum;
@@ -1157,7 +1157,7 @@ static void host_reduction(host_op_t *h, const dev_op_t *o)
 static loomResult_t stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
 {
     if (cap) return refuse_capture(s, o);
-    int pm = (int)o->op - loomNumOps;
+    int pm = base_premul_index(o->op);
     if (pm >= 0 && o->scale_dev && !s->hier_ok)
         return base_error(loomInvalidUsage, LOG_CUDA,
                           "rank %d: a pre-multiplied sum with a device-resident scalar cannot "
