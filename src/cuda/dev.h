@@ -70,13 +70,30 @@ struct dev_host {
     loomResult_t (*allgather)(dev_host_t *const *hs, const void *const *send, void *const *recv,
                               size_t bytes, int k);
     /* Work crossing nodes: stage_open makes the host side's communicators (all ranks, and
-     * the ranks of local index `cross_color` on every node, or none if negative); stage_run
-     * runs ops on them as one group (blocking, on the executor's proxy thread); stage_stop
-     * aborts what runs there; stage_close frees them. */
+     * the ranks of local index `cross_color` on every node, or none if negative). The host
+     * collectives never block a thread: stage_start begins ops on them as one group (pre-scaled
+     * inputs, `div` and `scaled` are the executor's to apply) and returns at once with a job;
+     * stage_test advances the job and sets *done when it finished, freeing it (an error is
+     * returned once, the job freed too, and the communicator broken). Both run only on core's
+     * progress thread, from a poll function attached below. stage_stop aborts what runs
+     * there; stage_close frees the communicators (after every job was tested to the end). */
     loomResult_t (*stage_open)(dev_host_t *h, int cross_color);
+    loomResult_t (*stage_start)(dev_host_t *h, const host_op_t *ops, int nops, void **job);
+    loomResult_t (*stage_test)(dev_host_t *h, void *job, bool *done);
+    /* The blocking form, on a proxy thread of the executor's own: replaced by the above. */
     loomResult_t (*stage_run)(dev_host_t *h, const host_op_t *ops, int nops);
     void (*stage_stop)(dev_host_t *h, const char *why);
     void (*stage_close)(dev_host_t *h);
+    /* Core's progress thread (one per process, src/core/progress.c) calls poll(arg) again and
+     * again while it is attached: poll does a bounded piece of work, sets *progressed when
+     * anything moved, and returns how long the thread may sleep before the next call, in ns (0:
+     * call again at once; UINT64_MAX: not before progress_wake). progress_detach returns once
+     * poll is not running and will not run again. progress_wake may be called from any thread
+     * (it is how new work reaches a sleeping poll). */
+    loomResult_t (*progress_attach)(dev_host_t *h, uint64_t (*poll)(void *arg, bool *progressed),
+                                    void *arg);
+    void (*progress_detach)(dev_host_t *h, void *arg);
+    void (*progress_wake)(dev_host_t *h);
 };
 
 /* Whether the exchange is set up; dev_setup sets it up for k communicators together
