@@ -1,6 +1,7 @@
 /* Communicator lifecycle: init, split, finalize, destroy, abort, errors and queries. */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,9 +118,9 @@ static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
     return loomSuccess;
 }
 
-loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link)
+loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
 {
-    comm_link_t *l = &comm->links[peer];
+    exec_link_t *l = &comm->links[peer];
     if (l->conn == NULL) {
         int tp = TP_TCP;
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
@@ -132,9 +133,42 @@ loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link)
     return loomSuccess;
 }
 
+static loomComm_t comm_of_exec(exec_host_t *h)
+{
+    return (loomComm_t)((char *)h - offsetof(struct loomComm, exech));
+}
+
+static loomResult_t exec_conn(exec_host_t *h, int peer, exec_link_t **link)
+{
+    return comm_conn(comm_of_exec(h), peer, link);
+}
+
+static void exec_set_error(exec_host_t *h, loomResult_t res, const char *text)
+{
+    comm_set_error(comm_of_exec(h), res, text);
+}
+
+void comm_exec_fill(loomComm_t comm)
+{
+    exec_host_t *h = &comm->exech;
+    h->rank = comm->rank;
+    h->nranks = comm->nranks;
+    h->nchannels = comm->nchannels;
+    h->slices_in_flight = comm->slices_in_flight;
+    h->timeout_s = comm->timeout_s;
+    h->links = comm->links;
+    h->tp = comm->tp;
+    h->ntp = TP_MAX;
+    h->wake_fd = comm->wake_fd;
+    h->aborting = &comm->aborting;
+    h->stats = &comm->stats;
+    h->conn = exec_conn;
+    h->set_error = exec_set_error;
+}
+
 static loomResult_t parse_algo(int *algo);
 
-static void comm_free(loomComm_t comm)
+void comm_free(loomComm_t comm)
 {
     if (comm == NULL) return;
     if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
@@ -147,7 +181,7 @@ static void comm_free(loomComm_t comm)
     sched_free(&comm->sched);
     for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++)
         sched_free(&comm->cache[i].s);
-    free(comm->staging);
+    exec_host_release(&comm->exech);
     free(comm->tmp_buf);
     free(comm->peers);
     free(comm->links);
@@ -162,7 +196,7 @@ static void comm_free(loomComm_t comm)
 }
 
 /* Allocates a communicator with the parameters applied; no communication yet. */
-static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_t *out)
+loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_t *out)
 {
     loomComm_t c = calloc(1, sizeof(*c));
     if (c == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (communicator)");
@@ -205,6 +239,7 @@ static loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, lo
         comm_free(c);
         return ar;
     }
+    comm_exec_fill(c);
     *out = c;
     return loomSuccess;
 }
@@ -234,8 +269,7 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 }
 
 /* Starts the transports for `comm`, writing this rank's connection handles. */
-static loomResult_t comm_start_transport(loomComm_t comm,
-                                         uint8_t handles[TP_MAX][TRANSPORT_HANDLE_BYTES])
+loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANSPORT_HANDLE_BYTES])
 {
     bool want[TP_MAX];
     LOOM_CHECK(pick_transports(comm, want));
@@ -277,7 +311,7 @@ static loomResult_t comm_start_transport(loomComm_t comm,
 }
 
 /* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
-static loomResult_t comm_layout(loomComm_t comm)
+loomResult_t comm_layout(loomComm_t comm)
 {
     int p = comm->nranks;
     free(comm->node_of);
@@ -513,7 +547,7 @@ static void *init_thread_main(void *arg)
 }
 
 /* Reads the fields of a caller's config that its size covers (older headers have fewer). */
-static loomResult_t config_read(const loomConfig_t *in, loomConfig_t *out)
+loomResult_t comm_config_read(const loomConfig_t *in, loomConfig_t *out)
 {
     loomConfig_t def = LOOM_CONFIG_INITIALIZER;
     *out = def;
@@ -543,7 +577,7 @@ LOOM_EXPORT loomResult_t loomCommInitRankConfig(loomComm_t *out, int nranks, loo
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommInitRank: rank %d is outside [0, %d)", rank, nranks);
     loomConfig_t cfg;
-    LOOM_CHECK(config_read(config, &cfg));
+    LOOM_CHECK(comm_config_read(config, &cfg));
     uid_layout_t uid;
     LOOM_CHECK(boot_uid_parse(&id, &uid));
     loomComm_t comm;
@@ -770,76 +804,6 @@ LOOM_EXPORT loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *st
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetStats: invalid communicator or NULL stats");
     *stats = comm->stats;
-    return loomSuccess;
-}
-
-/* ---- split ---- */
-
-typedef struct {
-    int32_t color, key;
-    uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES];
-} split_rec_t;
-
-loomResult_t coll_internal_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes);
-
-LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
-                                       loomConfig_t *config)
-{
-    base_clear_error();
-    LOOM_CHECK(comm_check(comm, "loomCommSplit"));
-    log_set_rank(comm->rank);
-    if (newcomm == NULL)
-        return base_error(loomInvalidArgument, LOG_INIT, "loomCommSplit: newcomm is NULL");
-    if (color < 0 && color != LOOM_SPLIT_NOCOLOR)
-        return base_error(loomInvalidArgument, LOG_INIT,
-                          "loomCommSplit: colour %d is negative (use LOOM_SPLIT_NOCOLOR)", color);
-    loomConfig_t cfg;
-    LOOM_CHECK(config_read(config, &cfg));
-    uint64_t split_id = base_hash64(&comm->split_count, sizeof(comm->split_count), comm->comm_id);
-    comm->split_count++;
-    loomResult_t r = loomSuccess;
-    loomComm_t child = NULL;
-    split_rec_t mine = {.color = color, .key = key};
-    split_rec_t *all = calloc((size_t)comm->nranks, sizeof(*all));
-    if (all == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory");
-    /* Two exchanges: colours and keys fix the child's size and this rank's place in it, which
-     * its transport needs before it can listen; then the listeners' addresses. */
-    int crank = 0, cn = 0;
-    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), r, out);
-    if (color != LOOM_SPLIT_NOCOLOR) {
-        for (int q = 0; q < comm->nranks; q++) {
-            if (all[q].color != color) continue;
-            if (all[q].key < key || (all[q].key == key && q < comm->rank)) crank++;
-            cn++;
-        }
-        LOOM_CHECK_GOTO(comm_alloc(cn, crank, &cfg, &child), r, out);
-        child->comm_id = base_hash64(&color, sizeof(color), split_id);
-        memcpy(child->secret, comm->secret, 16);
-        LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
-    }
-    LOOM_CHECK_GOTO(coll_internal_allgather(comm, &mine, all, sizeof(mine)), r, out);
-    if (child) {
-        for (int q = 0; q < comm->nranks; q++) {
-            if (all[q].color != color) continue;
-            int qr = 0;
-            for (int o = 0; o < comm->nranks; o++)
-                if (all[o].color == color &&
-                    (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
-                    qr++;
-            child->peers[qr] = comm->peers[q];
-            child->peers[qr].rank = qr;
-            memcpy(child->peers[qr].handle, all[q].handle, sizeof(all[q].handle));
-        }
-        LOOM_CHECK_GOTO(comm_layout(child), r, out);
-        INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
-    }
-out:
-    free(all);
-    if (r != loomSuccess) {
-        comm_free(child);
-        return r;
-    }
-    *newcomm = child;
     return loomSuccess;
 }
 

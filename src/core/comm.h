@@ -9,6 +9,7 @@
 
 #include "base.h"
 #include "dev.h"
+#include "exec.h"
 #include "reduce.h"
 #include "schedule.h"
 #include "sock.h"
@@ -21,17 +22,6 @@
 
 /* Transports a communicator may use, by index. */
 enum { TP_TCP = 0, TP_SHM = 1, TP_MAX = 2 };
-
-typedef struct {
-    const transport_ops_t *ops;
-    transport_ctx_t *ctx;
-} comm_tp_t;
-
-/* A peer's connection and the transport that carries it. */
-typedef struct {
-    const transport_ops_t *ops;
-    transport_conn_t *conn;
-} comm_link_t;
 
 /* What every rank tells the others at bootstrap. */
 typedef struct {
@@ -78,9 +68,9 @@ struct loomComm {
     int algo;                               /* LOOM_ALGO, or ALGO_AUTO */
     int last_pick;                          /* the model's previous choice (for the log) */
 
-    comm_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
+    exec_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
     int forced_tp;        /* LOOM_TRANSPORT, or -1 */
-    comm_link_t *links;   /* by peer; conn NULL until a schedule needs it */
+    exec_link_t *links;   /* by peer; conn NULL until a schedule needs it */
 
     uint64_t coll_seq; /* collectives issued so far */
     uint64_t *p2p_send_seq, *p2p_recv_seq;
@@ -112,11 +102,10 @@ struct loomComm {
     bool init_thread_live;
 
     loomStats_t stats;
-    /* Staging for receive-and-reduce, kept between calls (one schedule runs at a time per
+    exec_host_t exech; /* this communicator as the host executor sees it (comm_exec_fill) */
+    /* Schedules' scratch (SCHED_BUF_TMP), kept between calls (one schedule runs at a time per
      * communicator) so that big calls do not map and fault fresh pages each time. */
-    uint8_t *staging;
-    size_t staging_bytes;
-    uint8_t *tmp_buf; /* schedules' scratch (SCHED_BUF_TMP), kept likewise */
+    uint8_t *tmp_buf;
     size_t tmp_bytes;
     sched_t sched; /* point-to-point schedules, rebuilt each time */
     /* Collective schedules by shape: a training loop repeats the same few calls, and building
@@ -141,10 +130,26 @@ loomResult_t comm_check(loomComm_t comm, const char *fn);
 /* Marks the communicator broken with res/text (first error wins) and tells peers. */
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
 /* The connection to a peer, created on first use over the transport chosen for the pair. */
-loomResult_t comm_conn(loomComm_t comm, int peer, comm_link_t **link);
+loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link);
 /* Stops the communicator without freeing it: later calls fail, blocked calls and kernels in
  * flight leave, peers learn `reason`. False if a call was still inside after 10 s. */
 bool comm_stop(loomComm_t comm, const char *reason);
+/* Pieces of the lifecycle shared by init (comm.c) and split (split.c). comm_alloc applies the
+ * parameters and the config (no communication yet); comm_start_transport starts the transports
+ * and writes this rank's handles; comm_layout derives the node layout from the peers' node
+ * identities; comm_free frees everything (the communicator is gone after it). */
+loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_t *out);
+loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANSPORT_HANDLE_BYTES]);
+loomResult_t comm_layout(loomComm_t comm);
+void comm_free(loomComm_t comm);
+/* Reads the fields of a caller's config that its size covers (older headers have fewer). */
+loomResult_t comm_config_read(const loomConfig_t *in, loomConfig_t *out);
+/* The child of `comm` for `color` (LOOM_SPLIT_NOCOLOR: none, *newcomm NULL), ranked by key;
+ * collective over comm, arguments already checked (split.c). */
+loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t *cfg,
+                        loomComm_t *newcomm);
+/* Fills in comm->exech (at allocation: what it points to lives as long as the communicator). */
+void comm_exec_fill(loomComm_t comm);
 /* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */
 void comm_devhost_fill(loomComm_t comm);
 /* Tells every started transport to abort (peers learn `reason`). */
@@ -159,23 +164,5 @@ loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks);
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
 uint64_t boot_node_hash(char *host, size_t hostlen);
-
-/* Executor (exec.c). */
-typedef struct exec exec_t;
-typedef struct {
-    void **bufs; /* pointer per schedule buffer id */
-    uint32_t nbufs;
-} exec_bufs_t;
-loomResult_t exec_create(loomComm_t comm, const sched_t *sched, void *const *bufs,
-                         loomDataType_t type, red_op_t op, exec_t **out);
-/* Advances; *done when the schedule finished. */
-loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed);
-int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
-/* Gives up when no peer made progress for LOOM_TIMEOUT: the error names the peers waited for. */
-loomResult_t exec_check_timeout(exec_t *e);
-void exec_free(exec_t *e);
-/* Runs a schedule to completion on the calling thread. */
-loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs, loomDataType_t type,
-                      red_op_t op);
 
 #endif

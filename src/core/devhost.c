@@ -6,12 +6,12 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 
+#include "coll.h"
 #include "comm.h"
 #include "dev.h"
-
-loomResult_t coll_internal_allgather_many(loomComm_t *comms, const void *const *send,
-                                          void *const *recv, size_t bytes, int k);
+#include "progress.h"
 
 static loomComm_t comm_of(dev_host_t *h)
 {
@@ -37,7 +37,7 @@ static loomResult_t host_allgather(dev_host_t *const *hs, const void *const *sen
     loomComm_t comms[k];
     for (int i = 0; i < k; i++)
         comms[i] = comm_of(hs[i]);
-    return coll_internal_allgather_many(comms, send, recv, bytes, k);
+    return coll_allgather_many(comms, send, recv, bytes, k);
 }
 
 /* The staging communicator (every rank, same order) and the cross-node one (the ranks of one
@@ -45,47 +45,64 @@ static loomResult_t host_allgather(dev_host_t *const *hs, const void *const *sen
 static loomResult_t host_stage_open(dev_host_t *h, int cross_color)
 {
     loomComm_t comm = comm_of(h);
-    LOOM_CHECK(loomCommSplit(comm, 0, comm->rank, &comm->dev_stage, NULL));
-    return loomCommSplit(comm, cross_color >= 0 ? cross_color : LOOM_SPLIT_NOCOLOR, comm->node,
-                         &comm->dev_cross, NULL);
+    loomConfig_t cfg;
+    LOOM_CHECK(comm_config_read(NULL, &cfg));
+    LOOM_CHECK(comm_split(comm, 0, comm->rank, &cfg, &comm->dev_stage));
+    return comm_split(comm, cross_color >= 0 ? cross_color : LOOM_SPLIT_NOCOLOR, comm->node, &cfg,
+                      &comm->dev_cross);
+}
+
+/* The executor's host operations as core's: reduce's receive buffer means nothing on the
+ * other ranks unless in place, as the public entry point has it. */
+static loomResult_t stage_ops(loomComm_t comm, const host_op_t *ops, int nops, coll_op_t *out)
+{
+    for (int i = 0; i < nops; i++) {
+        const host_op_t *o = &ops[i];
+        loomComm_t c = o->cross ? comm->dev_cross : comm->dev_stage;
+        if (c == NULL)
+            return base_error(loomInternalError, LOG_CUDA,
+                              "staging: rank %d has no %s communicator for operation %d",
+                              comm->rank, o->cross ? "cross-node" : "staging", i);
+        void *recv = o->hrecv;
+        if (o->kind == OPK_REDUCE && o->root != c->rank && recv != o->hsend) recv = NULL;
+        out[i] = (coll_op_t){.comm = c,
+                             .kind = o->kind,
+                             .send = o->hsend,
+                             .recv = recv,
+                             .count = o->count,
+                             .type = o->type,
+                             .op = o->op,
+                             .root = o->root};
+    }
+    return loomSuccess;
 }
 
 static loomResult_t host_stage_run(dev_host_t *h, const host_op_t *ops, int nops)
 {
-    loomComm_t comm = comm_of(h);
-    LOOM_CHECK(loomGroupStart());
-    loomResult_t res = loomSuccess;
-    for (int i = 0; i < nops && res == loomSuccess; i++) {
-        const host_op_t *o = &ops[i];
-        loomComm_t c = o->cross ? comm->dev_cross : comm->dev_stage;
-        switch (o->kind) {
-        case OPK_ALLREDUCE:
-            res = loomAllReduce(o->hsend, o->hrecv, o->count, o->type, o->op, c, NULL);
-            break;
-        case OPK_BROADCAST:
-            res = loomBroadcast(o->hsend, o->hrecv, o->count, o->type, o->root, c, NULL);
-            break;
-        case OPK_REDUCE:
-            res = loomReduce(o->hsend, o->hrecv, o->count, o->type, o->op, o->root, c, NULL);
-            break;
-        case OPK_ALLGATHER:
-            res = loomAllGather(o->hsend, o->hrecv, o->count, o->type, c, NULL);
-            break;
-        case OPK_REDUCESCATTER:
-            res = loomReduceScatter(o->hsend, o->hrecv, o->count, o->type, o->op, c, NULL);
-            break;
-        case OPK_ALLTOALL:
-            res = loomAlltoAll(o->hsend, o->hrecv, o->count, o->type, c, NULL);
-            break;
-        case OPK_SEND: res = loomSend(o->hsend, o->count, o->type, o->root, c, NULL); break;
-        case OPK_RECV: res = loomRecv(o->hrecv, o->count, o->type, o->root, c, NULL); break;
-        default:
-            res = base_error(loomInternalError, LOG_CUDA, "staging: operation kind %d", o->kind);
-            break;
-        }
-    }
-    loomResult_t g = loomGroupEnd();
-    return res != loomSuccess ? res : g;
+    coll_op_t few[8], *q = nops > 8 ? malloc((size_t)nops * sizeof(*q)) : few;
+    if (q == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory (staging)");
+    loomResult_t r = stage_ops(comm_of(h), ops, nops, q);
+    if (r == loomSuccess) r = coll_run(q, nops);
+    if (q != few) free(q);
+    return r;
+}
+
+static loomResult_t host_stage_start(dev_host_t *h, const host_op_t *ops, int nops, void **job)
+{
+    coll_op_t few[8], *q = nops > 8 ? malloc((size_t)nops * sizeof(*q)) : few;
+    if (q == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory (staging)");
+    coll_group_t *g = NULL;
+    loomResult_t r = stage_ops(comm_of(h), ops, nops, q);
+    if (r == loomSuccess) r = coll_start(q, nops, &g); /* copies the operations */
+    if (q != few) free(q);
+    if (r == loomSuccess) *job = g;
+    return r;
+}
+
+static loomResult_t host_stage_test(dev_host_t *h, void *job, bool *done)
+{
+    (void)h;
+    return coll_test(job, done);
 }
 
 static void host_stage_stop(dev_host_t *h, const char *why)
@@ -98,9 +115,27 @@ static void host_stage_stop(dev_host_t *h, const char *why)
 static void host_stage_close(dev_host_t *h)
 {
     loomComm_t comm = comm_of(h);
-    if (comm->dev_stage) loomCommDestroy(comm->dev_stage);
-    if (comm->dev_cross) loomCommDestroy(comm->dev_cross);
+    comm_free(comm->dev_stage);
+    comm_free(comm->dev_cross);
     comm->dev_stage = comm->dev_cross = NULL;
+}
+
+static loomResult_t host_progress_attach(dev_host_t *h,
+                                         uint64_t (*poll)(void *arg, bool *progressed), void *arg)
+{
+    return progress_attach(poll, arg, comm_of(h)->spin_ns);
+}
+
+static void host_progress_detach(dev_host_t *h, void *arg)
+{
+    (void)h;
+    progress_detach(arg);
+}
+
+static void host_progress_wake(dev_host_t *h)
+{
+    (void)h;
+    progress_wake();
 }
 
 void comm_devhost_fill(loomComm_t comm)
@@ -121,6 +156,11 @@ void comm_devhost_fill(loomComm_t comm)
     h->allgather = host_allgather;
     h->stage_open = host_stage_open;
     h->stage_run = host_stage_run;
+    h->stage_start = host_stage_start;
+    h->stage_test = host_stage_test;
+    h->progress_attach = host_progress_attach;
+    h->progress_detach = host_progress_detach;
+    h->progress_wake = host_progress_wake;
     h->stage_stop = host_stage_stop;
     h->stage_close = host_stage_close;
 }

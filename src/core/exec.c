@@ -16,17 +16,15 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "param.h"
+#include "exec.h"
 
-#define EXEC_LOOKAHEAD 4096 /* steps scanned past the first unissued one */
 #define EXEC_MAX_INFLIGHT 512
-#define EXEC_MAX_POLLFDS 256
+#define EXEC_TEXT_MAX 1024 /* an error text: the operation, then the transport's cause */
 
 enum { ST_PENDING = 0, ST_ISSUED = 1, ST_DONE = 2 };
 
 struct exec {
-    loomComm_t comm;
+    exec_host_t *h;
     const sched_t *s;
     void *const *bufs;
     size_t esize;
@@ -92,13 +90,13 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
     }
 }
 
-loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs, loomDataType_t type,
+loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, loomDataType_t type,
                          red_op_t op, exec_t **out)
 {
     exec_t *e = calloc(1, sizeof(*e));
     size_t n = s->nsteps;
     if (e == NULL) goto oom;
-    e->comm = comm;
+    e->h = h;
     e->s = s;
     e->bufs = bufs;
     e->esize = red_type_size(type);
@@ -108,23 +106,23 @@ loomResult_t exec_create(loomComm_t comm, const sched_t *s, void *const *bufs, l
     e->reqs = calloc(n + 1, sizeof(*e->reqs));
     e->slot = calloc(n + 1, sizeof(*e->slot));
     e->inflight = calloc(EXEC_MAX_INFLIGHT, sizeof(*e->inflight));
-    e->stamp = calloc((size_t)comm->nranks * 2, sizeof(*e->stamp));
+    e->stamp = calloc((size_t)h->nranks * 2, sizeof(*e->stamp));
     if (!e->state || !e->reqs || !e->slot || !e->inflight || !e->stamp) goto oom;
     uint64_t max_rr = 0;
     for (size_t i = 0; i < n; i++)
         if (s->steps[i].kind == STEP_RECV_REDUCE) max_rr = LOOM_MAX(max_rr, s->steps[i].count);
     if (max_rr > 0) {
-        e->nslots = comm->slices_in_flight * comm->nchannels;
+        e->nslots = h->slices_in_flight * h->nchannels;
         e->slot_bytes = LOOM_ALIGN_UP(max_rr * e->esize, 64);
         size_t need = e->slot_bytes * (size_t)e->nslots;
-        if (comm->staging_bytes < need) {
-            free(comm->staging);
-            comm->staging_bytes = 0;
-            comm->staging = aligned_alloc(64, need);
-            if (comm->staging == NULL) goto oom;
-            comm->staging_bytes = need;
+        if (h->staging_bytes < need) {
+            free(h->staging);
+            h->staging_bytes = 0;
+            h->staging = aligned_alloc(64, need);
+            if (h->staging == NULL) goto oom;
+            h->staging_bytes = need;
         }
-        e->staging = comm->staging;
+        e->staging = h->staging;
         e->free_slots = calloc((size_t)e->nslots, sizeof(int));
         if (!e->free_slots) goto oom;
         for (int i = 0; i < e->nslots; i++)
@@ -164,16 +162,16 @@ static bool deps_done(const exec_t *e, const sched_step_t *st)
     return true;
 }
 
-static loomResult_t step_error(exec_t *e, const sched_step_t *st, const comm_link_t *l,
+static loomResult_t step_error(exec_t *e, const sched_step_t *st, const exec_link_t *l,
                                loomResult_t res)
 {
     char d[160];
     desc_str(&e->s->descs[st->desc], d, sizeof(d));
     const char *why = l && l->conn ? l->ops->conn_error(l->conn) : base_last_error();
-    char text[ERR_TEXT_MAX];
+    char text[EXEC_TEXT_MAX];
     snprintf(text, sizeof(text), "%s: %s", d, why);
     loomResult_t r = base_error(res, LOG_COLL, "%s", text);
-    comm_set_error(e->comm, r, base_last_error());
+    e->h->set_error(e->h, r, base_last_error());
     return r;
 }
 
@@ -189,7 +187,7 @@ static void apply_avg(exec_t *e, const sched_step_t *st)
 {
     if (st->flags & STEP_F_AVG) {
         uint8_t *d = buf_at(e, st->dst_buf, st->dst_off);
-        red_host_div(e->type, d, d, e->comm->nranks, st->count);
+        red_host_div(e->type, d, d, e->h->nranks, st->count);
     }
 }
 
@@ -197,7 +195,7 @@ static void apply_avg(exec_t *e, const sched_step_t *st)
 static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
 {
     const sched_step_t *st = &e->s->steps[i];
-    loomComm_t comm = e->comm;
+    exec_host_t *h = e->h;
     *issued = false;
     if (!deps_done(e, st)) return loomSuccess;
     if (st->kind == STEP_COPY) {
@@ -211,8 +209,8 @@ static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
     }
     if (e->ninflight >= EXEC_MAX_INFLIGHT) return loomSuccess;
     if (st->kind == STEP_RECV_REDUCE && e->nfree == 0) return loomSuccess;
-    comm_link_t *l;
-    loomResult_t r = comm_conn(comm, st->peer, &l);
+    exec_link_t *l;
+    loomResult_t r = h->conn(h, st->peer, &l);
     if (r != loomSuccess) return step_error(e, st, NULL, r);
     size_t bytes = st->count * e->esize;
     if (st->kind == STEP_SEND) {
@@ -269,7 +267,7 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
     char a[160], b[160];
     desc_str(&theirs, a, sizeof(a));
     desc_str(mine, b, sizeof(b));
-    char text[ERR_TEXT_MAX];
+    char text[EXEC_TEXT_MAX];
     sched_desc_t same = theirs;
     same.shape = mine->shape;
     uint8_t m2[TRANSPORT_META_BYTES];
@@ -279,21 +277,21 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
                  "operation mismatch: ranks %d and %d both called %s but cut it differently "
                  "(shape %016llx against %016llx): LOOM_ALGO, LOOM_SLICE_SIZE or LOOM_NCHANNELS "
                  "differ between them",
-                 st->peer, e->comm->rank, b, (unsigned long long)theirs.shape,
+                 st->peer, e->h->rank, b, (unsigned long long)theirs.shape,
                  (unsigned long long)mine->shape);
     else
         snprintf(text, sizeof(text),
                  "operation mismatch: rank %d called %s but rank %d called %s; every rank must "
                  "issue the same operations in the same order",
-                 st->peer, a, e->comm->rank, b);
+                 st->peer, a, e->h->rank, b);
     loomResult_t r = base_error(loomInvalidUsage, LOG_COLL, "%s", text);
-    comm_set_error(e->comm, r, base_last_error());
+    e->h->set_error(e->h, r, base_last_error());
     return r;
 }
 
 static loomResult_t complete(exec_t *e, bool *progressed)
 {
-    loomComm_t comm = e->comm;
+    exec_host_t *h = e->h;
     /* A broken connection fails all its requests; test them all before reporting, because one
      * of them may carry the metadata that explains the break (a mismatched operation). */
     const sched_step_t *failed_st = NULL;
@@ -303,7 +301,7 @@ static loomResult_t complete(exec_t *e, bool *progressed)
         const sched_step_t *st = &e->s->steps[i];
         int done = 0;
         uint8_t meta[TRANSPORT_META_BYTES];
-        const comm_link_t *l = &comm->links[st->peer];
+        const exec_link_t *l = &h->links[st->peer];
         loomResult_t r = l->ops->test(e->reqs[i], &done, meta);
         if (r != loomSuccess) {
             if (done) {
@@ -327,9 +325,9 @@ static loomResult_t complete(exec_t *e, bool *progressed)
         e->reqs[i] = NULL;
         size_t bytes = st->count * e->esize;
         if (st->kind == STEP_SEND) {
-            comm->stats.bytes_sent += bytes;
+            h->stats->bytes_sent += bytes;
         } else {
-            comm->stats.bytes_received += bytes;
+            h->stats->bytes_received += bytes;
             LOOM_CHECK(check_meta(e, st, meta));
             if (st->kind == STEP_RECV_REDUCE) {
                 const uint8_t *stg = e->staging + (size_t)e->slot[i] * e->slot_bytes;
@@ -343,15 +341,15 @@ static loomResult_t complete(exec_t *e, bool *progressed)
         e->inflight[k] = e->inflight[--e->ninflight];
         *progressed = true;
     }
-    if (failed_st) return step_error(e, failed_st, &comm->links[failed_st->peer], failed_res);
+    if (failed_st) return step_error(e, failed_st, &h->links[failed_st->peer], failed_res);
     return loomSuccess;
 }
 
 loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
 {
-    loomComm_t comm = e->comm;
+    exec_host_t *h = e->h;
     *done = false;
-    if (atomic_load(&comm->aborting)) {
+    if (atomic_load(h->aborting)) {
         loomResult_t r = base_error(
             loomRemoteError, LOG_COLL, "%s: the communicator was aborted (loomCommAbort)",
             e->s->ndescs ? sched_opkind_name(e->s->descs[0].kind) : "operation");
@@ -367,12 +365,12 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
         e->dirty = false;
         LOOM_CHECK(issue(e, progressed));
     }
-    for (int t = 0; t < TP_MAX; t++) {
-        if (comm->tp[t].ctx == NULL) continue;
+    for (int t = 0; t < h->ntp; t++) {
+        if (h->tp[t].ctx == NULL) continue;
         bool moved = false;
-        loomResult_t r = comm->tp[t].ops->progress(comm->tp[t].ctx, &moved);
+        loomResult_t r = h->tp[t].ops->progress(h->tp[t].ctx, &moved);
         if (r != loomSuccess) {
-            comm_set_error(comm, r, base_last_error());
+            h->set_error(h, r, base_last_error());
             return r;
         }
         if (moved) *progressed = true;
@@ -385,25 +383,24 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
 int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
 {
     int n = 0;
-    if (max > 0 && e->comm->wake_fd >= 0)
-        fds[n++] = (struct pollfd){.fd = e->comm->wake_fd, .events = POLLIN};
-    for (int t = 0; t < TP_MAX; t++)
-        if (e->comm->tp[t].ctx)
-            n += e->comm->tp[t].ops->pollfds(e->comm->tp[t].ctx, fds + n, max - n);
+    const exec_host_t *h = e->h;
+    if (max > 0 && h->wake_fd >= 0) fds[n++] = (struct pollfd){.fd = h->wake_fd, .events = POLLIN};
+    for (int t = 0; t < h->ntp; t++)
+        if (h->tp[t].ctx) n += h->tp[t].ops->pollfds(h->tp[t].ctx, fds + n, max - n);
     return n;
 }
 
 loomResult_t exec_check_timeout(exec_t *e)
 {
-    loomComm_t comm = e->comm;
-    uint64_t limit = (uint64_t)(comm->timeout_s * 1e9);
+    exec_host_t *h = e->h;
+    uint64_t limit = (uint64_t)(h->timeout_s * 1e9);
     if (limit == 0) return loomSuccess;
     /* Only peers this schedule is waiting on count; the stalest one is named. */
     uint64_t worst = 0;
     int worst_peer = -1;
     for (int k = 0; k < e->ninflight; k++) {
         const sched_step_t *st = &e->s->steps[e->inflight[k]];
-        const comm_link_t *l = &comm->links[st->peer];
+        const exec_link_t *l = &h->links[st->peer];
         if (l->conn == NULL) continue;
         bool pending;
         uint64_t idle = l->ops->idle_ns(l->conn, &pending);
@@ -427,8 +424,8 @@ loomResult_t exec_check_timeout(exec_t *e)
             "first %s %s: the ranks wait on each other (please report this with LOOM_DEBUG=TRACE)",
             d, (double)stuck * 1e-9, e->ninflight,
             w->kind == STEP_SEND ? "sending to" : "receiving from",
-            comm->links[w->peer].ops->peer_name(comm->links[w->peer].conn));
-        comm_set_error(comm, r, base_last_error());
+            h->links[w->peer].ops->peer_name(h->links[w->peer].conn));
+        h->set_error(h, r, base_last_error());
         return r;
     }
     const sched_step_t *st = NULL;
@@ -440,43 +437,15 @@ loomResult_t exec_check_timeout(exec_t *e)
         loomRemoteError, LOG_COLL,
         "%s: no progress from %s for %.1f s (LOOM_TIMEOUT=%g) while %s it; the peer is stalled "
         "or dead",
-        d, comm->links[worst_peer].ops->peer_name(comm->links[worst_peer].conn),
-        (double)worst * 1e-9, comm->timeout_s,
-        st->kind == STEP_SEND ? "sending to" : "receiving from");
-    comm_set_error(comm, r, base_last_error());
+        d, h->links[worst_peer].ops->peer_name(h->links[worst_peer].conn), (double)worst * 1e-9,
+        h->timeout_s, st->kind == STEP_SEND ? "sending to" : "receiving from");
+    h->set_error(h, r, base_last_error());
     return r;
 }
 
-/* Waits for the first of: a transport event, an abort, or `ms` milliseconds. */
-static void wait_events(exec_t *e, int ms)
+void exec_host_release(exec_host_t *h)
 {
-    struct pollfd fds[EXEC_MAX_POLLFDS];
-    int n = exec_pollfds(e, fds, EXEC_MAX_POLLFDS);
-    int r = poll(fds, (nfds_t)n, ms);
-    (void)r;
-}
-
-loomResult_t exec_run(loomComm_t comm, const sched_t *sched, void *const *bufs, loomDataType_t type,
-                      red_op_t op)
-{
-    exec_t *e;
-    LOOM_CHECK(exec_create(comm, sched, bufs, type, op, &e));
-    loomResult_t r = loomSuccess;
-    uint64_t idle_since = base_now_ns();
-    for (;;) {
-        bool done = false, progressed = false;
-        r = exec_progress(e, &done, &progressed);
-        if (r != loomSuccess || done) break;
-        uint64_t now = base_now_ns();
-        if (progressed) {
-            idle_since = now;
-            continue;
-        }
-        if (now - idle_since < comm->spin_ns) continue;
-        r = exec_check_timeout(e);
-        if (r != loomSuccess) break;
-        wait_events(e, 100);
-    }
-    exec_free(e);
-    return r;
+    free(h->staging);
+    h->staging = NULL;
+    h->staging_bytes = 0;
 }

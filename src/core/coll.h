@@ -1,0 +1,50 @@
+/*
+ * Core's internal entry to collectives: operations already checked (by the public entry points
+ * in enqueue.c, or built by core itself for its own exchanges), run as one group without the
+ * public validation and without the calling thread's group queue.
+ *
+ * Users inside core: the public entry points (enqueue.c), communicator split's allgathers
+ * (split.c), the device executor's setup exchange and the host side of its staged work
+ * (devhost.c). Nothing below the public API calls a loom* entry point.
+ */
+#ifndef LOOM_CORE_COLL_H
+#define LOOM_CORE_COLL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "loom.h"
+#include "progress.h"
+
+/* One queued operation. Buffers are host memory unless `dev`. */
+typedef struct {
+    loomComm_t comm;
+    int kind; /* sched_opkind_t */
+    const void *send;
+    void *recv;
+    size_t count;
+    loomDataType_t type;
+    loomRedOp_t op;
+    int root; /* root, or peer for point to point */
+    cudaStream_t stream;
+    bool dev; /* device buffers: the device executor orders it on the stream */
+} coll_op_t;
+
+/* Runs host operations (in call order per communicator; several communicators progress
+ * together) to completion on the calling thread. The first failure's text is the thread's
+ * error text. */
+loomResult_t coll_run(const coll_op_t *ops, int n);
+
+/* The same without blocking, for the progress thread: coll_start begins the group; coll_test
+ * advances it and, once *done, returns its result and frees it. While it runs, the group's
+ * descriptors are watched by the progress thread. */
+typedef struct coll_group coll_group_t;
+loomResult_t coll_start(const coll_op_t *ops, int n, coll_group_t **out);
+loomResult_t coll_test(coll_group_t *g, bool *done);
+
+/* Allgathers `bytes` of raw bytes on k communicators at once, as one group (split, the device
+ * executor's setup). */
+loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, void *const *recv,
+                                 size_t bytes, int k);
+
+#endif

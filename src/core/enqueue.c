@@ -1,0 +1,458 @@
+/*
+ * Collective and point-to-point entry points, and groups: the public API's side of a call.
+ *
+ * Every call is checked completely before anything happens (a bad argument changes nothing),
+ * then queued on the calling thread's group queue; outside a group the queue is run at once.
+ * Running it hands device-buffer operations to the device executor (ordered on their streams,
+ * nothing to wait for) and the host ones to core's internal entry (coll.h), which turns each
+ * communicator's operations into schedules and drives them together on this thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "comm.h"
+#include "memtype.h"
+#ifdef LOOM_HAVE_CUDA
+#include "dev.h"
+#endif
+
+
+static _Thread_local int group_depth;
+/* The memory kinds the current call's buffers were found to be (check_buf). */
+static _Thread_local loomComm_t call_comm;
+static _Thread_local bool call_dev, call_host;
+static _Thread_local const void *call_seen; /* the buffer this call already classified */
+static _Thread_local coll_op_t *gq;
+static _Thread_local int gq_len, gq_cap;
+
+/* ---- argument checks ---- */
+
+static bool mul_overflows(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out);
+}
+
+static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+static loomResult_t check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type)
+{
+    if ((int)op >= 0 && op < loomNumOps) return loomSuccess;
+    int i = base_premul_index(op);
+    if (i >= 0 && i < COMM_MAX_PREMUL && comm->premul[i].used) {
+        if (comm->premul[i].type != type)
+            return base_error(loomInvalidArgument, LOG_COLL,
+                              "%s: pre-multiplied sum %d was created for %s, called with %s", fn,
+                              (int)op, red_type_name(comm->premul[i].type), red_type_name(type));
+        return loomSuccess;
+    }
+    return base_error(loomInvalidArgument, LOG_COLL,
+                      "%s: invalid reduction op %d (sum, prod, max, min, avg, or one made by "
+                      "loomRedOpCreatePreMulSum on this communicator)",
+                      fn, (int)op);
+}
+
+static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t type, size_t count,
+                                 size_t mult, size_t *bytes)
+{
+    LOOM_CHECK(comm_check(comm, fn));
+    log_set_rank(comm->rank);
+    call_comm = comm;
+    call_dev = call_host = false;
+    call_seen = NULL;
+    if ((int)type < 0 || type >= loomNumTypes)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: invalid datatype %d (expected 0..%d)",
+                          fn, (int)type, loomNumTypes - 1);
+    size_t elems;
+    if (mul_overflows(count, mult, &elems) || mul_overflows(elems, red_type_size(type), bytes) ||
+        *bytes > (size_t)INT64_MAX)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: count %zu of %s overflows the address space", fn, count,
+                          red_type_name(type));
+    return loomSuccess;
+}
+
+static loomResult_t check_buf(const char *fn, const char *name, const void *p, size_t bytes)
+{
+    if (bytes > 0 && p == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: %s is NULL with %zu bytes to move",
+                          fn, name, bytes);
+    if (bytes == 0) return loomSuccess;
+    if (p == call_seen) return loomSuccess; /* in place: one driver query, not two */
+#ifdef LOOM_HAVE_CUDA
+    int ord = -1;
+    mem_type_t mt = mem_type_dev(p, &ord);
+#else
+    mem_type_t mt = mem_type_of(p);
+#endif
+    if (mt == MEM_HOST) {
+        call_host = true;
+        call_seen = p;
+        return loomSuccess;
+    }
+    if (mt == MEM_MANAGED)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: %s (%p) is CUDA managed memory, which loom does not move (use "
+                          "device or host memory)",
+                          fn, name, p);
+#ifdef LOOM_HAVE_CUDA
+    call_dev = true;
+    /* the communicator binds to the first device buffer's GPU (or its config's) */
+    if (call_comm->cuda_dev >= 0 && ord != call_comm->cuda_dev)
+        return base_error(loomInvalidUsage, LOG_CUDA,
+                          "%s: %s (%p) is on GPU %d, but rank %d of this communicator is bound "
+                          "to GPU %d",
+                          fn, name, p, ord, call_comm->rank, call_comm->cuda_dev);
+    call_comm->cuda_dev = ord;
+    call_seen = p;
+    return loomSuccess;
+#else
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "%s: %s (%p) is CUDA device memory, and this build of loom has no device "
+                      "executor (it was built without the CUDA toolkit)",
+                      fn, name, p);
+#endif
+}
+
+/* Fills o->dev from the call's buffers; host and device buffers in one call are refused. */
+static loomResult_t check_mem_kind(const char *fn, coll_op_t *o)
+{
+    if (call_dev && call_host)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: one buffer is CUDA device memory and another host memory; a "
+                          "call takes one kind",
+                          fn);
+    o->dev = call_dev;
+    return loomSuccess;
+}
+
+static loomResult_t check_root(loomComm_t comm, const char *fn, const char *what, int root)
+{
+    if (root < 0 || root >= comm->nranks)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: %s %d is outside [0, %d)", fn, what,
+                          root, comm->nranks);
+    return loomSuccess;
+}
+
+static loomResult_t check_no_partial_overlap(const char *fn, const void *s, size_t sb,
+                                             const void *r, size_t rb, const void *inplace_at)
+{
+    if (s == inplace_at) return loomSuccess;
+    if (ranges_overlap(s, sb, r, rb))
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: send and receive buffers overlap without being in place", fn);
+    return loomSuccess;
+}
+/* ---- the queue ---- */
+
+static loomResult_t run_group(void);
+
+static loomResult_t enqueue(const coll_op_t *op)
+{
+    if (gq_len == gq_cap) {
+        int ncap = gq_cap ? gq_cap * 2 : 16;
+        coll_op_t *n = realloc(gq, (size_t)ncap * sizeof(*n));
+        if (n == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+        gq = n;
+        gq_cap = ncap;
+    }
+    gq[gq_len++] = *op;
+    if (group_depth == 0) return run_group();
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomGroupStart(void)
+{
+    group_depth++;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomGroupEnd(void)
+{
+    if (group_depth == 0)
+        return base_error(loomInvalidUsage, LOG_COLL, "loomGroupEnd without loomGroupStart");
+    if (--group_depth > 0) return loomSuccess;
+    return run_group();
+}
+#ifdef LOOM_HAVE_CUDA
+/* The device operations of communicator c, from queue entry `first` on, in call order, handed
+ * to its device executor at once. A call outside a group is one operation, and it is the
+ * latency path's whole host cost besides the launch: no allocation below 8 operations. */
+static loomResult_t run_dev_ops(loomComm_t c, int first)
+{
+    int m = 0;
+    for (int q = first; q < gq_len; q++)
+        if (gq[q].dev && gq[q].comm == c) m++;
+    dev_op_t few[8], *dops = few;
+    if (m > (int)LOOM_ARRAY_SIZE(few)) {
+        dops = malloc((size_t)m * sizeof(*dops));
+        if (dops == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    }
+    m = 0;
+    for (int q = first; q < gq_len; q++) {
+        coll_op_t *o = &gq[q];
+        if (!o->dev || o->comm != c) continue;
+        dev_op_t *d = &dops[m++];
+        *d = (dev_op_t){.kind = o->kind,
+                        .send = o->send,
+                        .recv = o->recv,
+                        .count = o->count,
+                        .type = o->type,
+                        .op = o->op,
+                        .root = o->root,
+                        .stream = o->stream};
+        int pm = base_premul_index(o->op);
+        if (pm >= 0) { /* the pre-multiplied sum's scalar */
+            d->scale_host = c->premul[pm].scalar;
+            d->scale_dev = c->premul[pm].dev_ptr;
+        }
+        o->comm = NULL; /* taken */
+    }
+    atomic_fetch_add(&c->active_calls, 1);
+    log_set_rank(c->rank);
+    loomResult_t r = dev_run(&c->devh, dops, m);
+    if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
+    atomic_fetch_sub(&c->active_calls, 1);
+    if (dops != few) free(dops);
+    return r;
+}
+#endif
+static loomResult_t run_group(void)
+{
+    int n = gq_len;
+    if (n == 0) return loomSuccess;
+    loomResult_t res = loomSuccess;
+#ifdef LOOM_HAVE_CUDA
+    /* First device use of communicators: set them up together (one thread may drive several
+     * ranks). */
+    {
+        dev_host_t *fresh[n];
+        int nf = 0;
+        for (int i = 0; i < n; i++) {
+            if (!gq[i].dev || dev_ready(&gq[i].comm->devh)) continue;
+            int k = 0;
+            while (k < nf && fresh[k] != &gq[i].comm->devh)
+                k++;
+            if (k == nf) {
+                comm_devhost_fill(gq[i].comm);
+                fresh[nf++] = &gq[i].comm->devh;
+            }
+        }
+        if (nf) res = dev_setup(fresh, nf);
+    }
+    /* Device buffers: ordered on their streams by the device executor, per communicator in
+     * call order; nothing to drive here. */
+    for (int i = 0; i < n && res == loomSuccess; i++)
+        if (gq[i].dev && gq[i].comm != NULL) res = run_dev_ops(gq[i].comm, i);
+    if (res != loomSuccess) {
+        gq_len = 0;
+        return res;
+    }
+#endif
+    /* The host operations, in call order (device ones were taken: comm NULL). */
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (gq[i].comm != NULL) gq[m++] = gq[i];
+    if (m > 0) res = coll_run(gq, m);
+    gq_len = 0;
+    return res;
+}
+
+/* ---- entry points ---- */
+
+LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                       loomDataType_t type, loomRedOp_t op, loomComm_t comm,
+                                       cudaStream_t stream)
+{
+    const char *fn = "loomAllReduce";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                       loomDataType_t type, int root, loomComm_t comm,
+                                       cudaStream_t stream)
+{
+    const char *fn = "loomBroadcast";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "root", root));
+    if (comm->rank == root) {
+        LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    }
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count,
+                   type, loomSum,       root,     stream,   false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                    loomDataType_t type, loomRedOp_t op, int root, loomComm_t comm,
+                                    cudaStream_t stream)
+{
+    const char *fn = "loomReduce";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_root(comm, fn, "root", root));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    if (comm->rank == root) {
+        LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    } else {
+        recvbuff = (void *)sendbuff == recvbuff ? recvbuff : NULL;
+    }
+    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                       loomDataType_t type, loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomAllGather";
+    size_t bytes = 0, total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, sendcount, 1, &bytes));
+    LOOM_CHECK(check_common(comm, fn, type, sendcount, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
+                                        (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
+    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount,
+                   type, loomSum,       -1,       stream,   false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                           loomDataType_t type, loomRedOp_t op, loomComm_t comm,
+                                           cudaStream_t stream)
+{
+    const char *fn = "loomReduceScatter";
+    size_t bytes = 0, total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, recvcount, 1, &bytes));
+    LOOM_CHECK(check_common(comm, fn, type, recvcount, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_op(comm, fn, op, type));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
+        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
+    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream,
+                   false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                      loomDataType_t type, loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomAlltoAll";
+    size_t total = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &total));
+    LOOM_CHECK(check_common(comm, fn, type, count, (size_t)comm->nranks, &total));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
+    coll_op_t o = {comm, OPK_ALLTOALL, sendbuff, recvbuff, count, type, loomSum, -1, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t type, int peer,
+                                  loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomSend";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "peer", peer));
+    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t type, int peer,
+                                  loomComm_t comm, cudaStream_t stream)
+{
+    const char *fn = "loomRecv";
+    size_t bytes = 0;
+    base_clear_error();
+    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    LOOM_CHECK(check_root(comm, fn, "peer", peer));
+    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer, stream, false};
+    LOOM_CHECK(check_mem_kind(fn, &o));
+    return enqueue(&o);
+}
+
+/* ---- device memory ---- */
+
+LOOM_EXPORT loomResult_t loomMemAlloc(void **ptr, size_t size)
+{
+    base_clear_error();
+    if (ptr == NULL) return base_error(loomInvalidArgument, LOG_CUDA, "loomMemAlloc: ptr is NULL");
+#ifdef LOOM_HAVE_CUDA
+    return dev_mem_alloc(ptr, size);
+#else
+    (void)size;
+    return base_error(loomInvalidUsage, LOG_CUDA,
+                      "loomMemAlloc: this loom was built without CUDA support");
+#endif
+}
+
+LOOM_EXPORT loomResult_t loomMemFree(void *ptr)
+{
+    base_clear_error();
+    if (ptr == NULL) return loomSuccess;
+#ifdef LOOM_HAVE_CUDA
+    if (mem_type_of(ptr) == MEM_DEVICE) return dev_mem_free(ptr);
+#endif
+    return base_error(loomInvalidUsage, LOG_CUDA,
+                      "loomMemFree: %p was not allocated by loomMemAlloc", ptr);
+}
+
+LOOM_EXPORT loomResult_t loomCommRegister(const loomComm_t comm, void *buff, size_t size,
+                                          void **handle)
+{
+    LOOM_CHECK(comm_check(comm, "loomCommRegister"));
+    if (handle == NULL || (buff == NULL && size > 0))
+        return base_error(loomInvalidArgument, LOG_COLL, "loomCommRegister: NULL handle or buffer");
+    /* Host memory needs no registration for the TCP transport: the handle records the range. */
+    void **h = malloc(2 * sizeof(void *));
+    if (h == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+    h[0] = buff;
+    h[1] = (void *)(uintptr_t)size;
+    *handle = h;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomCommDeregister(const loomComm_t comm, void *handle)
+{
+    LOOM_CHECK(comm_check(comm, "loomCommDeregister"));
+    if (handle == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "loomCommDeregister: NULL handle");
+    free(handle);
+    return loomSuccess;
+}
+

@@ -1,0 +1,266 @@
+/*
+ * The progress engine (see progress.h): the blocking wait of host calls, and the process's one
+ * progress thread.
+ *
+ * Cost: progress_drive adds no thread hop and no allocation to a host call: it is the loop that
+ * used to sit in the group runner, with the wait moved here. The thread exists only once
+ * something attaches, and sleeps in ppoll when idle.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "progress.h"
+
+#define PROGRESS_MAX_FDS 256
+
+loomResult_t progress_drive(prog_work_t *w)
+{
+    uint64_t idle_since = base_now_ns();
+    for (;;) {
+        bool done = false, progressed = false;
+        LOOM_CHECK(w->advance(w, &done, &progressed));
+        if (done) return loomSuccess;
+        uint64_t now = base_now_ns();
+        if (progressed) {
+            idle_since = now;
+            continue;
+        }
+        if (now - idle_since < w->spin_ns) continue;
+        LOOM_CHECK(w->check(w));
+        struct pollfd fds[PROGRESS_MAX_FDS];
+        int nf = w->pollfds(w, fds, PROGRESS_MAX_FDS);
+        (void)poll(fds, (nfds_t)nf, PROGRESS_BLOCK_MS);
+    }
+}
+
+/* ---- the process's progress thread ---- */
+
+typedef struct {
+    progress_poll_fn fn;
+    void *arg;
+    uint64_t spin_ns;
+} prog_source_t;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t idle; /* signalled when the source being polled changes */
+    bool started;
+    pthread_t thread;
+    int wake_fd;
+    prog_source_t *src;
+    int nsrc, cap;
+    void *busy; /* the arg whose poll function runs now, NULL between calls */
+    prog_work_t **watch;
+    int nwatch, wcap;
+} pe = {.lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER, .wake_fd = -1};
+
+static _Thread_local bool on_thread;
+
+bool progress_on_thread(void) { return on_thread; }
+
+static bool attached(void *arg)
+{
+    for (int k = 0; k < pe.nsrc; k++)
+        if (pe.src[k].arg == arg) return true;
+    return false;
+}
+
+/* Runs every attached poll function once; returns the shortest sleep asked for. The list is
+ * copied first: a poll function may attach or detach (itself or others) while it runs. */
+static uint64_t poll_pass(bool *progressed, uint64_t *spin)
+{
+    static prog_source_t *snap;
+    static int snap_cap;
+    uint64_t sleep_ns = UINT64_MAX;
+    *spin = 0;
+    pthread_mutex_lock(&pe.lock);
+    if (snap_cap < pe.nsrc) {
+        prog_source_t *n = realloc(snap, (size_t)pe.cap * sizeof(*n));
+        if (n == NULL) { /* try again on the next pass */
+            pthread_mutex_unlock(&pe.lock);
+            return 1000000;
+        }
+        snap = n;
+        snap_cap = pe.cap;
+    }
+    int n = pe.nsrc;
+    memcpy(snap, pe.src, (size_t)n * sizeof(*snap));
+    for (int i = 0; i < n; i++) {
+        if (!attached(snap[i].arg)) continue;
+        pe.busy = snap[i].arg;
+        pthread_mutex_unlock(&pe.lock);
+        bool p = false;
+        uint64_t hint = snap[i].fn(snap[i].arg, &p);
+        pthread_mutex_lock(&pe.lock);
+        pe.busy = NULL;
+        pthread_cond_broadcast(&pe.idle);
+        *progressed |= p;
+        sleep_ns = LOOM_MIN(sleep_ns, hint);
+        *spin = LOOM_MAX(*spin, snap[i].spin_ns);
+    }
+    pthread_mutex_unlock(&pe.lock);
+    return sleep_ns;
+}
+
+static void thread_sleep(uint64_t sleep_ns)
+{
+    struct pollfd fds[PROGRESS_MAX_FDS];
+    int nf = 0;
+    fds[nf++] = (struct pollfd){.fd = pe.wake_fd, .events = POLLIN};
+    pthread_mutex_lock(&pe.lock);
+    int nwatch = pe.nwatch;
+    for (int i = 0; i < pe.nwatch && nf < PROGRESS_MAX_FDS; i++)
+        nf += pe.watch[i]->pollfds(pe.watch[i], fds + nf, PROGRESS_MAX_FDS - nf);
+    pthread_mutex_unlock(&pe.lock);
+    /* A poll function that wants calling again at once while nothing moves is waiting for the
+     * network (its work is watched) or for the GPU: cap the sleep accordingly. */
+    if (sleep_ns == 0) sleep_ns = nwatch ? (uint64_t)PROGRESS_BLOCK_MS * 1000000 : 50000;
+    struct timespec ts, *tp = NULL;
+    if (sleep_ns != UINT64_MAX) {
+        ts.tv_sec = (time_t)(sleep_ns / 1000000000);
+        ts.tv_nsec = (long)(sleep_ns % 1000000000);
+        tp = &ts;
+    }
+    (void)ppoll(fds, (nfds_t)nf, tp, NULL);
+    if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        ssize_t n = read(pe.wake_fd, &v, sizeof(v));
+        (void)n;
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    (void)arg;
+    on_thread = true;
+    uint64_t idle_since = base_now_ns();
+    for (;;) {
+        bool progressed = false;
+        uint64_t spin = 0;
+        uint64_t sleep_ns = poll_pass(&progressed, &spin);
+        uint64_t now = base_now_ns();
+        if (progressed) {
+            idle_since = now;
+            continue;
+        }
+        if (sleep_ns == 0 && now - idle_since < spin) continue;
+        thread_sleep(sleep_ns);
+    }
+    return NULL;
+}
+
+/* A forked child has no progress thread and none of its parent's attachments. */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&pe.lock, NULL);
+    pthread_cond_init(&pe.idle, NULL);
+    pe.started = false;
+    pe.nsrc = pe.nwatch = 0;
+    pe.busy = NULL;
+}
+
+static loomResult_t thread_start(void)
+{
+    static bool atfork_done;
+    if (!atfork_done) {
+        pthread_atfork(NULL, NULL, atfork_child);
+        atfork_done = true;
+    }
+    if (pe.wake_fd < 0) {
+        pe.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (pe.wake_fd < 0)
+            return base_error(loomSystemError, LOG_INIT, "progress thread: eventfd: %s",
+                              strerror(errno));
+    }
+    /* The thread takes no signals meant for the application. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int e = pthread_create(&pe.thread, NULL, thread_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e != 0)
+        return base_error(loomSystemError, LOG_INIT, "starting the progress thread: %s",
+                          strerror(e));
+    pthread_detach(pe.thread);
+    pe.started = true;
+    return loomSuccess;
+}
+
+loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns)
+{
+    loomResult_t r = loomSuccess;
+    pthread_mutex_lock(&pe.lock);
+    if (pe.nsrc == pe.cap) {
+        int ncap = pe.cap ? 2 * pe.cap : 8;
+        prog_source_t *n = realloc(pe.src, (size_t)ncap * sizeof(*n));
+        if (n == NULL) {
+            pthread_mutex_unlock(&pe.lock);
+            return base_error(loomSystemError, LOG_INIT, "out of memory (progress thread)");
+        }
+        pe.src = n;
+        pe.cap = ncap;
+    }
+    if (!pe.started) r = thread_start();
+    if (r == loomSuccess) pe.src[pe.nsrc++] = (prog_source_t){fn, arg, spin_ns};
+    pthread_mutex_unlock(&pe.lock);
+    if (r == loomSuccess) progress_wake();
+    return r;
+}
+
+void progress_detach(void *arg)
+{
+    pthread_mutex_lock(&pe.lock);
+    for (int i = 0; i < pe.nsrc; i++)
+        if (pe.src[i].arg == arg) {
+            memmove(&pe.src[i], &pe.src[i + 1], (size_t)(pe.nsrc - i - 1) * sizeof(pe.src[0]));
+            pe.nsrc--;
+            break;
+        }
+    while (!on_thread && pe.busy == arg) pthread_cond_wait(&pe.idle, &pe.lock);
+    pthread_mutex_unlock(&pe.lock);
+}
+
+void progress_wake(void)
+{
+    if (pe.wake_fd < 0) return;
+    uint64_t one = 1;
+    ssize_t n = write(pe.wake_fd, &one, sizeof(one));
+    (void)n;
+}
+
+void progress_watch(prog_work_t *w)
+{
+    pthread_mutex_lock(&pe.lock);
+    if (pe.nwatch == pe.wcap) {
+        int ncap = pe.wcap ? 2 * pe.wcap : 8;
+        prog_work_t **n = realloc(pe.watch, (size_t)ncap * sizeof(*n));
+        if (n == NULL) { /* unwatched work is still advanced, only woken later */
+            pthread_mutex_unlock(&pe.lock);
+            return;
+        }
+        pe.watch = n;
+        pe.wcap = ncap;
+    }
+    pe.watch[pe.nwatch++] = w;
+    pthread_mutex_unlock(&pe.lock);
+}
+
+void progress_unwatch(prog_work_t *w)
+{
+    pthread_mutex_lock(&pe.lock);
+    for (int i = 0; i < pe.nwatch; i++)
+        if (pe.watch[i] == w) {
+            pe.watch[i] = pe.watch[--pe.nwatch];
+            break;
+        }
+    pthread_mutex_unlock(&pe.lock);
+}

@@ -1,0 +1,88 @@
+/*
+ * Communicator split: two allgathers on the parent through core's internal entry, then a child
+ * communicator made of the ranks of one colour, its transports started and its peers known
+ * without a new rendezvous.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "comm.h"
+
+static loomResult_t split_allgather(loomComm_t comm, const void *send, void *recv, size_t bytes)
+{
+    return coll_allgather_many(&comm, &send, &recv, bytes, 1);
+}
+
+typedef struct {
+    int32_t color, key;
+    uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES];
+} split_rec_t;
+
+LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
+                                       loomConfig_t *config)
+{
+    base_clear_error();
+    LOOM_CHECK(comm_check(comm, "loomCommSplit"));
+    log_set_rank(comm->rank);
+    if (newcomm == NULL)
+        return base_error(loomInvalidArgument, LOG_INIT, "loomCommSplit: newcomm is NULL");
+    if (color < 0 && color != LOOM_SPLIT_NOCOLOR)
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommSplit: colour %d is negative (use LOOM_SPLIT_NOCOLOR)", color);
+    loomConfig_t cfg;
+    LOOM_CHECK(comm_config_read(config, &cfg));
+    return comm_split(comm, color, key, &cfg, newcomm);
+}
+
+loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t *cfg,
+                        loomComm_t *newcomm)
+{
+    uint64_t split_id = base_hash64(&comm->split_count, sizeof(comm->split_count), comm->comm_id);
+    comm->split_count++;
+    loomResult_t r = loomSuccess;
+    loomComm_t child = NULL;
+    split_rec_t mine = {.color = color, .key = key};
+    split_rec_t *all = calloc((size_t)comm->nranks, sizeof(*all));
+    if (all == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory");
+    /* Two exchanges: colours and keys fix the child's size and this rank's place in it, which
+     * its transport needs before it can listen; then the listeners' addresses. */
+    int crank = 0, cn = 0;
+    LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
+    if (color != LOOM_SPLIT_NOCOLOR) {
+        for (int q = 0; q < comm->nranks; q++) {
+            if (all[q].color != color) continue;
+            if (all[q].key < key || (all[q].key == key && q < comm->rank)) crank++;
+            cn++;
+        }
+        LOOM_CHECK_GOTO(comm_alloc(cn, crank, cfg, &child), r, out);
+        child->comm_id = base_hash64(&color, sizeof(color), split_id);
+        memcpy(child->secret, comm->secret, 16);
+        LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
+    }
+    LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
+    if (child) {
+        for (int q = 0; q < comm->nranks; q++) {
+            if (all[q].color != color) continue;
+            int qr = 0;
+            for (int o = 0; o < comm->nranks; o++)
+                if (all[o].color == color &&
+                    (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
+                    qr++;
+            child->peers[qr] = comm->peers[q];
+            child->peers[qr].rank = qr;
+            memcpy(child->peers[qr].handle, all[q].handle, sizeof(all[q].handle));
+        }
+        LOOM_CHECK_GOTO(comm_layout(child), r, out);
+        INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
+    }
+out:
+    free(all);
+    if (r != loomSuccess) {
+        comm_free(child);
+        return r;
+    }
+    *newcomm = child;
+    return loomSuccess;
+}
+
