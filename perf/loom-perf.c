@@ -53,9 +53,7 @@
 #include <unistd.h>
 
 #include "loom.h"
-#ifdef LOOM_HAVE_CUDA
-#include "../src/base/cudrv.h"
-#endif
+#include "loom_internal.h"
 
 typedef enum {
     C_ALLREDUCE,

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "loom_internal.h"
 #include "memtype.h"
 #include "param.h"
 #ifdef LOOM_HAVE_CUDA
@@ -849,4 +850,31 @@ LOOM_EXPORT loomResult_t loomRedOpDestroy(loomRedOp_t op, loomComm_t comm)
                           "loomRedOpDestroy: op %d was not created on this communicator", (int)op);
     comm->premul[i].used = false;
     return loomSuccess;
+}
+
+/* ---- the internal interface of the shim and the tools (loom_internal.h) ---- */
+
+bool loom_comm_live(loomComm_t comm)
+{
+    return comm != NULL && comm->magic == COMM_MAGIC;
+}
+
+bool loom_comm_revoke(loomComm_t comm, const char *reason)
+{
+    return comm_stop(comm, reason);
+}
+
+int loom_comm_rank(loomComm_t comm)
+{
+    return comm->rank;
+}
+
+int loom_comm_size(loomComm_t comm)
+{
+    return comm->nranks;
+}
+
+uint64_t loom_node_identity(char *host, size_t hostlen)
+{
+    return boot_node_hash(host, hostlen);
 }

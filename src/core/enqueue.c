@@ -18,7 +18,6 @@
 #include "dev.h"
 #endif
 
-
 static _Thread_local int group_depth;
 /* The memory kinds the current call's buffers were found to be (check_buf). */
 static _Thread_local loomComm_t call_comm;
@@ -455,4 +454,3 @@ LOOM_EXPORT loomResult_t loomCommDeregister(const loomComm_t comm, void *handle)
     free(handle);
     return loomSuccess;
 }
-

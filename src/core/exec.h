@@ -48,9 +48,9 @@ struct exec_host {
     exec_link_t *links;              /* by peer, owned by core */
     const exec_tp_t *tp;             /* the started transports, ntp of them */
     int ntp;
-    int wake_fd;                   /* written by abort: part of what a blocked wait watches */
-    const atomic_int *aborting;    /* set by loomCommAbort: fail at the next step */
-    loomStats_t *stats;            /* bytes counted here */
+    int wake_fd;                /* written by abort: part of what a blocked wait watches */
+    const atomic_int *aborting; /* set by loomCommAbort: fail at the next step */
+    loomStats_t *stats;         /* bytes counted here */
     /* The link to `peer`, connected on first use over the transport core picks for the pair. */
     loomResult_t (*conn)(exec_host_t *h, int peer, exec_link_t **link);
     /* Marks the communicator broken (first error wins) and tells its peers. */

@@ -65,7 +65,10 @@ static struct {
 
 static _Thread_local bool on_thread;
 
-bool progress_on_thread(void) { return on_thread; }
+bool progress_on_thread(void)
+{
+    return on_thread;
+}
 
 static bool attached(void *arg)
 {
@@ -225,7 +228,8 @@ void progress_detach(void *arg)
             pe.nsrc--;
             break;
         }
-    while (!on_thread && pe.busy == arg) pthread_cond_wait(&pe.idle, &pe.lock);
+    while (!on_thread && pe.busy == arg)
+        pthread_cond_wait(&pe.idle, &pe.lock);
     pthread_mutex_unlock(&pe.lock);
 }
 

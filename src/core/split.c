@@ -85,4 +85,3 @@ out:
     *newcomm = child;
     return loomSuccess;
 }
-

@@ -21,13 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base.h"
-#include "comm.h"
+#include "loom_internal.h"
 #include "nccl.h"
-#include "reduce.h"
-#ifdef LOOM_HAVE_CUDA
-#include "cudrv.h"
-#endif
 
 /* loom is compiled with -fvisibility=hidden; these are the library's only exports (the version
  * script hides the rest, loom's own loomX names included). */
@@ -433,7 +428,7 @@ SHIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
     if (c == NULL)
         return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
                                         "ncclCommRevoke: comm is NULL");
-    if (c->magic != COMM_MAGIC)
+    if (!loom_comm_live(c))
         return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
                                         "ncclCommRevoke: %p is not a live loom communicator",
                                         (void *)c);
@@ -442,9 +437,9 @@ SHIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
                                         "ncclCommRevoke: revokeFlags is %d; NCCL 2.28 allows only "
                                         "NCCL_REVOKE_DEFAULT (0)",
                                         revokeFlags);
-    comm_stop(c, "the communicator was revoked (ncclCommRevoke)");
-    INFO(LOG_SHIM, "ncclCommRevoke: rank %d of %d revoked; only destroy or abort remain", c->rank,
-         c->nranks);
+    loom_comm_revoke(c, "the communicator was revoked (ncclCommRevoke)");
+    INFO(LOG_SHIM, "ncclCommRevoke: rank %d of %d revoked; only destroy or abort remain",
+         loom_comm_rank(c), loom_comm_size(c));
     return ncclSuccess;
 }
 
@@ -644,10 +639,6 @@ SHIM_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    /* loom 0.1's loomAlltoAll reads comm->nranks before it checks comm: refuse NULL here. */
-    if (comm == NULL)
-        return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
-                                        "ncclAlltoAll: comm is NULL");
     loomDataType_t t;
     if (!shim_type(datatype, "ncclAlltoAll", &t)) return ncclInvalidArgument;
     return (ncclResult_t)loomAlltoAll(sendbuff, recvbuff, count, t, LC(comm), stream);
