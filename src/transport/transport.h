@@ -20,8 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "loom.h"
+#include "sock.h"
 
 #define TRANSPORT_META_BYTES 32
 #define TRANSPORT_HANDLE_BYTES 64
@@ -93,6 +95,67 @@ typedef struct {
 /* Records the failure unless one is already there (the first cause is the useful one). */
 void transport_fail(transport_fail_t *f, loomResult_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* A context's abort: once set, every connection of it fails with the reason. */
+#define TRANSPORT_ABORT_TEXT_MAX 1024
+typedef struct {
+    bool aborted;
+    char reason[TRANSPORT_ABORT_TEXT_MAX];
+} transport_abort_t;
+
+/* What every connection keeps the same way, whatever moves its bytes. Each transport's struct
+ * transport_conn starts with it (checked by TRANSPORT_CONN_HEAD_FIRST), so that the shared
+ * functions below read it through the opaque connection. */
+typedef struct {
+    transport_fail_t fail;
+    char name[96];             /* "rank 3 (10.0.0.2:41234)": how every message names the peer */
+    uint64_t last_activity_ns; /* the last sign of life the transport counts */
+    int pending;               /* requests posted and not yet complete */
+} transport_conn_head_t;
+#define TRANSPORT_CONN_HEAD_FIRST(type, member)                                                    \
+    _Static_assert(offsetof(type, member) == 0, "the connection must start with its head")
+
+/* Its failure; else, once the context aborted, "communicator aborted: <reason>" recorded as its
+ * failure (so that it outlives the context's state); loomSuccess while usable. */
+loomResult_t transport_conn_check(transport_conn_head_t *h, const transport_abort_t *a);
+/* Names the peer "rank <peer> (<where>)" (where: its address, pid, ...). */
+void transport_conn_name(transport_conn_head_t *h, int peer, const char *where);
+/* The end of a request that test found complete: copies its metadata out (got: what arrived
+ * or was sent) and says done; the caller frees it. A receive whose length disagreed returns
+ * the connection's failure. */
+loomResult_t transport_req_finish(const transport_conn_head_t *h, bool bad_len,
+                                  const uint8_t got[TRANSPORT_META_BYTES], int *done,
+                                  uint8_t meta[TRANSPORT_META_BYTES]);
+/* A recv(2) that returned n <= 0 (0: the peer closed; else errno err) or a send that failed with
+ * err: the peer is gone or going. Recorded with texts the tests and users know. */
+void transport_conn_recv_failed(transport_conn_head_t *h, ssize_t n, int err);
+void transport_conn_send_failed(transport_conn_head_t *h, int err);
+/* Moves the connection's handshake on: 1 once it is done, 0 while it runs, -1 when it failed
+ * (recorded as the connection's failure, with the handshake's cause). */
+int transport_conn_handshake(transport_conn_head_t *h, hs_t *hs, bool *progressed);
+
+/* The ops that read only the head: idle_ns (connecting: the transport still sets it up, which
+ * counts as pending), peer_name and conn_error. */
+uint64_t transport_conn_idle_ns(const transport_conn_head_t *h, bool connecting, bool *pending);
+const char *transport_peer_name(transport_conn_t *conn);
+const char *transport_conn_error(transport_conn_t *conn);
+
+/* Why an authenticated hello is refused by this rank (another communicator, another rank, or a
+ * rank that should have been the acceptor), or NULL when it is welcome. */
+const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello);
+
+/* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
+ * "stalled": a quarter of LOOM_TIMEOUT, between 50 ms and 1 s. */
+uint64_t transport_ping_ns(void);
+
+/* Whether to look at the listener now: always while `wanted` (a connection waits for its peer or
+ * a handshake runs), else every TRANSPORT_ACCEPT_EVERY_NS only (strangers are dealt with then,
+ * and the hot loop saves a system call: accept(2) was a tenth of shm's time). */
+#define TRANSPORT_ACCEPT_EVERY_NS 5000000ull
+bool transport_accept_due(uint64_t *next_accept_ns, bool wanted);
+
+/* Marks the context aborted with its reason (kept for the connections' errors). */
+void transport_abort_set(transport_abort_t *a, const char *reason);
 
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
