@@ -1,6 +1,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base.h"
 #include "param.h"
@@ -113,6 +114,16 @@ bool transport_accept_due(uint64_t *next_accept_ns, bool wanted)
     if (!wanted && now < *next_accept_ns) return false;
     *next_accept_ns = now + TRANSPORT_ACCEPT_EVERY_NS;
     return true;
+}
+
+void transport_abort_grace(bool (*step)(void *arg, bool *progressed), void *arg)
+{
+    uint64_t end = base_now_ns() + TRANSPORT_ABORT_GRACE_NS;
+    while (base_now_ns() < end) {
+        bool progressed = false;
+        if (!step(arg, &progressed)) break;
+        if (!progressed) usleep(2000);
+    }
 }
 
 void transport_abort_set(transport_abort_t *a, const char *reason)

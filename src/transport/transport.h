@@ -154,6 +154,13 @@ uint64_t transport_ping_ns(void);
 #define TRANSPORT_ACCEPT_EVERY_NS 5000000ull
 bool transport_accept_due(uint64_t *next_accept_ns, bool wanted);
 
+/* Before telling peers why we abort, connections still being set up (and, for tcp, frames half
+ * sent) get a moment to finish: otherwise a peer that was just connecting sees only a refused
+ * connection or a truncated stream instead of the reason. step moves what it can, sets
+ * *progressed when something moved, and returns whether anything is still unfinished; it runs
+ * until nothing is or TRANSPORT_ABORT_GRACE_NS passed. */
+#define TRANSPORT_ABORT_GRACE_NS 250000000ull
+void transport_abort_grace(bool (*step)(void *arg, bool *progressed), void *arg);
 /* Marks the context aborted with its reason (kept for the connections' errors). */
 void transport_abort_set(transport_abort_t *a, const char *reason);
 

@@ -746,35 +746,30 @@ static uint64_t shm_idle_ns(transport_conn_t *c, bool *pending)
     return transport_conn_idle_ns(&c->head, c->state != CS_READY, pending);
 }
 
-/* As in tcp: let connections being set up finish, so that the reason reaches them. */
-static void abort_grace(transport_ctx_t *ctx)
+/* A round of the abort's grace: handshakes are what may still finish (the mode message that
+ * follows goes at once). A handshake that fails is not waited for; the connection's error will be
+ * the abort's. */
+static bool abort_grace_step(void *arg, bool *prog)
 {
-    uint64_t end = base_now_ns() + 250000000ull;
-    while (base_now_ns() < end) {
-        bool prog = false, busy;
-        accept_progress(ctx, &prog);
-        busy = ctx->pend.n > 0;
-        for (int i = 0; i < ctx->nactive; i++) {
-            transport_conn_t *c = ctx->active[i];
-            if (c->head.fail.failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
-            if (hs_progress(&c->hs, &prog) != loomSuccess) {
-                c->head.fail.failed = true;
-                continue;
-            }
-            if (c->hs.state == HS_DONE)
-                mode_start(c);
-            else
-                busy = true;
-        }
-        if (!busy) break;
-        if (!prog) usleep(2000);
+    transport_ctx_t *ctx = arg;
+    accept_progress(ctx, prog);
+    bool busy = ctx->pend.n > 0;
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        if (c->head.fail.failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
+        if (hs_progress(&c->hs, prog) != loomSuccess) continue;
+        if (c->hs.state == HS_DONE)
+            mode_start(c);
+        else
+            busy = true;
     }
+    return busy;
 }
 
 static void shm_abort(transport_ctx_t *ctx, const char *reason)
 {
     if (ctx->abort.aborted) return;
-    abort_grace(ctx);
+    transport_abort_grace(abort_grace_step, ctx);
     transport_abort_set(&ctx->abort, reason);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];

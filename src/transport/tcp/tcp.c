@@ -594,49 +594,42 @@ static uint64_t tcp_idle_ns(transport_conn_t *c, bool *pending)
     return transport_conn_idle_ns(&c->head, c->nready < c->nsocks, pending);
 }
 
-#define ABORT_GRACE_NS 250000000ull
-
-/* Before telling peers why we abort, give connections still being set up, and frames half
- * sent, a short moment to finish: otherwise a peer that was just connecting sees only a refused
- * connection or a truncated stream instead of the reason. */
-static void abort_grace(transport_ctx_t *ctx)
+/* A round of the abort's grace: handshakes and half-sent frames are what may still finish. A
+ * handshake that fails is not waited for; the connection's error will be the abort's. */
+static bool abort_grace_step(void *arg, bool *prog)
 {
-    uint64_t end = base_now_ns() + ABORT_GRACE_NS;
-    while (base_now_ns() < end) {
-        bool busy = false, prog = false;
-        accept_progress(ctx, &prog);
-        busy = ctx->pend.n > 0;
-        for (int i = 0; i < ctx->nactive; i++) {
-            transport_conn_t *c = ctx->active[i];
-            for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
-                tcp_sock_t *s = &c->socks[k];
-                if (s->state == SK_HANDSHAKE) {
-                    if (hs_progress(&s->hs, &prog) != loomSuccess) {
-                        s->state = SK_CLOSED;
-                        continue;
-                    }
-                    if (s->hs.state == HS_DONE) {
-                        s->state = SK_READY;
-                        c->nready++;
-                    } else {
-                        busy = true;
-                    }
+    transport_ctx_t *ctx = arg;
+    accept_progress(ctx, prog);
+    bool busy = ctx->pend.n > 0;
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            if (s->state == SK_HANDSHAKE) {
+                if (hs_progress(&s->hs, prog) != loomSuccess) {
+                    s->state = SK_CLOSED;
+                    continue;
                 }
-                if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
-                    sock_progress_send(c, s, &prog);
-                    if (s->sq_head && s->sq_head->done > 0) busy = true;
+                if (s->hs.state == HS_DONE) {
+                    s->state = SK_READY;
+                    c->nready++;
+                } else {
+                    busy = true;
                 }
             }
+            if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
+                sock_progress_send(c, s, prog);
+                if (s->sq_head && s->sq_head->done > 0) busy = true;
+            }
         }
-        if (!busy) break;
-        if (!prog) usleep(2000);
     }
+    return busy;
 }
 
 static void tcp_abort(transport_ctx_t *ctx, const char *reason)
 {
     if (ctx->abort.aborted) return;
-    abort_grace(ctx);
+    transport_abort_grace(abort_grace_step, ctx);
     transport_abort_set(&ctx->abort, reason);
     size_t rl = LOOM_MIN(strlen(reason), (size_t)TCP_ABORT_TEXT_MAX);
     for (int i = 0; i < ctx->nactive; i++) {
