@@ -9,10 +9,18 @@
 
 static const transport_ops_t *const transports[] = {&transport_tcp, &transport_shm};
 
+const transport_ops_t *const *transport_all(size_t *n)
+{
+    *n = sizeof(transports) / sizeof(transports[0]);
+    return transports;
+}
+
 const transport_ops_t *transport_by_name(const char *name)
 {
-    for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++)
-        if (strcmp(transports[i]->name, name) == 0) return transports[i];
+    size_t n;
+    const transport_ops_t *const *all = transport_all(&n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(all[i]->name, name) == 0) return all[i];
     return NULL;
 }
 

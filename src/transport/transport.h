@@ -170,7 +170,10 @@ extern const transport_ops_t transport_shm;
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
 bool shm_conn_uses_cma(const transport_conn_t *conn);
 
-/* Finds a transport by name ("tcp"); NULL when unknown or not built. */
+/* Every transport with an ops table built into this library (for tools that list them); *n gets
+ * their number. The table is static: the caller never frees it. */
+const transport_ops_t *const *transport_all(size_t *n);
+/* Finds a transport of transport_all() by name ("tcp"); NULL when unknown or not built. */
 const transport_ops_t *transport_by_name(const char *name);
 
 #endif
