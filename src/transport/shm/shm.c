@@ -9,10 +9,10 @@
  * acknowledgement completes the send. Data crosses memory once, with no socket buffers between.
  *
  * Where cross-memory attach is refused (seccomp in containers, ptrace restrictions) or
- * LOOM_SHM_CMA=0, each side instead owns a bounce segment (a memfd, sent to the peer over the
- * socket with SCM_RIGHTS and mapped there): the sender copies into a free slot, the receiver
- * copies out. Both sides test cross-memory attach on each other at connect time and use it only
- * if both can.
+ * LOOM_SHM_CMA=0, the bytes go through bounce segments instead: each side owns one (a memfd, sent
+ * to the peer over the socket with SCM_RIGHTS and mapped there, offered whatever the mode turns
+ * out to be), the sender copies into a free slot, the receiver copies out. Both sides test
+ * cross-memory attach on each other at connect time and use it only if both can.
  *
  * Control messages are read eagerly (they are small), so acknowledgements never wait behind
  * data the receiver has not asked for yet. The peer's pid comes from SO_PEERCRED, not from the
@@ -618,24 +618,22 @@ static void mode_start(transport_conn_t *c)
     snprintf(where, sizeof(where), "pid %d, same node", (int)c->pid);
     transport_conn_name(&c->head, c->peer, where);
     size_t len = c->ctx->slot_bytes * SHM_BOUNCE_SLOTS;
-    int mfd = -1;
-    if (!c->ctx->cma_wanted || true) {
-        /* The segment is cheap until touched (pages are allocated on first write), so both
-         * sides offer one; it is used only when cross-memory attach is not. */
-        mfd = memfd_create("loom-shm-bounce", MFD_CLOEXEC);
-        if (mfd >= 0 && ftruncate(mfd, (off_t)len) == 0) {
-            void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-            if (p != MAP_FAILED) {
-                c->my_bounce = p;
-                c->my_bounce_len = len;
-            }
+    /* The segment is cheap until touched (pages are allocated on first write), so both sides
+     * offer one, whatever LOOM_SHM_CMA says: which of them copies is only known once both probed
+     * cross-memory attach. */
+    int mfd = memfd_create("loom-shm-bounce", MFD_CLOEXEC);
+    if (mfd >= 0 && ftruncate(mfd, (off_t)len) == 0) {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+        if (p != MAP_FAILED) {
+            c->my_bounce = p;
+            c->my_bounce_len = len;
         }
-        if (c->my_bounce == NULL) {
-            conn_fail(c, loomSystemError, "memfd bounce segment of %zu bytes for %s: %s", len,
-                      c->head.name, strerror(errno));
-            if (mfd >= 0) close(mfd);
-            return;
-        }
+    }
+    if (c->my_bounce == NULL) {
+        conn_fail(c, loomSystemError, "memfd bounce segment of %zu bytes for %s: %s", len,
+                  c->head.name, strerror(errno));
+        if (mfd >= 0) close(mfd);
+        return;
     }
     shm_mode_t m = {.type = SHM_MSG_MODE,
                     .probe_addr = (uint64_t)(uintptr_t)&c->probe,
