@@ -2,11 +2,11 @@
  * One ops table, many transports. A transport moves bytes between this rank and its peers and
  * knows nothing about reductions or schedules.
  *
- * Message capability (tcp, mpi, ucx, ibv): connections are created lazily and never block
- * (connect returns a handle at once; the handshake runs inside progress); isend/irecv post work
- * and test reports completion; messages between two ranks match in posting order. Every message
- * carries TRANSPORT_META_BYTES of opaque metadata, which the executor uses to check that both
- * sides run the same operation.
+ * Message capability (tcp and shm; mpi, ucx and ibv when they land): connections are created lazily
+ * and never block (connect returns a handle at once; the handshake runs inside progress);
+ * isend/irecv post work and test reports completion; messages between two ranks match in posting
+ * order. Every message carries TRANSPORT_META_BYTES of opaque metadata, which the executor uses to
+ * check that both sides run the same operation.
  *
  * Errors: a failing call returns loomRemoteError or loomSystemError and leaves a text naming the
  * peer (rank and address), the system call and errno in transport_conn_error(); the caller adds
