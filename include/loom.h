@@ -3,8 +3,8 @@
  *
  * The API has NCCL's shape and semantics with the `loom` prefix, so that porting a program is a
  * rename. Buffers are detected per call. For host memory a call returns when the result is in
- * place. CUDA device memory (ordered on the given stream, as with NCCL) needs the CUDA executor,
- * which this version does not have yet: such buffers are refused with loomInvalidUsage.
+ * place. For CUDA device memory (builds with CUDA) a call returns once the operation is ordered
+ * on the given stream, as with NCCL; see docs/device.md.
  *
  * Every function returns a loomResult_t. A failing call sets a text that loomGetLastError returns,
  * naming the cause (rank, peer, operation sequence number, system call).

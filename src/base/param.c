@@ -9,7 +9,7 @@
 
 static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "", "",
-                     "log level: WARN, INFO or TRACE (none if unset)"},
+                     "log level: NONE, WARN (the default), INFO or TRACE"},
     [PARAM_DEBUG_SUBSYS] = {"DEBUG_SUBSYS", PARAM_T_STR, "ALL", "",
                             "subsystems to log: INIT,BOOT,NET,COLL,P2P,ENV,TUNING,SHM,CUDA,SHIM "
                             "or ALL; a leading ^ excludes the listed ones"},
@@ -37,7 +37,7 @@ static const param_desc_t params[PARAM_COUNT] = {
         {"ALGO", PARAM_T_STR, "", "",
          "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)"},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
-                         "force one transport for every peer: tcp (shm, mpi, ucx, ibv later)"},
+                         "force one transport for every peer: tcp or shm (mpi, ucx, ibv later)"},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
                              "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)"},
     [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "50", "us",

@@ -349,6 +349,14 @@ static uint64_t hs_deadline(void)
     return base_now_ns() + (uint64_t)(param_double(PARAM_HANDSHAKE_TIMEOUT) * 1e9);
 }
 
+/* The handshake moves on to the next message: `state` moves `len` bytes of h->buf. */
+static void hs_next(hs_t *h, hs_state_t state, size_t len)
+{
+    h->state = state;
+    h->len = len;
+    h->done = 0;
+}
+
 void hs_connect_init(hs_t *h, int fd, const sock_addr_t *peer, const uint8_t secret[16],
                      const hs_hello_t *hello)
 {
@@ -372,9 +380,7 @@ loomResult_t hs_accept_init(hs_t *h, int fd, const sock_addr_t *peer, const uint
     put32(h->buf, HS_MAGIC_CHALLENGE);
     put32(h->buf + 4, HS_VERSION);
     memcpy(h->buf + 8, h->nonce, 16);
-    h->len = HS_CHALLENGE_BYTES;
-    h->done = 0;
-    h->state = HS_SEND_CHALLENGE;
+    hs_next(h, HS_SEND_CHALLENGE, HS_CHALLENGE_BYTES);
     h->deadline_ns = hs_deadline();
     return loomSuccess;
 }
@@ -417,6 +423,15 @@ static int hs_io(hs_t *h, bool sending, bool *progressed)
     return 1;
 }
 
+/* Whether a received message opens with `magic` and our version; else the peer is a stranger. */
+static bool hs_magic_ok(hs_t *h, uint32_t magic, const char *what)
+{
+    if (get32(h->buf) == magic && get32(h->buf + 4) == HS_VERSION) return true;
+    hs_fail(h, "not a loom peer (bad %s magic 0x%08x, version %u)", what, get32(h->buf),
+            get32(h->buf + 4));
+    return false;
+}
+
 loomResult_t hs_progress(hs_t *h, bool *progressed)
 {
     for (;;) {
@@ -430,50 +445,34 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             }
             if (c == 0) goto pending;
             *progressed = true;
-            h->state = HS_RECV_CHALLENGE;
-            h->len = HS_CHALLENGE_BYTES;
-            h->done = 0;
+            hs_next(h, HS_RECV_CHALLENGE, HS_CHALLENGE_BYTES);
             continue;
         }
         case HS_SEND_CHALLENGE:
             if ((r = hs_io(h, true, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
-            h->state = HS_RECV_HELLO;
-            h->len = HS_HELLO_BYTES;
-            h->done = 0;
+            hs_next(h, HS_RECV_HELLO, HS_HELLO_BYTES);
             continue;
         case HS_RECV_CHALLENGE:
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
-            if (get32(h->buf) != HS_MAGIC_CHALLENGE || get32(h->buf + 4) != HS_VERSION) {
-                hs_fail(h, "not a loom peer (bad challenge magic 0x%08x, version %u)",
-                        get32(h->buf), get32(h->buf + 4));
-                return loomRemoteError;
-            }
+            if (!hs_magic_ok(h, HS_MAGIC_CHALLENGE, "challenge")) return loomRemoteError;
             memcpy(h->nonce, h->buf + 8, 16);
             hello_encode(&h->hello, h->buf);
             hello_mac(h->secret, h->nonce, h->buf, 32, NULL, h->buf + 32);
-            h->len = HS_HELLO_BYTES;
-            h->done = 0;
-            h->state = HS_SEND_HELLO;
+            hs_next(h, HS_SEND_HELLO, HS_HELLO_BYTES);
             continue;
         case HS_SEND_HELLO:
             if ((r = hs_io(h, true, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
             /* Keep the HELLO: the WELCOME's MAC covers it. */
             memmove(h->buf + HS_WELCOME_BYTES, h->buf, HS_HELLO_BYTES);
-            h->len = HS_WELCOME_BYTES;
-            h->done = 0;
-            h->state = HS_RECV_WELCOME;
+            hs_next(h, HS_RECV_WELCOME, HS_WELCOME_BYTES);
             continue;
         case HS_RECV_HELLO: {
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
-            if (get32(h->buf) != HS_MAGIC_HELLO || get32(h->buf + 4) != HS_VERSION) {
-                hs_fail(h, "not a loom peer (bad hello magic 0x%08x, version %u)", get32(h->buf),
-                        get32(h->buf + 4));
-                return loomRemoteError;
-            }
+            if (!hs_magic_ok(h, HS_MAGIC_HELLO, "hello")) return loomRemoteError;
             uint8_t mac[16];
             hello_mac(h->secret, h->nonce, h->buf, 32, NULL, mac);
             if (!base_equal_ct(mac, h->buf + 32, 16)) {
@@ -490,9 +489,7 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             put32(h->buf, HS_MAGIC_WELCOME);
             put32(h->buf + 4, 0);
             hello_mac(h->secret, h->nonce, hello, HS_HELLO_BYTES, "W", h->buf + 8);
-            h->len = HS_WELCOME_BYTES;
-            h->done = 0;
-            h->state = HS_SEND_WELCOME;
+            hs_next(h, HS_SEND_WELCOME, HS_WELCOME_BYTES);
             continue;
         }
         case HS_SEND_WELCOME:

@@ -170,26 +170,14 @@ bool base_parse_size(const char *text, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
     if (errno) return false;
+    /* Each unit is 1024 times the one before it. */
+    static const char units[] = "KMGT";
     uint64_t mult = 1;
-    switch (toupper((unsigned char)*end)) {
-    case '\0': break;
-    case 'K':
-        mult = 1ull << 10;
+    if (*end != '\0') {
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (u == NULL) return false;
+        mult = 1ull << (10 * (u - units + 1));
         end++;
-        break;
-    case 'M':
-        mult = 1ull << 20;
-        end++;
-        break;
-    case 'G':
-        mult = 1ull << 30;
-        end++;
-        break;
-    case 'T':
-        mult = 1ull << 40;
-        end++;
-        break;
-    default: return false;
     }
     if (*end == 'i' || *end == 'I') end++;
     if (*end == 'B' || *end == 'b') end++;

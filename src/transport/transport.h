@@ -2,11 +2,11 @@
  * One ops table, many transports. A transport moves bytes between this rank and its peers and
  * knows nothing about reductions or schedules.
  *
- * Message capability (tcp, mpi, ucx, ibv): connections are created lazily and never block
- * (connect returns a handle at once; the handshake runs inside progress); isend/irecv post work
- * and test reports completion; messages between two ranks match in posting order. Every message
- * carries TRANSPORT_META_BYTES of opaque metadata, which the executor uses to check that both
- * sides run the same operation.
+ * Message capability (tcp and shm; mpi, ucx and ibv when they land): connections are created lazily
+ * and never block (connect returns a handle at once; the handshake runs inside progress);
+ * isend/irecv post work and test reports completion; messages between two ranks match in posting
+ * order. Every message carries TRANSPORT_META_BYTES of opaque metadata, which the executor uses to
+ * check that both sides run the same operation.
  *
  * Errors: a failing call returns loomRemoteError or loomSystemError and leaves a text naming the
  * peer (rank and address), the system call and errno in transport_conn_error(); the caller adds
@@ -20,8 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "loom.h"
+#include "sock.h"
 
 #define TRANSPORT_META_BYTES 32
 #define TRANSPORT_HANDLE_BYTES 64
@@ -94,13 +96,84 @@ typedef struct {
 void transport_fail(transport_fail_t *f, loomResult_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A context's abort: once set, every connection of it fails with the reason. */
+#define TRANSPORT_ABORT_TEXT_MAX 1024
+typedef struct {
+    bool aborted;
+    char reason[TRANSPORT_ABORT_TEXT_MAX];
+} transport_abort_t;
+
+/* What every connection keeps the same way, whatever moves its bytes. Each transport's struct
+ * transport_conn starts with it (checked by TRANSPORT_CONN_HEAD_FIRST), so that the shared
+ * functions below read it through the opaque connection. */
+typedef struct {
+    transport_fail_t fail;
+    char name[96];             /* "rank 3 (10.0.0.2:41234)": how every message names the peer */
+    uint64_t last_activity_ns; /* the last sign of life the transport counts */
+    int pending;               /* requests posted and not yet complete */
+} transport_conn_head_t;
+#define TRANSPORT_CONN_HEAD_FIRST(type, member)                                                    \
+    _Static_assert(offsetof(type, member) == 0, "the connection must start with its head")
+
+/* Its failure; else, once the context aborted, "communicator aborted: <reason>" recorded as its
+ * failure (so that it outlives the context's state); loomSuccess while usable. */
+loomResult_t transport_conn_check(transport_conn_head_t *h, const transport_abort_t *a);
+/* Names the peer "rank <peer> (<where>)" (where: its address, pid, ...). */
+void transport_conn_name(transport_conn_head_t *h, int peer, const char *where);
+/* The end of a request that test found complete: copies its metadata out (got: what arrived
+ * or was sent) and says done; the caller frees it. A receive whose length disagreed returns
+ * the connection's failure. */
+loomResult_t transport_req_finish(const transport_conn_head_t *h, bool bad_len,
+                                  const uint8_t got[TRANSPORT_META_BYTES], int *done,
+                                  uint8_t meta[TRANSPORT_META_BYTES]);
+/* A recv(2) that returned n <= 0 (0: the peer closed; else errno err) or a send that failed with
+ * err: the peer is gone or going. Recorded with texts the tests and users know. */
+void transport_conn_recv_failed(transport_conn_head_t *h, ssize_t n, int err);
+void transport_conn_send_failed(transport_conn_head_t *h, int err);
+/* Moves the connection's handshake on: 1 once it is done, 0 while it runs, -1 when it failed
+ * (recorded as the connection's failure, with the handshake's cause). */
+int transport_conn_handshake(transport_conn_head_t *h, hs_t *hs, bool *progressed);
+
+/* The ops that read only the head: idle_ns (connecting: the transport still sets it up, which
+ * counts as pending), peer_name and conn_error. */
+uint64_t transport_conn_idle_ns(const transport_conn_head_t *h, bool connecting, bool *pending);
+const char *transport_peer_name(transport_conn_t *conn);
+const char *transport_conn_error(transport_conn_t *conn);
+
+/* Why an authenticated hello is refused by this rank (another communicator, another rank, or a
+ * rank that should have been the acceptor), or NULL when it is welcome. */
+const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello);
+
+/* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
+ * "stalled": a quarter of LOOM_TIMEOUT, between 50 ms and 1 s. */
+uint64_t transport_ping_ns(void);
+
+/* Whether to look at the listener now: always while `wanted` (a connection waits for its peer or
+ * a handshake runs), else every TRANSPORT_ACCEPT_EVERY_NS only (strangers are dealt with then,
+ * and the hot loop saves a system call: accept(2) was a tenth of shm's time). */
+#define TRANSPORT_ACCEPT_EVERY_NS 5000000ull
+bool transport_accept_due(uint64_t *next_accept_ns, bool wanted);
+
+/* Before telling peers why we abort, connections still being set up (and, for tcp, frames half
+ * sent) get a moment to finish: otherwise a peer that was just connecting sees only a refused
+ * connection or a truncated stream instead of the reason. step moves what it can, sets
+ * *progressed when something moved, and returns whether anything is still unfinished; it runs
+ * until nothing is or TRANSPORT_ABORT_GRACE_NS passed. */
+#define TRANSPORT_ABORT_GRACE_NS 250000000ull
+void transport_abort_grace(bool (*step)(void *arg, bool *progressed), void *arg);
+/* Marks the context aborted with its reason (kept for the connections' errors). */
+void transport_abort_set(transport_abort_t *a, const char *reason);
+
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
 
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
 bool shm_conn_uses_cma(const transport_conn_t *conn);
 
-/* Finds a transport by name ("tcp"); NULL when unknown or not built. */
+/* Every transport with an ops table built into this library (for tools that list them); *n gets
+ * their number. The table is static: the caller never frees it. */
+const transport_ops_t *const *transport_all(size_t *n);
+/* Finds a transport of transport_all() by name ("tcp"); NULL when unknown or not built. */
 const transport_ops_t *transport_by_name(const char *name);
 
 #endif

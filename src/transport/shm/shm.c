@@ -9,10 +9,10 @@
  * acknowledgement completes the send. Data crosses memory once, with no socket buffers between.
  *
  * Where cross-memory attach is refused (seccomp in containers, ptrace restrictions) or
- * LOOM_SHM_CMA=0, each side instead owns a bounce segment (a memfd, sent to the peer over the
- * socket with SCM_RIGHTS and mapped there): the sender copies into a free slot, the receiver
- * copies out. Both sides test cross-memory attach on each other at connect time and use it only
- * if both can.
+ * LOOM_SHM_CMA=0, the bytes go through bounce segments instead: each side owns one (a memfd, sent
+ * to the peer over the socket with SCM_RIGHTS and mapped there, offered whatever the mode turns
+ * out to be), the sender copies into a free slot, the receiver copies out. Both sides test
+ * cross-memory attach on each other at connect time and use it only if both can.
  *
  * Control messages are read eagerly (they are small), so acknowledgements never wait behind
  * data the receiver has not asked for yet. The peer's pid comes from SO_PEERCRED, not from the
@@ -90,6 +90,7 @@ typedef struct shm_pending_desc {
 } shm_pending_desc_t;
 
 struct transport_conn {
+    transport_conn_head_t head; /* first: the shared ops read it */
     transport_ctx_t *ctx;
     int peer;
     int fd;
@@ -112,12 +113,9 @@ struct transport_conn {
     shm_msg_t *out; /* control messages not yet sent */
     int nout, outcap;
     uint64_t send_seq, recv_seq;
-    int pending;
-    uint64_t last_activity_ns;
     uint64_t last_send_ns;
-    char name[96];
-    transport_fail_t fail;
 };
+TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
 struct transport_ctx {
     transport_setup_t setup;
@@ -133,20 +131,10 @@ struct transport_ctx {
     int nactive;
     hs_pending_t pend; /* accepted connections still proving who they are */
     char who[48];
-    bool aborted;
-    char abort_reason[SHM_ABORT_TEXT_MAX];
+    transport_abort_t abort;
 };
 
-#define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
-
-static const char *shm_peer_name(transport_conn_t *c)
-{
-    return c->name;
-}
-static const char *shm_conn_error(transport_conn_t *c)
-{
-    return c->fail.text;
-}
+#define conn_fail(c, ...) transport_fail(&(c)->head.fail, __VA_ARGS__)
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
 static socklen_t shm_sockaddr(const char *name, size_t len, struct sockaddr_un *sa)
@@ -167,7 +155,7 @@ static loomResult_t shm_init(const transport_setup_t *setup, transport_ctx_t **o
     ctx->slot_bytes = LOOM_MAX(setup->max_message, 4096);
     const char *cma = getenv("LOOM_SHM_CMA");
     ctx->cma_wanted = !(cma && cma[0] == '0');
-    ctx->ping_ns = (uint64_t)(LOOM_MAX(0.05, LOOM_MIN(1.0, param_double(PARAM_TIMEOUT) / 4)) * 1e9);
+    ctx->ping_ns = transport_ping_ns();
     ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
     ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
     uint8_t rnd[8];
@@ -211,9 +199,9 @@ static transport_conn_t *conn_new(transport_ctx_t *ctx, int peer)
     c->peer = peer;
     c->fd = -1;
     c->bounce_fd = -1;
-    c->last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_now_ns();
     c->probe = base_now_ns() ^ 0x5eed5eed5eedull;
-    snprintf(c->name, sizeof(c->name), "rank %d (same node)", peer);
+    transport_conn_name(&c->head, peer, "same node");
     ctx->conns[peer] = c;
     ctx->active[ctx->nactive++] = c;
     return c;
@@ -238,7 +226,7 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0 || (connect(fd, (struct sockaddr *)&sa, sl) != 0 && errno != EINPROGRESS &&
                        errno != EAGAIN)) {
-            conn_fail(c, loomRemoteError, "cannot connect to %s at @%s: %s", c->name, name,
+            conn_fail(c, loomRemoteError, "cannot connect to %s at @%s: %s", c->head.name, name,
                       strerror(errno));
             if (fd >= 0) close(fd);
         } else {
@@ -260,12 +248,7 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
 
 static loomResult_t conn_check(transport_conn_t *c)
 {
-    if (c->fail.failed) return c->fail.code;
-    if (c->ctx->aborted) {
-        conn_fail(c, loomRemoteError, "communicator aborted: %s", c->ctx->abort_reason);
-        return loomRemoteError;
-    }
-    return loomSuccess;
+    return transport_conn_check(&c->head, &c->ctx->abort);
 }
 
 static void q_push(transport_req_t **h, transport_req_t **t, transport_req_t *r)
@@ -307,7 +290,7 @@ static void out_push(transport_conn_t *c, const shm_msg_t *m)
         int ncap = c->outcap ? c->outcap * 2 : 16;
         shm_msg_t *n = realloc(c->out, (size_t)ncap * sizeof(*n));
         if (n == NULL) {
-            conn_fail(c, loomSystemError, "out of memory (control queue to %s)", c->name);
+            conn_fail(c, loomSystemError, "out of memory (control queue to %s)", c->head.name);
             return;
         }
         c->out = n;
@@ -319,7 +302,7 @@ static void out_push(transport_conn_t *c, const shm_msg_t *m)
 static void out_flush(transport_conn_t *c, bool *progressed)
 {
     int k = 0;
-    while (k < c->nout && !c->fail.failed) {
+    while (k < c->nout && !c->head.fail.failed) {
         ssize_t n = send(c->fd, &c->out[k], msg_size(&c->out[k]), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -328,8 +311,7 @@ static void out_flush(transport_conn_t *c, bool *progressed)
             int e = errno;
             bool ignored = false;
             read_control(c, &ignored);
-            conn_fail(c, loomRemoteError, "send to %s failed: %s (the peer died?)", c->name,
-                      strerror(e));
+            transport_conn_send_failed(&c->head, e);
             return;
         }
         k++;
@@ -346,7 +328,7 @@ static void out_flush(transport_conn_t *c, bool *progressed)
 /* Sends that were waiting for the mode decision or a free bounce slot. */
 static void start_sends(transport_conn_t *c)
 {
-    while (c->wait_head && c->state == CS_READY && !c->fail.failed) {
+    while (c->wait_head && c->state == CS_READY && !c->head.fail.failed) {
         transport_req_t *r = c->wait_head;
         shm_msg_t m;
         memset(&m, 0, sizeof(shm_desc_t));
@@ -369,7 +351,7 @@ static void start_sends(transport_conn_t *c)
                 conn_fail(c, loomInternalError,
                           "shm: message of %zu bytes to %s exceeds the %zu "
                           "byte bounce slot",
-                          r->len, c->name, c->ctx->slot_bytes);
+                          r->len, c->head.name, c->ctx->slot_bytes);
                 return;
             }
             c->slot_busy[s] = true;
@@ -397,7 +379,7 @@ static loomResult_t shm_isend(transport_conn_t *c, const void *buf, size_t len,
     r->slot = -1;
     memcpy(r->meta, meta, TRANSPORT_META_BYTES);
     q_push(&c->wait_head, &c->wait_tail, r);
-    c->pending++;
+    c->head.pending++;
     start_sends(c);
     *out = r;
     return loomSuccess;
@@ -413,22 +395,20 @@ static loomResult_t shm_irecv(transport_conn_t *c, void *buf, size_t len, transp
     r->len = len;
     r->seq = c->recv_seq++;
     q_push(&c->recv_head, &c->recv_tail, r);
-    c->pending++;
+    c->head.pending++;
     *out = r;
     return loomSuccess;
 }
 
 static loomResult_t shm_test(transport_req_t *r, int *done, uint8_t meta[TRANSPORT_META_BYTES])
 {
-    if (r->complete) {
-        if (meta) memcpy(meta, r->meta, TRANSPORT_META_BYTES);
-        loomResult_t res = r->bad_len ? r->conn->fail.code : loomSuccess;
-        free(r);
-        *done = 1;
-        return res;
+    if (!r->complete) {
+        *done = 0;
+        return conn_check(r->conn);
     }
-    *done = 0;
-    return conn_check(r->conn);
+    loomResult_t res = transport_req_finish(&r->conn->head, r->bad_len, r->meta, done, meta);
+    free(r);
+    return res;
 }
 
 /* Copies a matched message into the receive buffer. */
@@ -438,12 +418,12 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
         conn_fail(c, loomRemoteError,
                   "%s sent a message of %llu bytes where %zu were expected (message %llu): the "
                   "ranks disagree on the operation",
-                  c->name, (unsigned long long)d->len, r->len, (unsigned long long)d->seq);
+                  c->head.name, (unsigned long long)d->len, r->len, (unsigned long long)d->seq);
         /* Hand the metadata back so that the executor can name both operations. */
         memcpy(r->meta, d->meta, TRANSPORT_META_BYTES);
         r->bad_len = true;
         r->complete = true;
-        c->pending--;
+        c->head.pending--;
         return;
     }
     if (d->slot == UINT32_MAX) {
@@ -455,7 +435,8 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
             if (n <= 0) {
                 conn_fail(c, loomRemoteError,
                           "process_vm_readv from %s (pid %d, %zu bytes at 0x%llx) failed: %s",
-                          c->name, (int)c->pid, r->len - done, (unsigned long long)(d->addr + done),
+                          c->head.name, (int)c->pid, r->len - done,
+                          (unsigned long long)(d->addr + done),
                           n == 0 ? "no data" : strerror(errno));
                 return;
             }
@@ -464,7 +445,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
     } else {
         if (d->slot >= SHM_BOUNCE_SLOTS || c->peer_bounce == NULL ||
             (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
-            conn_fail(c, loomRemoteError, "malformed descriptor from %s: slot %u", c->name,
+            conn_fail(c, loomRemoteError, "malformed descriptor from %s: slot %u", c->head.name,
                       d->slot);
             return;
         }
@@ -472,7 +453,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
     }
     memcpy(r->meta, d->meta, TRANSPORT_META_BYTES);
     r->complete = true;
-    c->pending--;
+    c->head.pending--;
     shm_msg_t ack;
     memset(&ack, 0, sizeof(shm_desc_t));
     ack.desc.type = SHM_MSG_ACK;
@@ -483,7 +464,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
 
 static void match_recvs(transport_conn_t *c)
 {
-    while (c->recv_head && c->desc_head && !c->fail.failed) {
+    while (c->recv_head && c->desc_head && !c->head.fail.failed) {
         shm_pending_desc_t *pd = c->desc_head;
         transport_req_t *r = q_pop(&c->recv_head, &c->recv_tail);
         c->desc_head = pd->next;
@@ -504,8 +485,8 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
             void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, passed_fd, 0);
             close(passed_fd);
             if (p == MAP_FAILED) {
-                conn_fail(c, loomSystemError, "mmap of %s's bounce segment failed: %s", c->name,
-                          strerror(errno));
+                conn_fail(c, loomSystemError, "mmap of %s's bounce segment failed: %s",
+                          c->head.name, strerror(errno));
                 return;
             }
             c->peer_bounce = p;
@@ -520,7 +501,7 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
                   v == m->probe_value;
         if (!ok && c->ctx->cma_wanted)
             INFO(LOG_SHM, "shm: cross-memory attach to %s refused (%s); using bounce segments",
-                 c->name, strerror(errno));
+                 c->head.name, strerror(errno));
         c->cma = ok;
         shm_msg_t ans;
         memset(&ans, 0, sizeof(shm_mode_t));
@@ -532,13 +513,13 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
     }
     if (passed_fd >= 0) close(passed_fd);
     if (!c->mode_got) {
-        conn_fail(c, loomRemoteError, "malformed mode exchange from %s", c->name);
+        conn_fail(c, loomRemoteError, "malformed mode exchange from %s", c->head.name);
         return;
     }
     c->cma = c->cma && m->cma_ok == 1;
     c->state = CS_READY;
-    c->last_activity_ns = base_now_ns();
-    INFO(LOG_SHM, "shm: connected to %s, %s", c->name,
+    c->head.last_activity_ns = base_now_ns();
+    INFO(LOG_SHM, "shm: connected to %s, %s", c->head.name,
          c->cma ? "cross-memory attach (one copy)" : "bounce segments (two copies)");
 }
 
@@ -551,16 +532,10 @@ static void read_control(transport_conn_t *c, bool *progressed)
         struct msghdr mh = {
             .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
         ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
-                      strerror(errno));
-            return;
-        }
-        if (n == 0) {
-            conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
-                      c->name);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) {
+            transport_conn_recv_failed(&c->head, n, errno);
             return;
         }
         int passed_fd = -1;
@@ -568,16 +543,16 @@ static void read_control(transport_conn_t *c, bool *progressed)
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
                 memcpy(&passed_fd, CMSG_DATA(cm), sizeof(int));
         *progressed = true;
-        c->last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_now_ns();
         if ((size_t)n < sizeof(uint32_t)) {
-            conn_fail(c, loomRemoteError, "malformed control message from %s (%zd bytes)", c->name,
-                      n);
+            conn_fail(c, loomRemoteError, "malformed control message from %s (%zd bytes)",
+                      c->head.name, n);
             return;
         }
         switch (m.type) {
         case SHM_MSG_DESC: {
             if ((size_t)n != sizeof(shm_desc_t) || m.desc.len > param_size(PARAM_MAX_MESSAGE)) {
-                conn_fail(c, loomRemoteError, "malformed descriptor from %s", c->name);
+                conn_fail(c, loomRemoteError, "malformed descriptor from %s", c->head.name);
                 return;
             }
             shm_pending_desc_t *pd = malloc(sizeof(*pd));
@@ -598,18 +573,18 @@ static void read_control(transport_conn_t *c, bool *progressed)
             transport_req_t *r = c->ack_head;
             if (r == NULL || r->seq != m.desc.seq) {
                 conn_fail(c, loomRemoteError, "unexpected acknowledgement %llu from %s",
-                          (unsigned long long)m.desc.seq, c->name);
+                          (unsigned long long)m.desc.seq, c->head.name);
                 return;
             }
             q_pop(&c->ack_head, &c->ack_tail);
             if (r->slot >= 0) c->slot_busy[r->slot] = false;
             r->complete = true;
-            c->pending--;
+            c->head.pending--;
             break;
         }
         case SHM_MSG_MODE:
             if ((size_t)n != sizeof(shm_mode_t)) {
-                conn_fail(c, loomRemoteError, "malformed mode message from %s", c->name);
+                conn_fail(c, loomRemoteError, "malformed mode message from %s", c->head.name);
                 return;
             }
             handle_mode(c, &m.mode, passed_fd);
@@ -617,11 +592,11 @@ static void read_control(transport_conn_t *c, bool *progressed)
         case SHM_MSG_PING: break;
         case SHM_MSG_ABORT:
             ((char *)&m)[LOOM_MIN((size_t)n, sizeof(m) - 1)] = '\0';
-            conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, m.abort.text);
+            conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, m.abort.text);
             return;
         default:
-            conn_fail(c, loomRemoteError, "malformed control message from %s: type %u", c->name,
-                      m.type);
+            conn_fail(c, loomRemoteError, "malformed control message from %s: type %u",
+                      c->head.name, m.type);
             return;
         }
     }
@@ -634,31 +609,31 @@ static void mode_start(transport_conn_t *c)
     struct ucred cred;
     socklen_t l = sizeof(cred);
     if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &l) != 0) {
-        conn_fail(c, loomSystemError, "SO_PEERCRED on the socket to %s failed: %s", c->name,
+        conn_fail(c, loomSystemError, "SO_PEERCRED on the socket to %s failed: %s", c->head.name,
                   strerror(errno));
         return;
     }
     c->pid = cred.pid;
-    snprintf(c->name, sizeof(c->name), "rank %d (pid %d, same node)", c->peer, (int)c->pid);
+    char where[48];
+    snprintf(where, sizeof(where), "pid %d, same node", (int)c->pid);
+    transport_conn_name(&c->head, c->peer, where);
     size_t len = c->ctx->slot_bytes * SHM_BOUNCE_SLOTS;
-    int mfd = -1;
-    if (!c->ctx->cma_wanted || true) {
-        /* The segment is cheap until touched (pages are allocated on first write), so both
-         * sides offer one; it is used only when cross-memory attach is not. */
-        mfd = memfd_create("loom-shm-bounce", MFD_CLOEXEC);
-        if (mfd >= 0 && ftruncate(mfd, (off_t)len) == 0) {
-            void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-            if (p != MAP_FAILED) {
-                c->my_bounce = p;
-                c->my_bounce_len = len;
-            }
+    /* The segment is cheap until touched (pages are allocated on first write), so both sides
+     * offer one, whatever LOOM_SHM_CMA says: which of them copies is only known once both probed
+     * cross-memory attach. */
+    int mfd = memfd_create("loom-shm-bounce", MFD_CLOEXEC);
+    if (mfd >= 0 && ftruncate(mfd, (off_t)len) == 0) {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+        if (p != MAP_FAILED) {
+            c->my_bounce = p;
+            c->my_bounce_len = len;
         }
-        if (c->my_bounce == NULL) {
-            conn_fail(c, loomSystemError, "memfd bounce segment of %zu bytes for %s: %s", len,
-                      c->name, strerror(errno));
-            if (mfd >= 0) close(mfd);
-            return;
-        }
+    }
+    if (c->my_bounce == NULL) {
+        conn_fail(c, loomSystemError, "memfd bounce segment of %zu bytes for %s: %s", len,
+                  c->head.name, strerror(errno));
+        if (mfd >= 0) close(mfd);
+        return;
     }
     shm_mode_t m = {.type = SHM_MSG_MODE,
                     .probe_addr = (uint64_t)(uintptr_t)&c->probe,
@@ -678,7 +653,7 @@ static void mode_start(transport_conn_t *c)
     ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     close(mfd);
     if (n != (ssize_t)sizeof(m)) {
-        conn_fail(c, loomRemoteError, "sending the mode message to %s failed: %s", c->name,
+        conn_fail(c, loomRemoteError, "sending the mode message to %s failed: %s", c->head.name,
                   strerror(errno));
         return;
     }
@@ -690,13 +665,7 @@ static void attach_accepted(void *arg, hs_t *hs)
 {
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
-    const char *why = NULL;
-    if (h->comm_id != ctx->setup.comm_id)
-        why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank)
-        why = "it was meant for another rank";
-    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank)
-        why = "bad source rank";
+    const char *why = transport_hello_refusal(&ctx->setup, h);
     transport_conn_t *c = NULL;
     if (!why) {
         c = ctx->conns[h->from_rank] ? ctx->conns[h->from_rank] : conn_new(ctx, h->from_rank);
@@ -723,29 +692,20 @@ static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 
 static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
 {
-    if (ctx->aborted) return loomSuccess;
-    /* accept(2) only while a connection waits for its peer or a handshake runs, else every few
-     * milliseconds: in the hot loop it was a tenth of all the time spent. */
+    if (ctx->abort.aborted) return loomSuccess;
     bool want_accept = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive && !want_accept; i++)
-        if (ctx->active[i]->state != CS_READY && !ctx->active[i]->fail.failed) want_accept = true;
-    uint64_t now = base_now_ns();
-    if (want_accept || now >= ctx->next_accept_ns) {
-        ctx->next_accept_ns = now + 5000000;
-        accept_progress(ctx, progressed);
-    }
+        if (ctx->active[i]->state != CS_READY && !ctx->active[i]->head.fail.failed)
+            want_accept = true;
+    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->fail.failed || c->fd < 0) continue;
+        if (c->head.fail.failed || c->fd < 0) continue;
         if (c->state == CS_HANDSHAKE) {
-            if (hs_progress(&c->hs, progressed) != loomSuccess) {
-                conn_fail(c, loomRemoteError, "connection to %s failed: %s", c->name, c->hs.err);
-                continue;
-            }
-            if (c->hs.state != HS_DONE) continue;
+            if (transport_conn_handshake(&c->head, &c->hs, progressed) <= 0) continue;
             mode_start(c);
         }
-        if (c->fail.failed) continue;
+        if (c->head.fail.failed) continue;
         read_control(c, progressed);
         if (c->state == CS_READY) {
             start_sends(c);
@@ -766,12 +726,12 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
 static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 {
     int n = 0;
-    if (ctx->aborted) return 0;
+    if (ctx->abort.aborted) return 0;
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
     n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive && n < max; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->fail.failed || c->fd < 0) continue;
+        if (c->head.fail.failed || c->fd < 0) continue;
         short ev = c->state == CS_HANDSHAKE ? hs_events(&c->hs) : POLLIN;
         if (c->nout) ev |= POLLOUT;
         fds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
@@ -781,42 +741,34 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 
 static uint64_t shm_idle_ns(transport_conn_t *c, bool *pending)
 {
-    *pending = c->pending > 0 || c->state != CS_READY;
-    uint64_t now = base_now_ns();
-    return now > c->last_activity_ns ? now - c->last_activity_ns : 0;
+    return transport_conn_idle_ns(&c->head, c->state != CS_READY, pending);
 }
 
-/* As in tcp: let connections being set up finish, so that the reason reaches them. */
-static void abort_grace(transport_ctx_t *ctx)
+/* A round of the abort's grace: handshakes are what may still finish (the mode message that
+ * follows goes at once). A handshake that fails is not waited for; the connection's error will be
+ * the abort's. */
+static bool abort_grace_step(void *arg, bool *prog)
 {
-    uint64_t end = base_now_ns() + 250000000ull;
-    while (base_now_ns() < end) {
-        bool prog = false, busy;
-        accept_progress(ctx, &prog);
-        busy = ctx->pend.n > 0;
-        for (int i = 0; i < ctx->nactive; i++) {
-            transport_conn_t *c = ctx->active[i];
-            if (c->fail.failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
-            if (hs_progress(&c->hs, &prog) != loomSuccess) {
-                c->fail.failed = true;
-                continue;
-            }
-            if (c->hs.state == HS_DONE)
-                mode_start(c);
-            else
-                busy = true;
-        }
-        if (!busy) break;
-        if (!prog) usleep(2000);
+    transport_ctx_t *ctx = arg;
+    accept_progress(ctx, prog);
+    bool busy = ctx->pend.n > 0;
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        if (c->head.fail.failed || c->fd < 0 || c->state != CS_HANDSHAKE) continue;
+        if (hs_progress(&c->hs, prog) != loomSuccess) continue;
+        if (c->hs.state == HS_DONE)
+            mode_start(c);
+        else
+            busy = true;
     }
+    return busy;
 }
 
 static void shm_abort(transport_ctx_t *ctx, const char *reason)
 {
-    if (ctx->aborted) return;
-    abort_grace(ctx);
-    ctx->aborted = true;
-    snprintf(ctx->abort_reason, sizeof(ctx->abort_reason), "%s", reason);
+    if (ctx->abort.aborted) return;
+    transport_abort_grace(abort_grace_step, ctx);
+    transport_abort_set(&ctx->abort, reason);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->fd < 0) continue;
@@ -894,8 +846,8 @@ const transport_ops_t transport_shm = {
     .pollfds = shm_pollfds,
     .abort = shm_abort,
     .idle_ns = shm_idle_ns,
-    .peer_name = shm_peer_name,
-    .conn_error = shm_conn_error,
+    .peer_name = transport_peer_name,
+    .conn_error = transport_conn_error,
     .reg_mr = NULL,
     .fini = shm_fini,
 };

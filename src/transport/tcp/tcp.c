@@ -68,6 +68,7 @@ typedef struct {
 } tcp_sock_t;
 
 struct transport_conn {
+    transport_conn_head_t head; /* first: the shared ops read it */
     transport_ctx_t *ctx;
     int peer;
     sock_addr_t addr;
@@ -75,12 +76,9 @@ struct transport_conn {
     int nready;
     tcp_sock_t socks[TCP_MAX_SOCKS];
     uint64_t nsent, nrecv; /* messages posted, to pick sockets */
-    uint64_t last_activity_ns;
     uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
-    int pending;           /* requests not yet complete */
-    char name[96];
-    transport_fail_t fail;
 };
+TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
 struct transport_ctx {
     transport_setup_t setup;
@@ -95,20 +93,10 @@ struct transport_ctx {
     char who[48];            /* "tcp rank 3", for the log */
     uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
     uint64_t ping_ns;        /* heartbeat interval */
-    bool aborted;
-    char abort_reason[TCP_ABORT_TEXT_MAX];
+    transport_abort_t abort;
 };
 
-#define conn_fail(c, ...) transport_fail(&(c)->fail, __VA_ARGS__)
-
-static const char *tcp_peer_name(transport_conn_t *c)
-{
-    return c->name;
-}
-static const char *tcp_conn_error(transport_conn_t *c)
-{
-    return c->fail.text;
-}
+#define conn_fail(c, ...) transport_fail(&(c)->head.fail, __VA_ARGS__)
 
 static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **out,
                              uint8_t handle[TRANSPORT_HANDLE_BYTES])
@@ -120,10 +108,7 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     snprintf(ctx->who, sizeof(ctx->who), "tcp: rank %d", setup->rank);
     ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
     ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
-    /* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
-     * "stalled": a quarter of the timeout, between 50 ms and 1 s. */
-    double ping_s = LOOM_MAX(0.05, LOOM_MIN(1.0, param_double(PARAM_TIMEOUT) / 4));
-    ctx->ping_ns = (uint64_t)(ping_s * 1e9);
+    ctx->ping_ns = transport_ping_ns();
     ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
     ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
     if (ctx->conns == NULL || ctx->active == NULL) {
@@ -158,13 +143,13 @@ static transport_conn_t *conn_get(transport_ctx_t *ctx, int peer, const sock_add
     c->ctx = ctx;
     c->peer = peer;
     c->nsocks = ctx->nsocks;
-    c->last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_now_ns();
     for (int i = 0; i < TCP_MAX_SOCKS; i++)
         c->socks[i].fd = -1;
     if (addr) c->addr = *addr;
     char as[SOCK_ADDR_STRLEN];
-    snprintf(c->name, sizeof(c->name), "rank %d (%s)", peer,
-             addr ? sock_addr_str(addr, as, sizeof(as)) : "address unknown");
+    transport_conn_name(&c->head, peer,
+                        addr ? sock_addr_str(addr, as, sizeof(as)) : "address unknown");
     ctx->conns[peer] = c;
     ctx->active[ctx->nactive++] = c;
     return c;
@@ -188,7 +173,7 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
         for (int i = 0; i < c->nsocks; i++) {
             int fd;
             if (sock_connect_start(&addr, &fd) != loomSuccess) {
-                conn_fail(c, loomRemoteError, "cannot connect to %s: %s", c->name,
+                conn_fail(c, loomRemoteError, "cannot connect to %s: %s", c->head.name,
                           base_last_error());
                 break;
             }
@@ -201,7 +186,7 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
             c->socks[i].state = SK_HANDSHAKE;
             hs_connect_init(&c->socks[i].hs, fd, &addr, ctx->setup.secret, &hello);
         }
-        TRACE(LOG_NET, "tcp: connecting to %s with %d sockets", c->name, c->nsocks);
+        TRACE(LOG_NET, "tcp: connecting to %s with %d sockets", c->head.name, c->nsocks);
     }
     *out = c;
     return loomSuccess;
@@ -209,12 +194,7 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
 
 static loomResult_t conn_check(transport_conn_t *c)
 {
-    if (c->fail.failed) return c->fail.code;
-    if (c->ctx->aborted) {
-        conn_fail(c, loomRemoteError, "communicator aborted: %s", c->ctx->abort_reason);
-        return loomRemoteError;
-    }
-    return loomSuccess;
+    return transport_conn_check(&c->head, &c->ctx->abort);
 }
 
 static void enqueue(transport_req_t **head, transport_req_t **tail, transport_req_t *r)
@@ -233,7 +213,7 @@ static loomResult_t tcp_isend(transport_conn_t *c, const void *buf, size_t len,
     LOOM_CHECK(conn_check(c));
     if (len > UINT32_MAX)
         return base_error(loomInternalError, LOG_NET, "tcp: message of %zu bytes to %s", len,
-                          c->name);
+                          c->head.name);
     transport_req_t *r = calloc(1, sizeof(*r));
     if (r == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (send request)");
     r->conn = c;
@@ -247,7 +227,7 @@ static loomResult_t tcp_isend(transport_conn_t *c, const void *buf, size_t len,
     r->hdr.len = (uint32_t)len;
     memcpy(r->hdr.meta, meta, TRANSPORT_META_BYTES);
     enqueue(&s->sq_head, &s->sq_tail, r);
-    c->pending++;
+    c->head.pending++;
     *out = r;
     return loomSuccess;
 }
@@ -262,22 +242,20 @@ static loomResult_t tcp_irecv(transport_conn_t *c, void *buf, size_t len, transp
     r->len = len;
     tcp_sock_t *s = &c->socks[c->nrecv++ % (uint64_t)c->nsocks];
     enqueue(&s->rq_head, &s->rq_tail, r);
-    c->pending++;
+    c->head.pending++;
     *out = r;
     return loomSuccess;
 }
 
 static loomResult_t tcp_test(transport_req_t *r, int *done, uint8_t meta[TRANSPORT_META_BYTES])
 {
-    if (r->complete) {
-        if (meta) memcpy(meta, r->hdr.meta, TRANSPORT_META_BYTES);
-        loomResult_t res = r->bad_len ? r->conn->fail.code : loomSuccess;
-        free(r);
-        *done = 1;
-        return res;
+    if (!r->complete) {
+        *done = 0;
+        return conn_check(r->conn);
     }
-    *done = 0;
-    return conn_check(r->conn);
+    loomResult_t res = transport_req_finish(&r->conn->head, r->bad_len, r->hdr.meta, done, meta);
+    free(r);
+    return res;
 }
 
 /* Reads a peer's ABORT frame text (already partly in `have`) and fails the connection. */
@@ -298,7 +276,7 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
             break;
     }
     text[got] = '\0';
-    conn_fail(c, loomRemoteError, "%s aborted: %s", c->name, text);
+    conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, text);
 }
 
 /* Finishes the head receive of a socket. */
@@ -307,7 +285,7 @@ static void recv_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
     s->rq_head = r->next;
     if (s->rq_head == NULL) s->rq_tail = NULL;
     r->complete = true;
-    c->pending--;
+    c->head.pending--;
 }
 
 /* Checks a complete header; returns false when the connection failed. */
@@ -316,7 +294,7 @@ static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
     const tcp_frame_t *h = &r->hdr;
     if (h->magic != TCP_MAGIC) {
         conn_fail(c, loomRemoteError,
-                  "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)", c->name,
+                  "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)", c->head.name,
                   h->magic, (int)(s - c->socks), s->recv_seq);
         return false;
     }
@@ -325,18 +303,19 @@ static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
         return false;
     }
     if (h->type != TCP_FRAME_DATA) {
-        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->name, h->type);
+        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->head.name,
+                  h->type);
         return false;
     }
     if (h->seq != s->recv_seq) {
         conn_fail(c, loomRemoteError, "malformed frame from %s: sequence %u where %u was expected",
-                  c->name, h->seq, s->recv_seq);
+                  c->head.name, h->seq, s->recv_seq);
         return false;
     }
     if (h->len > param_size(PARAM_MAX_MESSAGE)) {
         conn_fail(c, loomRemoteError,
                   "malformed frame from %s: %u bytes, more than LOOM_MAX_MESSAGE (frame %u)",
-                  c->name, h->len, h->seq);
+                  c->head.name, h->len, h->seq);
         return false;
     }
     if (h->len != r->len) {
@@ -345,7 +324,7 @@ static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
         conn_fail(c, loomRemoteError,
                   "%s sent a message of %u bytes where %zu were expected (frame %u): the ranks "
                   "disagree on the operation",
-                  c->name, h->len, r->len, h->seq);
+                  c->head.name, h->len, r->len, h->seq);
         r->bad_len = true;
         recv_done(c, s, r);
         return false;
@@ -361,20 +340,14 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
     const size_t H = sizeof(tcp_frame_t);
     while (r->done < H) {
         ssize_t n = recv(s->fd, (uint8_t *)&r->hdr + r->done, H - r->done, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-            conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
-                      strerror(errno));
-            return -1;
-        }
-        if (n == 0) {
-            conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
-                      c->name);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (n <= 0) {
+            transport_conn_recv_failed(&c->head, n, errno);
             return -1;
         }
         *progressed = true;
-        c->last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_now_ns();
         r->done += (size_t)n;
         if (r->done == H && r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING)
             r->done = 0; /* a heartbeat: nothing to deliver */
@@ -385,7 +358,7 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
 static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
     const size_t H = sizeof(tcp_frame_t);
-    while (s->rq_head && !c->fail.failed) {
+    while (s->rq_head && !c->head.fail.failed) {
         transport_req_t *r = s->rq_head;
         if (r->done < H) {
             int h = read_header(c, s, r, progressed);
@@ -393,20 +366,14 @@ static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progres
         }
         while (r->done < H + r->len) {
             ssize_t n = recv(s->fd, r->buf + (r->done - H), r->len - (r->done - H), 0);
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-                conn_fail(c, loomRemoteError, "recv from %s failed: %s (the peer died?)", c->name,
-                          strerror(errno));
-                return;
-            }
-            if (n == 0) {
-                conn_fail(c, loomRemoteError, "connection closed by %s (the peer exited or died)",
-                          c->name);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (n <= 0) {
+                transport_conn_recv_failed(&c->head, n, errno);
                 return;
             }
             *progressed = true;
-            c->last_activity_ns = base_now_ns();
+            c->head.last_activity_ns = base_now_ns();
             r->done += (size_t)n;
         }
         recv_done(c, s, r);
@@ -434,11 +401,11 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
             return;
         }
         if (h.type != TCP_FRAME_PING) {
-            c->last_activity_ns = base_now_ns(); /* data is waiting: the peer got this far */
+            c->head.last_activity_ns = base_now_ns(); /* data is waiting: the peer got this far */
             return;
         }
         if (recv(s->fd, &h, sizeof(h), MSG_DONTWAIT) != (ssize_t)sizeof(h)) return;
-        c->last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_now_ns();
     }
 }
 
@@ -468,7 +435,7 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
 
 static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
-    while (s->sq_head && !c->fail.failed) {
+    while (s->sq_head && !c->head.fail.failed) {
         transport_req_t *r = s->sq_head;
         const size_t H = sizeof(tcp_frame_t);
         struct iovec iov[2];
@@ -492,12 +459,11 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
             /* The peer may have said why it left before closing: look for that first. */
             int e = errno;
             if (s->rq_head == NULL || s->rq_head->done == 0) peek_heartbeats(c, s);
-            conn_fail(c, loomRemoteError, "send to %s failed: %s (the peer died?)", c->name,
-                      strerror(e));
+            transport_conn_send_failed(&c->head, e);
             return;
         }
         *progressed = true;
-        c->last_activity_ns = s->last_send_ns = base_now_ns();
+        c->head.last_activity_ns = s->last_send_ns = base_now_ns();
         r->done += (size_t)n;
         if (r->done >= H + r->len) {
             s->sq_head = r->next;
@@ -507,7 +473,7 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
                 continue;
             }
             r->complete = true;
-            c->pending--;
+            c->head.pending--;
         }
     }
 }
@@ -518,16 +484,10 @@ static void attach_accepted(void *arg, hs_t *hs)
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
     char as[SOCK_ADDR_STRLEN];
-    const char *why = NULL;
-    if (h->comm_id != ctx->setup.comm_id)
-        why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank)
-        why = "it was meant for another rank";
-    else if (h->from_rank < 0 || h->from_rank >= ctx->setup.rank)
-        why = "bad source rank";
-    else if ((int)h->nchan != ctx->nsocks)
+    const char *why = transport_hello_refusal(&ctx->setup, h);
+    if (why == NULL && (int)h->nchan != ctx->nsocks)
         why = "LOOM_NSOCKS_PERPEER differs between the two ranks";
-    else if (h->chan >= h->nchan)
+    else if (why == NULL && h->chan >= h->nchan)
         why = "bad socket index";
     transport_conn_t *c = NULL;
     if (why == NULL) {
@@ -550,46 +510,42 @@ static void attach_accepted(void *arg, hs_t *hs)
     c->nready++;
     if (c->addr.len == 0) {
         c->addr = hs->peer;
-        snprintf(c->name, sizeof(c->name), "rank %d (%s)", c->peer,
-                 sock_addr_str(&hs->peer, as, sizeof(as)));
+        transport_conn_name(&c->head, c->peer, sock_addr_str(&hs->peer, as, sizeof(as)));
     }
-    c->last_activity_ns = base_now_ns();
-    TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->name);
+    c->head.last_activity_ns = base_now_ns();
+    TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->head.name);
 }
 
-static loomResult_t accept_progress(transport_ctx_t *ctx, bool *progressed)
+static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 {
     hs_pending_progress(&ctx->pend, ctx->listen_fd, ctx->setup.secret, LOG_NET, ctx->who,
                         attach_accepted, ctx, progressed);
-    return loomSuccess;
 }
 
 static void conn_progress(transport_conn_t *c, bool *progressed)
 {
     transport_ctx_t *ctx = c->ctx;
-    for (int i = 0; i < c->nsocks && !c->fail.failed; i++) {
+    for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++) {
         tcp_sock_t *s = &c->socks[i];
         if (s->state == SK_HANDSHAKE) {
-            if (hs_progress(&s->hs, progressed) != loomSuccess) {
-                conn_fail(c, loomRemoteError, "connection to %s failed: %s", c->name, s->hs.err);
-                return;
-            }
-            if (s->hs.state != HS_DONE) continue;
+            int hs = transport_conn_handshake(&c->head, &s->hs, progressed);
+            if (hs < 0) return;
+            if (hs == 0) continue;
             s->state = SK_READY;
             sock_tune(s->fd, ctx->bufsize);
             c->nready++;
-            c->last_activity_ns = base_now_ns();
+            c->head.last_activity_ns = base_now_ns();
         }
         if (s->state != SK_READY) continue;
         if (s->sq_head) sock_progress_send(c, s, progressed);
         if (s->rq_head) sock_progress_recv(c, s, progressed);
     }
     uint64_t now = base_now_ns();
-    for (int i = 0; i < c->nsocks && !c->fail.failed; i++)
+    for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++)
         if (c->socks[i].state == SK_READY) maybe_ping(c, &c->socks[i], now);
     if (now >= c->next_peek_ns) {
         c->next_peek_ns = now + c->ctx->ping_ns / 4;
-        for (int i = 0; i < c->nsocks && !c->fail.failed; i++)
+        for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++)
             if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL && !c->socks[i].eof)
                 peek_heartbeats(c, &c->socks[i]);
     }
@@ -597,21 +553,16 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
 
 static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
 {
-    if (ctx->aborted) return loomSuccess;
+    if (ctx->abort.aborted) return loomSuccess;
     /* The listener matters while a connection waits for its peer's sockets or a handshake is
-     * under way; otherwise look at it every few milliseconds only (strangers are dealt with then,
-     * and the hot loop saves a system call). */
+     * under way. */
     bool want_accept = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive && !want_accept; i++)
         if (ctx->active[i]->nready < ctx->active[i]->nsocks) want_accept = true;
-    uint64_t now = base_now_ns();
-    if (want_accept || now >= ctx->next_accept_ns) {
-        ctx->next_accept_ns = now + 5000000;
-        LOOM_CHECK(accept_progress(ctx, progressed));
-    }
+    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (!c->fail.failed) conn_progress(c, progressed);
+        if (!c->head.fail.failed) conn_progress(c, progressed);
     }
     return loomSuccess;
 }
@@ -619,12 +570,12 @@ static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
 static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 {
     int n = 0;
-    if (ctx->aborted) return 0;
+    if (ctx->abort.aborted) return 0;
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
     n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->fail.failed) continue;
+        if (c->head.fail.failed) continue;
         for (int k = 0; k < c->nsocks && n < max; k++) {
             tcp_sock_t *s = &c->socks[k];
             short ev = 0;
@@ -640,56 +591,46 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 
 static uint64_t tcp_idle_ns(transport_conn_t *c, bool *pending)
 {
-    *pending = c->pending > 0 || c->nready < c->nsocks;
-    uint64_t now = base_now_ns();
-    return now > c->last_activity_ns ? now - c->last_activity_ns : 0;
+    return transport_conn_idle_ns(&c->head, c->nready < c->nsocks, pending);
 }
 
-#define ABORT_GRACE_NS 250000000ull
-
-/* Before telling peers why we abort, give connections still being set up, and frames half
- * sent, a short moment to finish: otherwise a peer that was just connecting sees only a refused
- * connection or a truncated stream instead of the reason. */
-static void abort_grace(transport_ctx_t *ctx)
+/* A round of the abort's grace: handshakes and half-sent frames are what may still finish. A
+ * handshake that fails is not waited for; the connection's error will be the abort's. */
+static bool abort_grace_step(void *arg, bool *prog)
 {
-    uint64_t end = base_now_ns() + ABORT_GRACE_NS;
-    while (base_now_ns() < end) {
-        bool busy = false, prog = false;
-        if (accept_progress(ctx, &prog) != loomSuccess) break;
-        busy = ctx->pend.n > 0;
-        for (int i = 0; i < ctx->nactive; i++) {
-            transport_conn_t *c = ctx->active[i];
-            for (int k = 0; k < c->nsocks && !c->fail.failed; k++) {
-                tcp_sock_t *s = &c->socks[k];
-                if (s->state == SK_HANDSHAKE) {
-                    if (hs_progress(&s->hs, &prog) != loomSuccess) {
-                        s->state = SK_CLOSED;
-                        continue;
-                    }
-                    if (s->hs.state == HS_DONE) {
-                        s->state = SK_READY;
-                        c->nready++;
-                    } else {
-                        busy = true;
-                    }
+    transport_ctx_t *ctx = arg;
+    accept_progress(ctx, prog);
+    bool busy = ctx->pend.n > 0;
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            if (s->state == SK_HANDSHAKE) {
+                if (hs_progress(&s->hs, prog) != loomSuccess) {
+                    s->state = SK_CLOSED;
+                    continue;
                 }
-                if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
-                    sock_progress_send(c, s, &prog);
-                    if (s->sq_head && s->sq_head->done > 0) busy = true;
+                if (s->hs.state == HS_DONE) {
+                    s->state = SK_READY;
+                    c->nready++;
+                } else {
+                    busy = true;
                 }
             }
+            if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
+                sock_progress_send(c, s, prog);
+                if (s->sq_head && s->sq_head->done > 0) busy = true;
+            }
         }
-        if (!busy) break;
-        if (!prog) usleep(2000);
     }
+    return busy;
 }
 
 static void tcp_abort(transport_ctx_t *ctx, const char *reason)
 {
-    if (ctx->aborted) return;
-    abort_grace(ctx);
-    ctx->aborted = true;
-    snprintf(ctx->abort_reason, sizeof(ctx->abort_reason), "%s", reason);
+    if (ctx->abort.aborted) return;
+    transport_abort_grace(abort_grace_step, ctx);
+    transport_abort_set(&ctx->abort, reason);
     size_t rl = LOOM_MIN(strlen(reason), (size_t)TCP_ABORT_TEXT_MAX);
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
@@ -757,8 +698,8 @@ const transport_ops_t transport_tcp = {
     .pollfds = tcp_pollfds,
     .abort = tcp_abort,
     .idle_ns = tcp_idle_ns,
-    .peer_name = tcp_peer_name,
-    .conn_error = tcp_conn_error,
+    .peer_name = transport_peer_name,
+    .conn_error = transport_conn_error,
     .reg_mr = NULL,
     .fini = tcp_fini,
 };
