@@ -238,20 +238,22 @@ static int rank_async_group(loomComm_t comm, int rank, int p, void *arg)
         a[i] = (float)(rank + 1) * (float)(i % 64);
         bc[i] = rank == 1 % p ? i * 3 : -1;
     }
-    for (int k = 0; k < 16; k++) ag[rank * 16 + k] = (uint8_t)(rank * 16 + k);
+    for (int k = 0; k < 16; k++)
+        ag[rank * 16 + k] = (uint8_t)(rank * 16 + k);
     async_job_t job = {.comm = comm, .nops = 3};
     job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, a, b, N, loomFloat32, loomSum, -1, NULL, false};
-    job.ops[1] = (coll_op_t){comm, OPK_BROADCAST, bc, bc, N, loomInt32, loomSum, 1 % p, NULL,
-                             false};
-    job.ops[2] = (coll_op_t){comm,     OPK_ALLGATHER, ag + rank * 16, ag, 16, loomUint8, loomSum,
-                             -1,       NULL,          false};
+    job.ops[1] =
+        (coll_op_t){comm, OPK_BROADCAST, bc, bc, N, loomInt32, loomSum, 1 % p, NULL, false};
+    job.ops[2] = (coll_op_t){comm, OPK_ALLGATHER, ag + rank * 16, ag, 16, loomUint8, loomSum,
+                             -1,   NULL,          false};
     loomResult_t r = async_wait(&job);
     int bad = r != loomSuccess;
     if (bad) fprintf(stderr, "rank %d: %s\n", rank, job.err);
     float total = (float)(p * (p + 1) / 2);
     for (int i = 0; i < N && !bad; i++)
         bad = b[i] != total * (float)(i % 64) || bc[i] != i * 3;
-    for (int k = 0; k < p * 16 && !bad; k++) bad = ag[k] != (uint8_t)k;
+    for (int k = 0; k < p * 16 && !bad; k++)
+        bad = ag[k] != (uint8_t)k;
     free(a);
     free(b);
     free(bc);
@@ -273,8 +275,8 @@ static int rank_async_mismatch(loomComm_t comm, int rank, int p, void *arg)
     (void)arg;
     int32_t v[64] = {0};
     async_job_t job = {.comm = comm, .nops = 1};
-    job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, v, v, rank == 0 ? 64 : 32, loomInt32, loomSum,
-                             -1,   NULL,          false};
+    job.ops[0] = (coll_op_t){comm,      OPK_ALLREDUCE, v,  v,    rank == 0 ? 64 : 32,
+                             loomInt32, loomSum,       -1, NULL, false};
     loomResult_t r = async_wait(&job);
     if (r == loomSuccess || strstr(job.err, "mismatch") == NULL) {
         fprintf(stderr, "rank %d: expected a mismatch, got %d: %s\n", rank, r, job.err);
