@@ -21,6 +21,7 @@
 #include "cudrv.h"
 #include "dev.h"
 #include "kernels.h"
+#include "lru.h"
 #include "schedule.h"
 
 #define STAGE_RING 4      /* pinned pieces in flight per communicator (allreduce pipeline) */
@@ -86,7 +87,8 @@ struct dev_state {
      * (CU_POINTER_ATTRIBUTE_BUFFER_ID: a caching allocator reuses addresses, never ids) */
     struct dev_ipc {
         bool direct_ok;
-        uint64_t direct_min, clock;
+        uint64_t direct_min;
+        lru_clock_t clock; /* one for both caches (src/base/lru.h: use 0 is an empty entry) */
         struct dev_ipc_out {
             uint64_t id, use;
             CUipcMemHandle h;

@@ -17,19 +17,18 @@ bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, 
         return false;
     *id = bid;
     *off = dp - base;
-    struct dev_ipc_out *lru = &s->ipc.out[0];
     for (int i = 0; i < DEV_IPC_CACHE; i++) {
         struct dev_ipc_out *e = &s->ipc.out[i];
         if (e->use && e->id == bid) {
-            e->use = ++s->ipc.clock;
+            e->use = lru_tick(&s->ipc.clock);
             *h = e->h;
             return true;
         }
-        if (e->use < lru->use) lru = e;
     }
     /* memory from the VMM API (expandable segments) has no legacy handle: the slot path */
     if (d->cuIpcGetMemHandle(h, base) != CUDA_SUCCESS) return false;
-    *lru = (struct dev_ipc_out){.id = bid, .use = ++s->ipc.clock, .h = *h};
+    struct dev_ipc_out *lru = &s->ipc.out[LRU_PICK(s->ipc.out, DEV_IPC_CACHE, use)];
+    *lru = (struct dev_ipc_out){.id = bid, .use = lru_tick(&s->ipc.clock), .h = *h};
     return true;
 }
 
@@ -37,16 +36,15 @@ bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, 
 loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHandle *h,
                             CUdeviceptr *base)
 {
-    struct dev_ipc_in *lru = &s->ipc.in[j][0];
     for (int i = 0; i < DEV_IPC_CACHE; i++) {
         struct dev_ipc_in *e = &s->ipc.in[j][i];
         if (e->use && e->id == id) {
-            e->use = ++s->ipc.clock;
+            e->use = lru_tick(&s->ipc.clock);
             *base = e->base;
             return loomSuccess;
         }
-        if (e->use < lru->use) lru = e;
     }
+    struct dev_ipc_in *lru = &s->ipc.in[j][LRU_PICK(s->ipc.in[j], DEV_IPC_CACHE, use)];
     if (lru->use) { /* evict: kernels already queued may still read through it */
         if (s->run.ev_valid)
             s->drv.d->cuEventSynchronize(s->run.ev); /* only direct kernels read there */
@@ -59,7 +57,7 @@ loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHa
                           "rank %d: mapping rank %d's buffer (allocation %llu): "
                           "cuIpcOpenMemHandle: %s",
                           s->h->rank, s->lay.lrank[j], (unsigned long long)id, cudrv_err(cr));
-    *lru = (struct dev_ipc_in){.id = id, .use = ++s->ipc.clock, .base = *base};
+    *lru = (struct dev_ipc_in){.id = id, .use = lru_tick(&s->ipc.clock), .base = *base};
     return loomSuccess;
 }
 
