@@ -67,7 +67,7 @@ struct dev_state {
         cuda_mem_t mem[DEV_MAX_LOCAL];
         dev_err_t *err; /* host-mapped */
         CUdeviceptr err_dev;
-        uint32_t *flags; /* host-mapped: [0] ready (stream -> proxy), [1] done (proxy -> stream) */
+        uint32_t *flags; /* host-mapped: [0] ready (stream -> host), [1] done (host -> stream) */
         CUdeviceptr flags_dev;
     } xg;
     /* the order of this communicator's work across streams, and its launches */
@@ -98,12 +98,12 @@ struct dev_state {
             CUdeviceptr base;
         } in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
     } ipc;
-    /* watchdog: peers' process exits and kernel failures */
+    /* watchdog: peers' process exits and kernel failures; and the stop of everything the
+     * executor has on core's progress thread */
     struct dev_watch {
-        pthread_t thread;
-        bool live;
-        atomic_int stop;
-        int wake_fd;
+        atomic_int stop;  /* teardown began: the poll functions start nothing more */
+        bool attached;    /* watch_poll is on the progress thread */
+        uint64_t next_ns; /* watch_poll's next look (its own) */
         int pidfd[DEV_MAX_LOCAL];
         int pid[DEV_MAX_LOCAL];
     } wd;
@@ -118,11 +118,16 @@ struct dev_state {
         size_t arena_bytes;
         void **retired;
         int nretired;
-        pthread_t thread;
-        bool live;
+        bool attached; /* stage_poll is on the progress thread */
+        /* jobs posted by dev_run, taken in order by stage_poll */
         pthread_mutex_t qlock;
-        pthread_cond_t qcond;
         stage_job_t *qhead, *qtail;
+        /* stage_poll's own: the job it works on, whether its host part started (core's job) */
+        stage_job_t *cur;
+        bool started;
+        void *job;
+        uint64_t wait_ns; /* when it began to wait for the stream's ready flag */
+        atomic_bool busy; /* a job between its start and its release (teardown waits for it) */
     } stg;
 };
 
@@ -153,8 +158,10 @@ void dev_ipc_close_all(dev_state_t *s);
 loomResult_t dev_stage_open(dev_state_t *s);
 loomResult_t dev_stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap);
 loomResult_t dev_stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUstream st, bool cap);
+void dev_stage_detach(dev_state_t *s);
 
 /* dev_watch.c */
 loomResult_t dev_watch_start(dev_state_t *s);
+void dev_watch_detach(dev_state_t *s);
 
 #endif

@@ -66,11 +66,9 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     s->h = h;
     s->drv.d = d;
     s->drv.dev = dev;
-    s->wd.wake_fd = -1;
     for (int j = 0; j < DEV_MAX_LOCAL; j++)
         s->wd.pidfd[j] = -1;
     pthread_mutex_init(&s->stg.qlock, NULL);
-    pthread_cond_init(&s->stg.qcond, NULL);
     h->state = s;
     CUresult cr = d->cuDeviceGet(&s->drv.cudev, dev);
     if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->drv.ctx, s->drv.cudev);
@@ -294,29 +292,12 @@ bool dev_ready(const dev_host_t *h)
 
 /* ---- teardown ---- */
 
-static void dev_stop_threads(dev_state_t *s)
-{
-    atomic_store(&s->wd.stop, 1);
-    if (s->wd.wake_fd >= 0) {
-        uint64_t one = 1;
-        ssize_t w = write(s->wd.wake_fd, &one, sizeof(one));
-        (void)w;
-    }
-    if (s->wd.live) pthread_join(s->wd.thread, NULL);
-    s->wd.live = false;
-    pthread_mutex_lock(&s->stg.qlock);
-    pthread_cond_broadcast(&s->stg.qcond);
-    pthread_mutex_unlock(&s->stg.qlock);
-    if (s->stg.live) pthread_join(s->stg.thread, NULL);
-    s->stg.live = false;
-}
-
 void dev_abort(dev_host_t *h)
 {
     dev_state_t *s = h->state;
     if (s == NULL) return;
     if (s->xg.err) s->xg.err->abort = 1;
-    /* the proxy may be blocked in a host collective of the staging communicators */
+    /* a job's host collectives may be waiting for peers on the staging communicators */
     if (s->stg.staged) h->stage_stop(h, "the parent communicator was aborted");
 }
 
@@ -329,11 +310,12 @@ void dev_free(dev_host_t *h)
     /* Kernels in flight read the memory below: wait for the last one (an aborted one ends
      * within its poll interval). */
     dev_drain(s);
-    dev_stop_threads(s);
-    for (stage_job_t *j = s->stg.qhead, *n; j; j = n) {
-        n = j->next;
-        free(j);
-    }
+    /* Then nothing of this state may run on core's progress thread: stop (the poll functions
+     * start nothing more), detach (they are not running and will not run again), free. The
+     * staging poll is still attached during the drain: it releases the stream's waits. */
+    atomic_store(&s->wd.stop, 1);
+    dev_stage_detach(s);
+    dev_watch_detach(s);
     if (s->stg.staged) h->stage_close(h);
     dev_ipc_close_all(s);
     for (int j = 0; j < DEV_MAX_LOCAL; j++) {
@@ -353,9 +335,7 @@ void dev_free(dev_host_t *h)
         dev_ctx_leave(s, prev);
         d->cuDevicePrimaryCtxRelease(s->drv.cudev);
     }
-    if (s->wd.wake_fd >= 0) close(s->wd.wake_fd);
     pthread_mutex_destroy(&s->stg.qlock);
-    pthread_cond_destroy(&s->stg.qcond);
     free(s);
     h->state = NULL;
 }

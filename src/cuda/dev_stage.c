@@ -1,10 +1,10 @@
 /*
  * Device data crossing nodes (see dev_impl.h): pinned host memory and the host transports,
- * driven by a proxy thread per communicator. An allreduce on several nodes with the same number
- * of GPUs each runs hierarchically: reduce-scatter inside the node on the GPUs, an allreduce of
- * this rank's shard across nodes (pieces of LOOM_CUDA_STAGE_CHUNK: the copy of piece k+1 to the
- * host overlaps the network for piece k and the copy back of piece k-1), then an allgather
- * inside the node.
+ * driven from core's progress thread (one per process) by a poll function per communicator
+ * that never blocks. An allreduce on several nodes with the same number of GPUs each runs
+ * hierarchically: reduce-scatter inside the node on the GPUs, an allreduce of this rank's shard
+ * across nodes (pieces of LOOM_CUDA_STAGE_CHUNK: the copy of piece k+1 to the host overlaps the
+ * network for piece k and the copy back of piece k-1), then an allgather inside the node.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,9 +17,12 @@
 #include "param.h"
 #include "reduce.h"
 
-/* ---- across nodes: pinned host memory and a proxy thread ---- */
+/* ---- across nodes: pinned host memory, and the host part on core's progress thread ---- */
 
-static void *proxy_main(void *arg);
+#define STAGE_POLL_JOBS 8      /* jobs one call of the poll function may finish */
+#define STAGE_SPIN_NS 20000ull /* how long the poll spins for the stream, then its interval */
+
+static uint64_t stage_poll(void *arg, bool *progressed);
 
 loomResult_t dev_stage_open(dev_state_t *s)
 {
@@ -32,9 +35,11 @@ loomResult_t dev_stage_open(dev_state_t *s)
         if (h->node_start[nd + 1] - h->node_start[nd] != s->lay.n) s->stg.hier_ok = false;
     s->stg.staged = true; /* closed at dev_free even if opening fails half way */
     LOOM_CHECK(h->stage_open(h, s->stg.hier_ok ? s->lay.me : -1));
-    if (pthread_create(&s->stg.thread, NULL, proxy_main, s) != 0)
-        return base_error(loomSystemError, LOG_CUDA, "starting the GPU proxy thread failed");
-    s->stg.live = true;
+    if (h->progress_attach == NULL)
+        return base_error(loomInternalError, LOG_CUDA,
+                          "rank %d: core offers the device executor no progress thread", h->rank);
+    LOOM_CHECK(h->progress_attach(h, stage_poll, s));
+    s->stg.attached = true;
     INFO(LOG_CUDA, "device buffers cross %d nodes through pinned host memory (%s)", h->nnodes,
          s->stg.hier_ok ? "hierarchical allreduce" : "whole buffers");
     return loomSuccess;
@@ -73,8 +78,8 @@ static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uin
     else
         s->stg.qhead = j;
     s->stg.qtail = j;
-    pthread_cond_signal(&s->stg.qcond);
     pthread_mutex_unlock(&s->stg.qlock);
+    s->h->progress_wake(s->h);
     *val = j->val;
     return loomSuccess;
 }
@@ -304,9 +309,11 @@ loomResult_t dev_stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUst
     return res;
 }
 
-/* A job's host part: scale pre-multiplied inputs, run the collectives on the host side, divide
- * hierarchical averages. */
-static loomResult_t proxy_run(dev_state_t *s, stage_job_t *j)
+/* ---- the host part of each job, on core's progress thread ---- */
+
+/* A job's host part begins: pre-multiplied inputs scaled, the host collectives started (they
+ * return at once; stage_test drives them). */
+static loomResult_t job_start(dev_state_t *s, stage_job_t *j, void **job)
 {
     for (int i = 0; i < j->nops; i++) {
         host_op_t *o = &j->ops[i];
@@ -316,57 +323,122 @@ static loomResult_t proxy_run(dev_state_t *s, stage_job_t *j)
             red_host_scale(o->type, o->hsend, o->hsend, o->scale,
                            o->kind == OPK_REDUCESCATTER ? o->count * ranks : o->count);
     }
-    LOOM_CHECK(s->h->stage_run(s->h, j->ops, j->nops));
+    return s->h->stage_start(s->h, j->ops, j->nops, job);
+}
+
+/* A job's host part ends: hierarchical averages divided. */
+static void job_divide(stage_job_t *j)
+{
     for (int i = 0; i < j->nops; i++)
         if (j->ops[i].div > 1)
             red_host_div(j->ops[i].type, j->ops[i].hrecv, j->ops[i].hrecv, j->ops[i].div,
                          j->ops[i].count);
-    return loomSuccess;
 }
 
-static void *proxy_main(void *arg)
+static void job_failed(dev_state_t *s, loomResult_t r)
+{
+    char text[DEV_TEXT_MAX];
+    snprintf(text, sizeof(text), "rank %d: the network part of a device collective failed: %s",
+             s->h->rank, base_last_error());
+    s->h->set_error(s->h, r, text);
+}
+
+/* Released even after a failure, so that the stream never waits forever; the communicator's
+ * error says the results are void. */
+static void job_release(dev_state_t *s, stage_job_t *j)
+{
+    __sync_synchronize();
+    s->xg.flags[1] = j->val;
+    free(j);
+}
+
+/*
+ * The staging queue's poll function on core's progress thread (dev.h): each call finishes at
+ * most STAGE_POLL_JOBS jobs, in order, and never waits. Its sleep hint: while the head job waits
+ * for the stream's ready flag, 0 for the first STAGE_SPIN_NS and then STAGE_SPIN_NS (the spin,
+ * then usleep(20), of the proxy thread it replaces); while the job's host collectives run, 0
+ * (stage_test wants calling); with the queue empty, UINT64_MAX (post_job wakes the thread).
+ */
+static uint64_t stage_poll(void *arg, bool *progressed)
 {
     dev_state_t *s = arg;
     dev_host_t *h = s->h;
-    log_set_rank(h->rank);
-    for (;;) {
-        pthread_mutex_lock(&s->stg.qlock);
-        while (s->stg.qhead == NULL && !atomic_load(&s->wd.stop))
-            pthread_cond_wait(&s->stg.qcond, &s->stg.qlock);
-        stage_job_t *j = s->stg.qhead;
-        if (j) {
-            s->stg.qhead = j->next;
-            if (s->stg.qhead == NULL) s->stg.qtail = NULL;
-        }
-        pthread_mutex_unlock(&s->stg.qlock);
-        if (j == NULL) break; /* stopping */
-        /* the stream hands the piece over once its copy to the host is done */
-        volatile uint32_t *ready = &s->xg.flags[0];
-        uint64_t t0 = base_now_ns();
-        bool ok = true;
-        while ((int32_t)(*ready - j->val) < 0) {
-            if (atomic_load(&s->wd.stop) || s->xg.err->abort) {
-                ok = false;
-                break;
+    struct dev_stage *g = &s->stg;
+    for (int n = 0; n < STAGE_POLL_JOBS; n++) {
+        stage_job_t *j = g->cur;
+        if (j == NULL) {
+            pthread_mutex_lock(&g->qlock);
+            j = g->qhead;
+            if (j) {
+                g->qhead = j->next;
+                if (g->qhead == NULL) g->qtail = NULL;
             }
-            if (base_now_ns() - t0 > 20000) usleep(20);
+            pthread_mutex_unlock(&g->qlock);
+            if (j == NULL) return UINT64_MAX;
+            g->cur = j;
+            g->started = false;
+            g->wait_ns = base_now_ns();
         }
-        __sync_synchronize();
-        if (ok && h->error(h, NULL) == loomSuccess) {
-            loomResult_t r = proxy_run(s, j);
-            if (r != loomSuccess) {
-                char text[DEV_TEXT_MAX];
-                snprintf(text, sizeof(text),
-                         "rank %d: the network part of a device collective failed: %s", h->rank,
-                         base_last_error());
-                h->set_error(h, r, text);
+        if (!g->started) {
+            /* the stream hands the piece over once its copy to the host is done */
+            volatile uint32_t *ready = &s->xg.flags[0];
+            bool run = true;
+            if ((int32_t)(*ready - j->val) < 0) {
+                if (!atomic_load(&s->wd.stop) && !s->xg.err->abort)
+                    return base_now_ns() - g->wait_ns > STAGE_SPIN_NS ? STAGE_SPIN_NS : 0;
+                run = false; /* stopping or aborted: released without running */
             }
+            __sync_synchronize();
+            /* busy before stop is read: dev_stage_detach, which sets stop and then reads busy,
+             * either sees this job or is seen by it */
+            atomic_store(&g->busy, true);
+            if (run && !atomic_load(&s->wd.stop) && h->error(h, NULL) == loomSuccess) {
+                loomResult_t r = job_start(s, j, &g->job);
+                if (r == loomSuccess)
+                    g->started = true;
+                else
+                    job_failed(s, r);
+            }
+            *progressed = true;
         }
-        /* released even after a failure, so that the stream never waits forever; the
-         * communicator's error says the results are void */
-        __sync_synchronize();
-        s->xg.flags[1] = j->val;
+        if (g->started) {
+            bool done = false;
+            loomResult_t r = h->stage_test(h, g->job, &done);
+            if (r == loomSuccess && !done) return 0;
+            /* a failed job was freed by core, as a finished one */
+            if (r != loomSuccess)
+                job_failed(s, r);
+            else
+                job_divide(j);
+            g->started = false;
+            g->job = NULL;
+        }
+        g->cur = NULL;
+        job_release(s, j);
+        atomic_store(&g->busy, false);
+        *progressed = true;
+    }
+    return 0;
+}
+
+/* Teardown (stop comes first): waits until the poll holds no host job that runs (a started one
+ * is tested to its end, as stage_close needs; stage_stop makes that quick after an abort), then
+ * takes the poll off the progress thread and frees the jobs it left. */
+void dev_stage_detach(dev_state_t *s)
+{
+    struct dev_stage *g = &s->stg;
+    if (g->attached) {
+        s->h->progress_wake(s->h);
+        while (atomic_load(&g->busy))
+            usleep(20);
+        s->h->progress_detach(s->h, s);
+        g->attached = false;
+    }
+    free(g->cur);
+    g->cur = NULL;
+    for (stage_job_t *j = g->qhead, *n; j; j = n) {
+        n = j->next;
         free(j);
     }
-    return NULL;
+    g->qhead = g->qtail = NULL;
 }
