@@ -4,9 +4,9 @@
  * Ranks of one node run one kernel per collective (src/cuda/kernels.cu) that moves data through
  * each other's GPU memory (src/transport/cuda) with flags in device memory: no host thread is
  * involved and the host never waits for the stream, so the calls are capturable in CUDA graphs.
- * Ranks on other nodes are reached through pinned host memory and the host transports, by a
- * proxy thread that the stream hands each piece to through memory flags (cuStreamWriteValue32 /
- * cuStreamWaitValue32), again without a host wait on the stream.
+ * Ranks on other nodes are reached through pinned host memory and the host transports, from
+ * core's progress thread, which the stream hands each piece to through memory flags
+ * (cuStreamWriteValue32 / cuStreamWaitValue32), again without a host wait on the stream.
  *
  * A communicator touches CUDA only here, and only once a device buffer is seen (or its config
  * names a device): host-only jobs on GPU machines create no CUDA context.

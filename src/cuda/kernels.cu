@@ -577,24 +577,34 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
 
 /* ---- DEV_LLA: see kernels.h ---- */
 
-static __device__ __forceinline__ void lla_put(char *p, u64 v, unsigned flag)
+/* Writer w's word of chunk c at parity par, in DEV_LLA's slots starting at `slots`. */
+static __device__ __forceinline__ dev_lla_word_t *lla_word(char *slots, int w, int par, u64 c,
+                                                           u64 cap)
 {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v),
-                 "r"(flag), "r"((unsigned)(v >> 32)), "r"(flag)
+    return (dev_lla_word_t *)(slots + DEV_LLA_OFF(w, par, c, cap));
+}
+
+/* v as the word of step `flag`, in one store. */
+static __device__ __forceinline__ void lla_put(dev_lla_word_t *p, u64 v, unsigned flag)
+{
+    const dev_lla_word_t w = {(unsigned)v, flag, (unsigned)(v >> 32), flag};
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.lo),
+                 "r"(w.step), "r"(w.hi), "r"(w.step2)
                  : "memory");
 }
 
 /* The 8 bytes of a word once both halves carry `flag`. */
-static __device__ __forceinline__ bool lla_get(const char *p, unsigned flag, u64 *v, unsigned *seen)
+static __device__ __forceinline__ bool lla_get(const dev_lla_word_t *p, unsigned flag, u64 *v,
+                                               unsigned *seen)
 {
-    unsigned x, f1, y, f2;
+    dev_lla_word_t w;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(x), "=r"(f1), "=r"(y), "=r"(f2)
+                 : "=r"(w.lo), "=r"(w.step), "=r"(w.hi), "=r"(w.step2)
                  : "l"(p)
                  : "memory");
-    *v = (u64)x | (u64)y << 32;
-    *seen = f1 != flag ? f1 : f2;
-    return f1 == flag && f2 == flag;
+    *v = (u64)w.lo | (u64)w.hi << 32;
+    *seen = w.step != flag ? w.step : w.step2;
+    return w.step == flag && w.step2 == flag;
 }
 
 /* Up to 8 bytes of a buffer whose elements are aligned to their size (zeros past the end). */
@@ -624,8 +634,8 @@ static __device__ __forceinline__ void store8(char *p, u64 left, u64 v)
 
 /* Spins for a peer's word; false (after recording why) on abort, timeout, or another thread's
  * failure. */
-static __device__ __forceinline__ bool lla_wait(const dev_args_t &a, const char *p, unsigned flag,
-                                                int peer, volatile int *fail, u64 *v)
+static __device__ __forceinline__ bool lla_wait(const dev_args_t &a, const dev_lla_word_t *p,
+                                                unsigned flag, int peer, volatile int *fail, u64 *v)
 {
     unsigned seen;
     if (lla_get(p, flag, v, &seen)) return true;
@@ -692,7 +702,7 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
     auto push = [&](u64 c, const W &mine_c) {
         for (int j = 0; j < n; j++)
             if (j != me)
-                lla_put(L.region[j] + L.base + DEV_LLA_OFF(me, par, c, L.cap),
+                lla_put(lla_word(L.region[j] + L.base, me, par, c, L.cap),
                         L.seg ? scaled(input(j, c)).v : mine_c.v, flag);
     };
     auto finish = [&](u64 c, const A *acc) {
@@ -714,8 +724,7 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
 #pragma unroll
         for (int j = 0; j < DEV_MAX_LOCAL; j++) {
             if (j >= n) break;
-            if (j != me &&
-                !lla_wait(a, mine + DEV_LLA_OFF(j, par, c, L.cap), flag, j, fail, &pw[j].v))
+            if (j != me && !lla_wait(a, lla_word(mine, j, par, c, L.cap), flag, j, fail, &pw[j].v))
                 return step;
             const W &x = j == me ? w : pw[j];
 #pragma unroll
@@ -737,8 +746,7 @@ static __device__ __forceinline__ u64 lla_run(const lla_t &L, const dev_args_t &
                 W w;
                 if (j == me) {
                     w = scaled(input(me, c));
-                } else if (!lla_wait(a, mine + DEV_LLA_OFF(j, par, c, L.cap), flag, j, fail,
-                                     &w.v)) {
+                } else if (!lla_wait(a, lla_word(mine, j, par, c, L.cap), flag, j, fail, &w.v)) {
                     return step;
                 }
 #pragma unroll

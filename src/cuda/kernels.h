@@ -36,13 +36,13 @@ enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
 /* DEV_LLA (allreduce of small and medium messages, one shot; reduce-scatter alike, with rank
  * j's segment going to rank j): every thread owns 8-byte chunks of the buffer; it pushes each
  * (premultiplied if asked) to every peer as one 16-byte
- * low-latency word {low half, step, high half, step}, then waits for the peers' words of the
- * same chunks and reduces them with its own in rank order. No fences, no barriers, no
- * acknowledgements: each writer has two slots per chunk in a reader's region, used by parity
- * of the step, and a writer can reach the next use of a slot only after finishing an
- * allreduce in between, which needed the reader's words of that one, which the reader pushed
- * only after its kernel before had read everything (a communicator's kernels run one at a
- * time). Steps: the host numbers its calls (one step for every lane); a launch that a graph
+ * low-latency word {low half, step, high half, step} (dev_lla_word_t below, with its
+ * invariants), then waits for the peers' words of the same chunks and reduces them with its own in
+ * rank order. No fences, no barriers, no acknowledgements: each writer has two slots per chunk in a
+ * reader's region, used by parity of the step, and a writer can reach the next use of a slot only
+ * after finishing an allreduce in between, which needed the reader's words of that one, which the
+ * reader pushed only after its kernel before had read everything (a communicator's kernels run one
+ * at a time). Steps: the host numbers its calls (one step for every lane); a launch that a graph
  * may replay has no host step, and each lane counts from the step it last used (every lane
  * records it), so steps in a slot only grow. Chunk c belongs to block
  * (c / DEV_LLA_SPAN) mod nblocks in every launch. */
@@ -50,7 +50,10 @@ enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
 enum { DEV_ERR_NONE = 0, DEV_ERR_TIMEOUT = 1, DEV_ERR_ABORT = 2 };
 enum { DEV_WAIT_DATA = 0, DEV_WAIT_ACK = 1 };
 
-/* Region layout: four tables of u64 [DEV_MAX_LOCAL][DEV_MAX_BLOCKS], then the slots. */
+/* Region layout: seven tables of u64 [DEV_MAX_LOCAL][DEV_MAX_BLOCKS] (RFLAG, ACK, SSTEP, RSTEP,
+ * ARRIVE, DONE, DSTEP) in the first eight table-sized places (the fifth holds only the word a
+ * failing block claims, kernels.cu's DEV_OFF_CLAIM; DSTEP's rows 1 and 2 are LSTEP and LDONE),
+ * then the slots. */
 #define DEV_TABLE_BYTES (8ull * DEV_MAX_LOCAL * DEV_MAX_BLOCKS)
 #define DEV_OFF_RFLAG 0ull                   /* [writer][block]: step published to me */
 #define DEV_OFF_ACK (1 * DEV_TABLE_BYTES)    /* [reader][block]: step the reader consumed */
@@ -106,11 +109,43 @@ static DEV_HD inline unsigned long long dev_piece_bytes(unsigned long long len, 
 #define DEV_UNPACK_OFF(j, b, n, nb, nslot, slot)                                                   \
     (DEV_LL_BASE(n, nb, nslot, slot) + (unsigned long long)(n) * (nb) * (nslot)*DEV_LL_SLOT +      \
      ((unsigned long long)(j) * (nb) + (b)) * DEV_LL_PIECE)
-/* DEV_LLA's slots: [writer][parity][chunk] words of 16 bytes, `cap` chunks per writer and
- * parity (0 when the communicator has no DEV_LLA path). */
+#ifdef __cplusplus
+#define DEV_ALIGNAS(n) alignas(n)
+#define DEV_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define DEV_ALIGNAS(n) _Alignas(n)
+#define DEV_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+/*
+ * DEV_LLA's low-latency word: 8 data bytes of one chunk and the writer's step, the step in both
+ * halves, written and read as one 16-byte access (st/ld.volatile.global.v4.u32), so a reader that
+ * finds its step in both halves has that step's data, with no flag, fence or barrier. Only the
+ * low 32 bits of the step travel. What keeps a reader from taking a stale or a future word:
+ * - Each writer has two slots per chunk in a reader's region, chosen by the parity of the step
+ *   (DEV_LLA_OFF's `par`), so step s never overwrites the word of step s-1.
+ * - A writer reaches a slot again (step s+2) only after an allreduce in between (s+1), which
+ *   needed the reader's words of s+1, which the reader pushed only after its kernel of step s
+ *   had read everything (a communicator's kernels run one at a time, in stream order).
+ * - Steps in a slot only grow: the host numbers its calls (dev_args_t's lla_step, one step for
+ *   every lane); from the first call made while a graph is being captured (a replayed launch
+ *   carries no new number) lla_step is 0 and each lane counts on from the step it last used,
+ *   which every lane records at DEV_OFF_LSTEP (docs/device.md, "Inside a node").
+ */
+typedef struct {
+    DEV_ALIGNAS(16) unsigned lo; /* data bytes 0-3 */
+    unsigned step;               /* the step (low 32 bits) */
+    unsigned hi;                 /* data bytes 4-7 */
+    unsigned step2;              /* the step again: a torn word never matches in both */
+} dev_lla_word_t;
+DEV_STATIC_ASSERT(sizeof(dev_lla_word_t) == 16, "one DEV_LLA word is one 16-byte access");
+
+/* DEV_LLA's slots: [writer][parity][chunk] words, `cap` chunks per writer and parity (0 when the
+ * communicator has no DEV_LLA path). */
 #define DEV_LLA_BASE(n, nb, nslot, slot) DEV_UNPACK_OFF(n, 0, n, nb, nslot, slot)
 #define DEV_LLA_OFF(w, par, c, cap)                                                                \
-    ((((unsigned long long)(w)*2 + (par)) * (unsigned long long)(cap) + (c)) * 16ull)
+    ((((unsigned long long)(w)*2 + (par)) * (unsigned long long)(cap) + (c)) *                     \
+     (unsigned long long)sizeof(dev_lla_word_t))
 #define DEV_REGION_BYTES(n, nb, nslot, slot, cap)                                                  \
     (DEV_LLA_BASE(n, nb, nslot, slot) + DEV_LLA_OFF(n, 0, 0, cap))
 

@@ -1,0 +1,167 @@
+/*
+ * The device executor's own state and the functions its files share; private to src/cuda (core
+ * sees only dev.h). The files, one concern each:
+ *   dev_setup.c  setup of the exchange (two allgathers), teardown, loomMemAlloc
+ *   dev_local.c  same-node collectives: kernel arguments, the slot, direct and latency paths,
+ *                launches, the order of a communicator's work across streams
+ *   dev_ipc.c    user buffers mapped through CUDA IPC for the direct path (export and import)
+ *   dev_stage.c  device data crossing nodes through pinned host memory
+ *   dev_watch.c  kernels' failure records and peers' exits turned into the communicator's error
+ */
+#ifndef LOOM_CUDA_DEV_IMPL_H
+#define LOOM_CUDA_DEV_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_tp.h"
+#include "cudrv.h"
+#include "dev.h"
+#include "kernels.h"
+#include "lru.h"
+#include "schedule.h"
+
+#define STAGE_RING 4      /* pinned pieces in flight per communicator (allreduce pipeline) */
+#define DEV_IPC_CACHE 32  /* mapped user allocations per peer (LRU) */
+#define DEV_TEXT_MAX 1024 /* error texts */
+
+typedef struct stage_job {
+    struct stage_job *next;
+    uint32_t val;
+    int nops;
+    host_op_t ops[];
+} stage_job_t;
+
+struct dev_state {
+    dev_host_t *h; /* the communicator, as core shows it */
+    /* the driver, the GPU's primary context, the kernels */
+    struct dev_drv {
+        const cudrv_t *d;
+        int dev;
+        CUdevice cudev;
+        CUcontext ctx;
+        CUmodule mod;
+        CUfunction fn, fn_lla[10][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
+    } drv;
+    /* who is on this node and how the exchange is cut (rank 0's parameters hold for all) */
+    struct dev_layout {
+        int n, me;                /* ranks of this node in the exchange, and my index */
+        int lrank[DEV_MAX_LOCAL]; /* their communicator ranks */
+        int nblocks, nslot, threads, push_threads, empty, couple;
+        uint64_t slot, oneshot;
+    } lay;
+    /* the latency path (DEV_LLA) */
+    struct dev_lla {
+        uint64_t max, cap; /* largest S*(n-1), chunks per writer and parity */
+        uint64_t step;     /* the last step the host numbered */
+        bool lanes;        /* since a captured call, the lanes count their steps */
+        bool pdl;          /* programmatic dependent launches */
+    } lla;
+    /* what kernels and stream memory operations address: every local rank's exchange region,
+     * and one page of host-mapped memory holding the error record (with the abort word) and,
+     * 2 KiB in, the staging flags */
+    struct dev_xchg {
+        cuda_mem_t mem[DEV_MAX_LOCAL];
+        dev_err_t *err; /* host-mapped */
+        CUdeviceptr err_dev;
+        uint32_t *flags; /* host-mapped: [0] ready (stream -> host), [1] done (host -> stream) */
+        CUdeviceptr flags_dev;
+    } xg;
+    /* the order of this communicator's work across streams, and its launches */
+    struct dev_run {
+        CUevent ev;
+        CUstream last;
+        bool have_last;       /* a call was ordered on `last`, its completion marked by ... */
+        bool last_counted;    /* ... the DEV_OFF_LDONE count reaching ldone_want, else by ev */
+        bool ev_valid;        /* ev was recorded (after the last call that was not counted) */
+        uint64_t counted_max; /* LOOM_CUDA_COUNTED (0 without 64-bit stream waits on this GPU) */
+        bool counted;         /* this call's launch was counted (set by run_lla) */
+        uint64_t ldone_want;  /* blocks of the counted DEV_LLA launches so far */
+        uint64_t seq;
+        int opkind[64]; /* kind of the last launches, by seq, for error texts */
+    } run;
+    /* direct allreduce: user buffers mapped through CUDA IPC, cached by allocation identity
+     * (CU_POINTER_ATTRIBUTE_BUFFER_ID: a caching allocator reuses addresses, never ids) */
+    struct dev_ipc {
+        bool direct_ok;
+        uint64_t direct_min;
+        lru_clock_t clock; /* one for both caches (src/base/lru.h: use 0 is an empty entry) */
+        struct dev_ipc_out {
+            uint64_t id, use;
+            CUipcMemHandle h;
+        } out[DEV_IPC_CACHE];
+        struct dev_ipc_in {
+            uint64_t id, use;
+            CUdeviceptr base;
+        } in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
+    } ipc;
+    /* watchdog: peers' process exits and kernel failures; and the stop of everything the
+     * executor has on core's progress thread */
+    struct dev_watch {
+        atomic_int stop;  /* teardown began: the poll functions start nothing more */
+        bool attached;    /* watch_poll is on the progress thread */
+        uint64_t next_ns; /* watch_poll's next look (its own) */
+        int pidfd[DEV_MAX_LOCAL];
+        int pid[DEV_MAX_LOCAL];
+    } wd;
+    /* across nodes */
+    struct dev_stage {
+        bool multinode, hier_ok;
+        bool staged; /* the host side's communicators are open */
+        uint32_t next_val;
+        uint8_t *ring[STAGE_RING];
+        size_t ring_bytes;
+        uint8_t *arena;
+        size_t arena_bytes;
+        void **retired;
+        int nretired;
+        bool attached; /* stage_poll is on the progress thread */
+        /* jobs posted by dev_run, taken in order by stage_poll */
+        pthread_mutex_t qlock;
+        stage_job_t *qhead, *qtail;
+        /* stage_poll's own: the job it works on, whether its host part started (core's job) */
+        stage_job_t *cur;
+        bool started;
+        void *job;
+        uint64_t wait_ns; /* when it began to wait for the stream's ready flag */
+        atomic_bool busy; /* a job between its start and its release (teardown waits for it) */
+    } stg;
+};
+
+static inline const char *dev_kind_name(int k)
+{
+    return sched_opkind_name(k);
+}
+
+/* dev_setup.c: the GPU's context made current for a call, and the caller's back */
+CUcontext dev_ctx_enter(dev_state_t *s);
+void dev_ctx_leave(dev_state_t *s, CUcontext prev);
+
+/* dev_local.c */
+/* Waits on the host for every kernel of this communicator launched so far. */
+void dev_drain(dev_state_t *s);
+void dev_args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const void *send, void *recv);
+void dev_set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op);
+void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *len);
+loomResult_t dev_launch(dev_state_t *s, dev_args_t *a, CUstream st);
+
+/* dev_ipc.c */
+bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, CUipcMemHandle *h);
+loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHandle *h,
+                            CUdeviceptr *base);
+void dev_ipc_close_all(dev_state_t *s);
+
+/* dev_stage.c */
+loomResult_t dev_stage_open(dev_state_t *s);
+loomResult_t dev_stage_allreduce(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap);
+loomResult_t dev_stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUstream st, bool cap);
+void dev_stage_detach(dev_state_t *s);
+
+/* dev_watch.c */
+loomResult_t dev_watch_start(dev_state_t *s);
+void dev_watch_detach(dev_state_t *s);
+
+#endif

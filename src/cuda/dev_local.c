@@ -1,0 +1,536 @@
+/*
+ * The device executor's same-node collectives (see dev.h, dev_impl.h): one launch of
+ * loom_exchange (loom_lla_* for the latency path) per collective (two for a two-shot allreduce)
+ * on the caller's stream; the plans below say which byte ranges go to which peer. Cost for n
+ * local ranks and S bytes, per rank: one-shot allreduce (n-1)S out over the links; two-shot,
+ * reduce-scatter and allgather 2(n-1)S/n; broadcast S from the root to each peer.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dev_impl.h"
+#include "reduce.h"
+
+/* ---- launching ---- */
+
+static bool capturing(dev_state_t *s, CUstream st)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    s->drv.d->cuStreamIsCapturing(st, &cs);
+    return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Orders work of this communicator on `st` after its previous work on another stream: the
+ * lane counters in device memory must see one kernel at a time. A stream handle may be
+ * destroyed by its owner after the call, so nothing is ever recorded on an earlier stream: the
+ * last call left its mark when it was made. A latency-path call's mark is the count of its
+ * finished blocks in device memory (a stream wait on it here); any other call's is an event
+ * recorded after it (cuEventRecord costs the host ~0.2-0.3 us, a twentieth of a small call). */
+static loomResult_t order_stream(dev_state_t *s, CUstream st, bool cap)
+{
+    if (cap || !s->run.have_last || s->run.last == st) return loomSuccess;
+    CUresult cr = s->run.last_counted
+                      ? s->drv.d->cuStreamWaitValue64(st, s->xg.mem[s->lay.me].ptr + DEV_OFF_LDONE,
+                                                      s->run.ldone_want, CU_STREAM_WAIT_VALUE_GEQ)
+                      : s->drv.d->cuStreamWaitEvent(st, s->run.ev, 0);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: ordering after the previous stream (%s): %s", s->h->rank,
+                          s->run.last_counted ? "cuStreamWaitValue64" : "cuStreamWaitEvent",
+                          cudrv_err(cr));
+    return loomSuccess;
+}
+
+static loomResult_t mark_stream(dev_state_t *s, CUstream st, bool cap)
+{
+    if (cap) return loomSuccess;
+    if (!s->run.counted) {
+        CUresult cr = s->drv.d->cuEventRecord(s->run.ev, st);
+        if (cr != CUDA_SUCCESS)
+            return base_error(loomUnhandledCudaError, LOG_CUDA, "rank %d: cuEventRecord: %s",
+                              s->h->rank, cudrv_err(cr));
+        s->run.ev_valid = true;
+    }
+    s->run.last_counted = s->run.counted;
+    s->run.last = st;
+    s->run.have_last = true;
+    return loomSuccess;
+}
+
+/* Waits on the host for every kernel of this communicator launched so far. */
+void dev_drain(dev_state_t *s)
+{
+    if (!s->run.have_last) return;
+    if (!s->run.last_counted) {
+        s->drv.d->cuEventSynchronize(s->run.ev);
+        return;
+    }
+    /* every counted kernel adds its blocks, also one that gave up (abort, timeout) */
+    for (;;) {
+        uint64_t v = 0;
+        if (s->drv.d->cuMemcpyDtoH(&v, s->xg.mem[s->lay.me].ptr + DEV_OFF_LDONE, sizeof(v)) !=
+                CUDA_SUCCESS ||
+            v >= s->run.ldone_want)
+            return;
+        usleep(20);
+    }
+}
+
+void dev_args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const void *send, void *recv)
+{
+    memset(a, 0, sizeof(*a));
+    a->n = s->lay.n;
+    a->me = s->lay.me;
+    a->mode = mode;
+    a->nblocks = s->lay.nblocks;
+    a->slot = s->lay.slot;
+    a->nslot = s->lay.nslot;
+    a->push_threads = s->lay.push_threads;
+    a->empty = s->lay.empty;
+    a->timeout_ns = (unsigned long long)(s->h->timeout_s * 1e9);
+    a->send = send;
+    a->recv = recv;
+    a->err = (dev_err_t *)(uintptr_t)s->xg.err_dev;
+    for (int j = 0; j < s->lay.n; j++)
+        a->region[j] = (char *)(uintptr_t)s->xg.mem[j].ptr;
+    a->seq = ++s->run.seq;
+    s->run.opkind[a->seq % 64] = kind;
+}
+
+/* Blocks with work: lanes are independent, so a rank launches only the blocks its streams
+ * use (its peers cut the same streams the same way). */
+static unsigned grid_of(const dev_state_t *s, const dev_args_t *a)
+{
+    unsigned long long most = 0;
+    unsigned long long lens[2 * DEV_MAX_LOCAL + 1];
+    int k = 0;
+    lens[k++] = a->self_len;
+    for (int j = 0; j < a->n; j++) {
+        if (j == a->me) continue;
+        lens[k++] = a->io[j].send_len;
+        lens[k++] = a->io[j].recv_len;
+    }
+    for (int i = 0; i < k; i++) {
+        if (lens[i] == 0) continue;
+        unsigned long long ch = dev_piece_bytes(lens[i], s->lay.nblocks, s->lay.slot);
+        unsigned long long used = (lens[i] + ch - 1) / ch;
+        if (used > most) most = used;
+    }
+    return (unsigned)LOOM_MAX(1, LOOM_MIN(most, (unsigned long long)s->lay.nblocks));
+}
+
+/* Whether anything the kernel writes may overlap what it reads (in place). */
+static int aliases(const dev_args_t *a)
+{
+    uintptr_t slo = UINTPTR_MAX, shi = 0, rlo = UINTPTR_MAX, rhi = 0;
+    for (int j = 0; j < a->n; j++) {
+        if (j == a->me) continue;
+        if (a->io[j].send_len) {
+            uintptr_t lo = (uintptr_t)a->send + a->io[j].send_off;
+            slo = LOOM_MIN(slo, lo), shi = LOOM_MAX(shi, lo + a->io[j].send_len);
+        }
+        if (a->io[j].recv_len) {
+            uintptr_t lo = (uintptr_t)a->recv + a->io[j].recv_off;
+            rlo = LOOM_MIN(rlo, lo), rhi = LOOM_MAX(rhi, lo + a->io[j].recv_len);
+        }
+    }
+    if (a->self_len) {
+        uintptr_t lo = (uintptr_t)a->send + a->self_src;
+        slo = LOOM_MIN(slo, lo), shi = LOOM_MAX(shi, lo + a->self_len);
+        lo = (uintptr_t)a->recv + a->self_dst;
+        rlo = LOOM_MIN(rlo, lo), rhi = LOOM_MAX(rhi, lo + a->self_len);
+    }
+    return slo < rhi && rlo < shi;
+}
+
+/* One launch of the kernel with a's arguments, as a programmatic dependent launch if pdl;
+ * `path` names the way it moves data, for the error. */
+static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads, CUstream st,
+                       bool pdl, const char *path)
+{
+    void *params[] = {a};
+    CUfunction fn = a->mode == DEV_LLA ? s->drv.fn_lla[a->dtype][a->op] : s->drv.fn;
+    CUresult cr;
+    if (pdl) {
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof(at));
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig cfg = {.gridDimX = grid,
+                              .gridDimY = 1,
+                              .gridDimZ = 1,
+                              .blockDimX = threads,
+                              .blockDimY = 1,
+                              .blockDimZ = 1,
+                              .hStream = st,
+                              .attrs = &at,
+                              .numAttrs = 1};
+        cr = s->drv.d->cuLaunchKernelEx(&cfg, fn, params, NULL);
+    } else {
+        cr = s->drv.d->cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, st, params, NULL);
+    }
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the kernel of %s (%s, device operation %llu): %s",
+                          s->h->rank, dev_kind_name(s->run.opkind[a->seq % 64]), path, a->seq,
+                          cudrv_err(cr));
+    return loomSuccess;
+}
+
+/* The slot path: only the blocks whose lanes carry pieces. */
+loomResult_t dev_launch(dev_state_t *s, dev_args_t *a, CUstream st)
+{
+    a->alias = s->lay.couple || aliases(a);
+    return go(s, a, grid_of(s, a), (unsigned)s->lay.threads, st, false, "slots");
+}
+
+/* The reduction fields of a kernel's arguments (op: o's, or another that replaces it). */
+void dev_set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op)
+{
+    loomDataType_t type = o->type;
+    a->dtype = (int)type;
+    a->op = op == loomProd ? 1 : op == loomMax ? 2 : op == loomMin ? 3 : 0;
+    a->avg = op == loomAvg;
+    if (base_premul_index(op) < 0) return;
+    a->premul = 1;
+    if (o->scale_dev) {
+        a->scale_dev = o->scale_dev;
+        return;
+    }
+    const uint8_t *v = o->scale_host;
+    switch (type) {
+    case loomFloat16: a->scale_f = red_half_to_float(*(const uint16_t *)v); break;
+    case loomBfloat16: a->scale_f = red_bf16_to_float(*(const uint16_t *)v); break;
+    case loomFloat32: a->scale_f = *(const float *)v; break;
+    case loomFloat64: a->scale_f = *(const double *)v; break;
+    case loomInt8: a->scale_i = *(const int8_t *)v; break;
+    case loomUint8: a->scale_i = *(const uint8_t *)v; break;
+    case loomInt32: a->scale_i = *(const int32_t *)v; break;
+    case loomUint32: a->scale_i = *(const uint32_t *)v; break;
+    default: memcpy(&a->scale_i, v, 8); break;
+    }
+}
+
+/* Element ranges of a two-shot split: boundaries on 16 bytes, so that pieces stay aligned. */
+void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *len)
+{
+    size_t unit = 16 / es, per = (count + (size_t)n - 1) / (size_t)n;
+    per = (per + unit - 1) / unit * unit;
+    size_t st = LOOM_MIN((size_t)j * per, count);
+    *start = st;
+    *len = LOOM_MIN(per, count - st);
+}
+
+/* Same-node collectives: the plans of the exchange. */
+typedef struct {
+    int32_t ok, pad;
+    uint64_t sid, soff, rid, roff;
+    CUipcMemHandle sh, rh;
+} direct_rec_t;
+
+/* A large allreduce or reduce-scatter reading the peers' inputs where they are (DEV_DIRECT).
+ * Every rank enters on the same conditions; what only a rank knows (its buffers exportable,
+ * its stream not being captured) travels in the exchange, and all go direct only if all can.
+ * An allreduce writes each reduced segment into every rank's output; a reduce-scatter's
+ * segment is the rank's own output, so only the inputs are mapped. */
+static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap, bool *done)
+{
+    const bool rs = o->kind == OPK_REDUCESCATTER;
+    size_t es = red_type_size(o->type), S = o->count * es, total = rs ? S * (size_t)s->lay.n : S;
+    *done = false;
+    /* a reduce-scatter moves half an allreduce's bytes for the same exchange of handles on the
+     * host (tens of us): measured on 2 H200s, direct lost to NCCL at 4 MiB of input (0.6x) and
+     * won from 64 MiB (1.3x), so it starts at four times the allreduce's size */
+    if (!s->ipc.direct_ok || total < (rs ? 4 : 1) * s->ipc.direct_min ||
+        base_premul_index(o->op) >= 0 || s->lay.n < 2)
+        return loomSuccess;
+    direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->h->nranks, sizeof(*all));
+    if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    if (mine.ok)
+        mine.ok = dev_ipc_export(s, o->send, &mine.sid, &mine.soff, &mine.sh) &&
+                  (rs || dev_ipc_export(s, o->recv, &mine.rid, &mine.roff, &mine.rh));
+    const void *sp = &mine;
+    void *rp = all;
+    loomResult_t res = s->h->allgather(&s->h, &sp, &rp, sizeof(mine), 1);
+    bool ok = res == loomSuccess;
+    for (int j = 0; j < s->lay.n && ok; j++)
+        ok = all[s->lay.lrank[j]].ok;
+    dev_args_t a;
+    if (ok) {
+        dev_args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
+        dev_set_reduction(&a, o, o->op);
+        a.direct_fanout = !rs;
+        for (int j = 0; j < s->lay.n && res == loomSuccess; j++) {
+            if (j == s->lay.me) continue;
+            const direct_rec_t *r = &all[s->lay.lrank[j]];
+            CUdeviceptr sb = 0, rb = 0;
+            res = dev_ipc_import(s, j, r->sid, &r->sh, &sb);
+            if (res == loomSuccess && !rs) res = dev_ipc_import(s, j, r->rid, &r->rh, &rb);
+            a.peer_send[j] = (const char *)(uintptr_t)(sb + r->soff);
+            a.peer_recv[j] = rs ? NULL : (char *)(uintptr_t)(rb + r->roff);
+        }
+    }
+    free(all);
+    LOOM_CHECK(res);
+    if (!ok) return loomSuccess;
+    if (rs) {
+        a.self_src = (size_t)s->lay.me * S;
+        a.self_dst = 0;
+        a.self_len = S;
+    } else {
+        size_t off, len;
+        dev_seg_of(o->count, es, s->lay.n, s->lay.me, &off, &len);
+        a.self_src = a.self_dst = off * es;
+        a.self_len = len * es;
+    }
+    LOOM_CHECK(go(s, &a, (unsigned)s->lay.nblocks, (unsigned)s->lay.threads, st, false,
+                  "direct reads of the peers' buffers"));
+    *done = true;
+    return loomSuccess;
+}
+
+/* A small or medium allreduce or reduce-scatter in low-latency words (DEV_LLA): one launch, no
+ * flags. */
+static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
+{
+    dev_args_t a;
+    size_t S = o->count * red_type_size(o->type);
+    dev_args_init(s, &a, DEV_LLA, o->kind, o->send, o->recv);
+    dev_set_reduction(&a, o, o->op);
+    a.self_len = S;
+    a.lla_seg = o->kind == OPK_REDUCESCATTER ? S : 0;
+    a.lla_base = DEV_LLA_BASE(s->lay.n, s->lay.nblocks, s->lay.nslot, s->lay.slot);
+    a.lla_cap = s->lla.cap;
+    /* a graph replays its launches with the step it captured: from the first capture on,
+     * the lanes number their own steps (kernels.h) */
+    if (cap) s->lla.lanes = true;
+    a.lla_step = s->lla.lanes ? 0 : ++s->lla.step;
+    /* graph replays are never counted; from a few KiB the kernel's fence before the count
+     * costs more GPU time than the event costs the host (perf/RESULTS.md) */
+    a.lla_count = a.lla_step && S <= s->run.counted_max;
+    unsigned grid, threads;
+    dev_lla_launch(S, s->lay.nblocks, &grid, &threads);
+    LOOM_CHECK(go(s, &a, grid, threads, st, s->lla.pdl && !cap, "low-latency words"));
+    if (a.lla_count) { /* the kernel counts its blocks (kernels.h) */
+        s->run.ldone_want += grid;
+        s->run.counted = true;
+    }
+    return loomSuccess;
+}
+
+static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap)
+{
+    size_t es = red_type_size(o->type), S = o->count * es;
+    int n = s->lay.n, me = s->lay.me;
+    dev_args_t a;
+    switch (o->kind) {
+    case OPK_ALLREDUCE: {
+        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max) return run_lla(s, o, st, cap);
+        bool done = false;
+        LOOM_CHECK(run_direct(s, o, st, cap, &done));
+        if (done) return loomSuccess;
+        bool oneshot = n <= 2 || S <= s->lay.oneshot;
+        if (oneshot) {
+            dev_args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+            dev_set_reduction(&a, o, o->op);
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j] = (dev_io_t){0, S, 0, S};
+            a.self_len = S;
+            return dev_launch(s, &a, st);
+        }
+        size_t off, len, offj, lenj;
+        dev_seg_of(o->count, es, n, me, &off, &len);
+        dev_args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        dev_set_reduction(&a, o, o->op);
+        for (int j = 0; j < n; j++) {
+            if (j == me) continue;
+            dev_seg_of(o->count, es, n, j, &offj, &lenj);
+            a.io[j] = (dev_io_t){offj * es, lenj * es, 0, len * es};
+        }
+        a.self_src = a.self_dst = off * es;
+        a.self_len = len * es;
+        LOOM_CHECK(dev_launch(s, &a, st));
+        dev_args_init(s, &a, DEV_COPY, o->kind, o->recv, o->recv);
+        for (int j = 0; j < n; j++) {
+            if (j == me) continue;
+            dev_seg_of(o->count, es, n, j, &offj, &lenj);
+            a.io[j] = (dev_io_t){off * es, len * es, offj * es, lenj * es};
+        }
+        return dev_launch(s, &a, st);
+    }
+    case OPK_BROADCAST: {
+        int root = o->root; /* same node: communicator rank = local index */
+        dev_args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        if (me == root) {
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j].send_len = S;
+            a.self_len = o->send != o->recv ? S : 0;
+        } else {
+            a.io[root].recv_len = S;
+        }
+        return dev_launch(s, &a, st);
+    }
+    case OPK_REDUCE: {
+        int root = o->root;
+        dev_args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        dev_set_reduction(&a, o, o->op);
+        if (me == root) {
+            for (int j = 0; j < n; j++)
+                if (j != me) a.io[j].recv_len = S;
+            a.self_len = S;
+        } else {
+            a.io[root].send_len = S;
+        }
+        return dev_launch(s, &a, st);
+    }
+    case OPK_ALLGATHER:
+        dev_args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){0, S, (size_t)j * S, S};
+        a.self_dst = (size_t)me * S;
+        a.self_len = S;
+        return dev_launch(s, &a, st);
+    case OPK_REDUCESCATTER: {
+        if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max) return run_lla(s, o, st, cap);
+        bool done = false;
+        LOOM_CHECK(run_direct(s, o, st, cap, &done));
+        if (done) return loomSuccess;
+        dev_args_init(s, &a, DEV_REDUCE, o->kind, o->send, o->recv);
+        dev_set_reduction(&a, o, o->op);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){(size_t)j * S, S, 0, S};
+        a.self_src = (size_t)me * S;
+        a.self_len = S;
+        return dev_launch(s, &a, st);
+    }
+    case OPK_ALLTOALL:
+        dev_args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
+        for (int j = 0; j < n; j++)
+            if (j != me) a.io[j] = (dev_io_t){(size_t)j * S, S, (size_t)j * S, S};
+        a.self_src = a.self_dst = (size_t)me * S;
+        a.self_len = S;
+        return dev_launch(s, &a, st);
+    default:
+        return base_error(loomInternalError, LOG_CUDA, "device executor: operation kind %d",
+                          o->kind);
+    }
+}
+
+/* A run of send/recv calls: layer k pairs the k-th send to each peer with the k-th receive
+ * from it, as the host executor matches them in order. Buffers are absolute addresses (base
+ * NULL), since every call has its own. */
+static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstream st)
+{
+    int layer = 0;
+    for (;;) {
+        dev_args_t a;
+        dev_args_init(s, &a, DEV_COPY, OPK_SEND, NULL, NULL);
+        bool any = false;
+        int sends[DEV_MAX_LOCAL] = {0}, recvs[DEV_MAX_LOCAL] = {0};
+        const dev_op_t *self_send = NULL, *self_recv = NULL;
+        for (int i = 0; i < nops; i++) {
+            const dev_op_t *o = &ops[i];
+            int j = o->root;
+            size_t bytes = o->count * red_type_size(o->type);
+            if (j < 0 || j >= s->lay.n) continue;
+            if (o->kind == OPK_SEND && sends[j]++ == layer) {
+                if (j == s->lay.me)
+                    self_send = o;
+                else
+                    a.io[j].send_off = (uintptr_t)o->send, a.io[j].send_len = bytes;
+                any = true;
+            } else if (o->kind == OPK_RECV && recvs[j]++ == layer) {
+                if (j == s->lay.me)
+                    self_recv = o;
+                else
+                    a.io[j].recv_off = (uintptr_t)o->recv, a.io[j].recv_len = bytes;
+                any = true;
+            }
+        }
+        if (!any) return loomSuccess;
+        if ((self_send != NULL) != (self_recv != NULL))
+            return base_error(loomInvalidUsage, LOG_P2P,
+                              "rank %d: a device send to itself needs a matching receive from "
+                              "itself in the same group",
+                              s->h->rank);
+        if (self_send) {
+            size_t sb = self_send->count * red_type_size(self_send->type);
+            size_t rb = self_recv->count * red_type_size(self_recv->type);
+            if (sb != rb)
+                return base_error(loomInvalidUsage, LOG_P2P,
+                                  "rank %d: send to self of %zu bytes meets a receive of %zu",
+                                  s->h->rank, sb, rb);
+            a.self_src = (uintptr_t)self_send->send;
+            a.self_dst = (uintptr_t)self_recv->recv;
+            a.self_len = sb;
+        }
+        if (any && a.self_len == 0) {
+            bool peers = false;
+            for (int j = 0; j < s->lay.n; j++)
+                peers |= a.io[j].send_len || a.io[j].recv_len;
+            if (!peers) {
+                layer++;
+                continue; /* zero-byte calls only */
+            }
+        }
+        LOOM_CHECK(dev_launch(s, &a, st));
+        layer++;
+    }
+}
+
+loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
+{
+    dev_state_t *s = h->state;
+    if (s == NULL) return base_error(loomInternalError, LOG_CUDA, "device executor not set up");
+    dev_poll(h);
+    const char *why = NULL;
+    loomResult_t broken = h->error(h, &why);
+    if (broken != loomSuccess) return base_error(broken, LOG_CUDA, "%s", why);
+    CUcontext prev = dev_ctx_enter(s);
+    loomResult_t res = loomSuccess;
+    for (int i = 0; i < nops && res == loomSuccess;) {
+        const dev_op_t *o = &ops[i];
+        CUstream st = (CUstream)o->stream;
+        bool cap = capturing(s, st);
+        int k = 1;
+        if (o->kind == OPK_SEND || o->kind == OPK_RECV)
+            while (i + k < nops && (ops[i + k].kind == OPK_SEND || ops[i + k].kind == OPK_RECV))
+                k++;
+        res = order_stream(s, st, cap);
+        s->run.counted = false;
+        /* the other streams of a point-to-point run wait for the first, and it for them */
+        for (int q = 1; q < k && res == loomSuccess; q++) {
+            CUstream sq = (CUstream)ops[i + q].stream;
+            if (sq == st || cap) continue;
+            if (s->drv.d->cuEventRecord(s->run.ev, sq) != CUDA_SUCCESS ||
+                s->drv.d->cuStreamWaitEvent(st, s->run.ev, 0) != CUDA_SUCCESS)
+                res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                                 "rank %d: joining the streams of a group", h->rank);
+        }
+        if (res != loomSuccess) break;
+        if (s->stg.multinode) {
+            if (o->kind == OPK_ALLREDUCE)
+                res = dev_stage_allreduce(s, o, st, cap);
+            else
+                res = dev_stage_generic(s, o, k, st, cap);
+        } else if (k > 1 || o->kind == OPK_SEND || o->kind == OPK_RECV) {
+            res = run_p2p(s, o, k, st);
+        } else {
+            res = run_local(s, o, st, cap);
+        }
+        if (res == loomSuccess) res = mark_stream(s, st, cap);
+        for (int q = 1; q < k && res == loomSuccess; q++) {
+            CUstream sq = (CUstream)ops[i + q].stream;
+            if (sq == st || cap) continue;
+            CUresult cr = s->drv.d->cuStreamWaitEvent(sq, s->run.ev, 0); /* recorded on st above */
+            if (cr != CUDA_SUCCESS)
+                res = base_error(loomUnhandledCudaError, LOG_CUDA,
+                                 "rank %d: joining the streams of a group: %s", h->rank,
+                                 cudrv_err(cr));
+        }
+        i += k;
+    }
+    dev_ctx_leave(s, prev);
+    return res;
+}
