@@ -77,24 +77,14 @@ static loomResult_t stage_ops(loomComm_t comm, const host_op_t *ops, int nops, c
     return loomSuccess;
 }
 
-static loomResult_t host_stage_run(dev_host_t *h, const host_op_t *ops, int nops)
-{
-    coll_op_t few[8], *q = nops > 8 ? malloc((size_t)nops * sizeof(*q)) : few;
-    if (q == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory (staging)");
-    loomResult_t r = stage_ops(comm_of(h), ops, nops, q);
-    if (r == loomSuccess) r = coll_run(q, nops);
-    if (q != few) free(q);
-    return r;
-}
-
 static loomResult_t host_stage_start(dev_host_t *h, const host_op_t *ops, int nops, void **job)
 {
-    coll_op_t few[8], *q = nops > 8 ? malloc((size_t)nops * sizeof(*q)) : few;
+    coll_op_t *q = calloc((size_t)LOOM_MAX(nops, 1), sizeof(*q));
     if (q == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory (staging)");
     coll_group_t *g = NULL;
     loomResult_t r = stage_ops(comm_of(h), ops, nops, q);
     if (r == loomSuccess) r = coll_start(q, nops, &g); /* copies the operations */
-    if (q != few) free(q);
+    free(q);
     if (r == loomSuccess) *job = g;
     return r;
 }
@@ -155,7 +145,6 @@ void comm_devhost_fill(loomComm_t comm)
     h->set_error = host_set_error;
     h->allgather = host_allgather;
     h->stage_open = host_stage_open;
-    h->stage_run = host_stage_run;
     h->stage_start = host_stage_start;
     h->stage_test = host_stage_test;
     h->progress_attach = host_progress_attach;

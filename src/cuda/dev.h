@@ -80,8 +80,6 @@ struct dev_host {
     loomResult_t (*stage_open)(dev_host_t *h, int cross_color);
     loomResult_t (*stage_start)(dev_host_t *h, const host_op_t *ops, int nops, void **job);
     loomResult_t (*stage_test)(dev_host_t *h, void *job, bool *done);
-    /* The blocking form, on a proxy thread of the executor's own: replaced by the above. */
-    loomResult_t (*stage_run)(dev_host_t *h, const host_op_t *ops, int nops);
     void (*stage_stop)(dev_host_t *h, const char *why);
     void (*stage_close)(dev_host_t *h);
     /* Core's progress thread (one per process, src/core/progress.c) calls poll(arg) again and
