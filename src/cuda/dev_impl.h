@@ -20,6 +20,7 @@
 #include "cuda_tp.h"
 #include "cudrv.h"
 #include "dev.h"
+#include "fifo.h"
 #include "kernels.h"
 #include "lru.h"
 #include "schedule.h"
@@ -121,7 +122,7 @@ struct dev_state {
         bool attached; /* stage_poll is on the progress thread */
         /* jobs posted by dev_run, taken in order by stage_poll */
         pthread_mutex_t qlock;
-        stage_job_t *qhead, *qtail;
+        FIFO(stage_job_t) q;
         /* stage_poll's own: the job it works on, whether its host part started (core's job) */
         stage_job_t *cur;
         bool started;

@@ -73,11 +73,7 @@ static loomResult_t post_job(dev_state_t *s, const host_op_t *ops, int nops, uin
     j->nops = nops;
     memcpy(j->ops, ops, (size_t)nops * sizeof(host_op_t));
     pthread_mutex_lock(&s->stg.qlock);
-    if (s->stg.qtail)
-        s->stg.qtail->next = j;
-    else
-        s->stg.qhead = j;
-    s->stg.qtail = j;
+    FIFO_PUSH(&s->stg.q, j);
     pthread_mutex_unlock(&s->stg.qlock);
     s->h->progress_wake(s->h);
     *val = j->val;
@@ -368,11 +364,7 @@ static uint64_t stage_poll(void *arg, bool *progressed)
         stage_job_t *j = g->cur;
         if (j == NULL) {
             pthread_mutex_lock(&g->qlock);
-            j = g->qhead;
-            if (j) {
-                g->qhead = j->next;
-                if (g->qhead == NULL) g->qtail = NULL;
-            }
+            j = FIFO_POP(&g->q);
             pthread_mutex_unlock(&g->qlock);
             if (j == NULL) return UINT64_MAX;
             g->cur = j;
@@ -436,9 +428,6 @@ void dev_stage_detach(dev_state_t *s)
     }
     free(g->cur);
     g->cur = NULL;
-    for (stage_job_t *j = g->qhead, *n; j; j = n) {
-        n = j->next;
+    for (stage_job_t *j; (j = FIFO_POP(&g->q)) != NULL;)
         free(j);
-    }
-    g->qhead = g->qtail = NULL;
 }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "fifo.h"
 #include "param.h"
 #include "sock.h"
 #include "transport.h"
@@ -106,10 +107,10 @@ struct transport_conn {
     bool slot_busy[SHM_BOUNCE_SLOTS];
     int bounce_fd;
     /* queues */
-    transport_req_t *wait_head, *wait_tail; /* sends waiting for a bounce slot or readiness */
-    transport_req_t *ack_head, *ack_tail;   /* sends posted, waiting for the acknowledgement */
-    transport_req_t *recv_head, *recv_tail; /* receives in posting order */
-    shm_pending_desc_t *desc_head, *desc_tail;
+    FIFO(transport_req_t) wait; /* sends waiting for a bounce slot or readiness */
+    FIFO(transport_req_t) ack;  /* sends posted, waiting for the acknowledgement */
+    FIFO(transport_req_t) recv; /* receives in posting order */
+    FIFO(shm_pending_desc_t) desc;
     shm_msg_t *out; /* control messages not yet sent */
     int nout, outcap;
     uint64_t send_seq, recv_seq;
@@ -251,26 +252,6 @@ static loomResult_t conn_check(transport_conn_t *c)
     return transport_conn_check(&c->head, &c->ctx->abort);
 }
 
-static void q_push(transport_req_t **h, transport_req_t **t, transport_req_t *r)
-{
-    r->next = NULL;
-    if (*t)
-        (*t)->next = r;
-    else
-        *h = r;
-    *t = r;
-}
-
-static transport_req_t *q_pop(transport_req_t **h, transport_req_t **t)
-{
-    transport_req_t *r = *h;
-    if (r) {
-        *h = r->next;
-        if (*h == NULL) *t = NULL;
-    }
-    return r;
-}
-
 static size_t msg_size(const shm_msg_t *m)
 {
     switch (m->type) {
@@ -328,8 +309,8 @@ static void out_flush(transport_conn_t *c, bool *progressed)
 /* Sends that were waiting for the mode decision or a free bounce slot. */
 static void start_sends(transport_conn_t *c)
 {
-    while (c->wait_head && c->state == CS_READY && !c->head.fail.failed) {
-        transport_req_t *r = c->wait_head;
+    while (c->wait.head && c->state == CS_READY && !c->head.fail.failed) {
+        transport_req_t *r = c->wait.head;
         shm_msg_t m;
         memset(&m, 0, sizeof(shm_desc_t));
         m.desc.type = SHM_MSG_DESC;
@@ -359,8 +340,8 @@ static void start_sends(transport_conn_t *c)
             memcpy(c->my_bounce + (size_t)s * c->ctx->slot_bytes, r->buf, r->len);
             m.desc.slot = (uint32_t)s;
         }
-        q_pop(&c->wait_head, &c->wait_tail);
-        q_push(&c->ack_head, &c->ack_tail, r);
+        FIFO_DROP_HEAD(&c->wait);
+        FIFO_PUSH(&c->ack, r);
         out_push(c, &m);
     }
 }
@@ -378,7 +359,7 @@ static loomResult_t shm_isend(transport_conn_t *c, const void *buf, size_t len,
     r->seq = c->send_seq++;
     r->slot = -1;
     memcpy(r->meta, meta, TRANSPORT_META_BYTES);
-    q_push(&c->wait_head, &c->wait_tail, r);
+    FIFO_PUSH(&c->wait, r);
     c->head.pending++;
     start_sends(c);
     *out = r;
@@ -394,7 +375,7 @@ static loomResult_t shm_irecv(transport_conn_t *c, void *buf, size_t len, transp
     r->buf = buf;
     r->len = len;
     r->seq = c->recv_seq++;
-    q_push(&c->recv_head, &c->recv_tail, r);
+    FIFO_PUSH(&c->recv, r);
     c->head.pending++;
     *out = r;
     return loomSuccess;
@@ -464,11 +445,10 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
 
 static void match_recvs(transport_conn_t *c)
 {
-    while (c->recv_head && c->desc_head && !c->head.fail.failed) {
-        shm_pending_desc_t *pd = c->desc_head;
-        transport_req_t *r = q_pop(&c->recv_head, &c->recv_tail);
-        c->desc_head = pd->next;
-        if (c->desc_head == NULL) c->desc_tail = NULL;
+    while (c->recv.head && c->desc.head && !c->head.fail.failed) {
+        shm_pending_desc_t *pd = c->desc.head;
+        transport_req_t *r = FIFO_POP(&c->recv);
+        FIFO_DROP_HEAD(&c->desc);
         deliver(c, r, &pd->d);
         free(pd);
     }
@@ -561,22 +541,17 @@ static void read_control(transport_conn_t *c, bool *progressed)
                 return;
             }
             pd->d = m.desc;
-            pd->next = NULL;
-            if (c->desc_tail)
-                c->desc_tail->next = pd;
-            else
-                c->desc_head = pd;
-            c->desc_tail = pd;
+            FIFO_PUSH(&c->desc, pd);
             break;
         }
         case SHM_MSG_ACK: {
-            transport_req_t *r = c->ack_head;
+            transport_req_t *r = c->ack.head;
             if (r == NULL || r->seq != m.desc.seq) {
                 conn_fail(c, loomRemoteError, "unexpected acknowledgement %llu from %s",
                           (unsigned long long)m.desc.seq, c->head.name);
                 return;
             }
-            q_pop(&c->ack_head, &c->ack_tail);
+            FIFO_DROP_HEAD(&c->ack);
             if (r->slot >= 0) c->slot_busy[r->slot] = false;
             r->complete = true;
             c->head.pending--;
@@ -808,10 +783,10 @@ static void shm_fini(transport_ctx_t *ctx)
         }
         if (c->my_bounce) munmap(c->my_bounce, c->my_bounce_len);
         if (c->peer_bounce) munmap(c->peer_bounce, c->peer_bounce_len);
-        free_queue(c->wait_head);
-        free_queue(c->ack_head);
-        free_queue(c->recv_head);
-        for (shm_pending_desc_t *d = c->desc_head, *n; d; d = n) {
+        free_queue(c->wait.head);
+        free_queue(c->ack.head);
+        free_queue(c->recv.head);
+        for (shm_pending_desc_t *d = c->desc.head, *n; d; d = n) {
             n = d->next;
             free(d);
         }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "fifo.h"
 #include "param.h"
 #include "sock.h"
 #include "transport.h"
@@ -60,8 +61,8 @@ typedef struct {
     int fd;
     tcp_sock_state_t state;
     hs_t hs;
-    transport_req_t *sq_head, *sq_tail;
-    transport_req_t *rq_head, *rq_tail;
+    FIFO(transport_req_t) sq; /* sends in posting order */
+    FIFO(transport_req_t) rq; /* receives in posting order */
     uint32_t send_seq, recv_seq;
     uint64_t last_send_ns; /* for heartbeats */
     bool eof;              /* the peer closed it while nothing was expected on it */
@@ -197,16 +198,6 @@ static loomResult_t conn_check(transport_conn_t *c)
     return transport_conn_check(&c->head, &c->ctx->abort);
 }
 
-static void enqueue(transport_req_t **head, transport_req_t **tail, transport_req_t *r)
-{
-    r->next = NULL;
-    if (*tail)
-        (*tail)->next = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
 static loomResult_t tcp_isend(transport_conn_t *c, const void *buf, size_t len,
                               const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **out)
 {
@@ -226,7 +217,7 @@ static loomResult_t tcp_isend(transport_conn_t *c, const void *buf, size_t len,
     r->hdr.seq = s->send_seq++;
     r->hdr.len = (uint32_t)len;
     memcpy(r->hdr.meta, meta, TRANSPORT_META_BYTES);
-    enqueue(&s->sq_head, &s->sq_tail, r);
+    FIFO_PUSH(&s->sq, r);
     c->head.pending++;
     *out = r;
     return loomSuccess;
@@ -241,7 +232,7 @@ static loomResult_t tcp_irecv(transport_conn_t *c, void *buf, size_t len, transp
     r->buf = buf;
     r->len = len;
     tcp_sock_t *s = &c->socks[c->nrecv++ % (uint64_t)c->nsocks];
-    enqueue(&s->rq_head, &s->rq_tail, r);
+    FIFO_PUSH(&s->rq, r);
     c->head.pending++;
     *out = r;
     return loomSuccess;
@@ -282,8 +273,7 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
 /* Finishes the head receive of a socket. */
 static void recv_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 {
-    s->rq_head = r->next;
-    if (s->rq_head == NULL) s->rq_tail = NULL;
+    FIFO_DROP_HEAD(&s->rq);
     r->complete = true;
     c->head.pending--;
 }
@@ -358,8 +348,8 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
 static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
     const size_t H = sizeof(tcp_frame_t);
-    while (s->rq_head && !c->head.fail.failed) {
-        transport_req_t *r = s->rq_head;
+    while (s->rq.head && !c->head.fail.failed) {
+        transport_req_t *r = s->rq.head;
         if (r->done < H) {
             int h = read_header(c, s, r, progressed);
             if (h <= 0) return;
@@ -412,7 +402,7 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
 /* Sends a heartbeat on an idle socket (only between frames, never inside one). */
 static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
 {
-    if (s->sq_head || now - s->last_send_ns < c->ctx->ping_ns) return;
+    if (s->sq.head || now - s->last_send_ns < c->ctx->ping_ns) return;
     tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_PING};
     ssize_t n = send(s->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == (ssize_t)sizeof(h)) {
@@ -429,14 +419,14 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
         r->hdr = h;
         r->done = (size_t)n;
         r->complete = true; /* nobody tests it: freed when sent */
-        s->sq_head = s->sq_tail = r;
+        FIFO_PUSH(&s->sq, r);
     }
 }
 
 static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
-    while (s->sq_head && !c->head.fail.failed) {
-        transport_req_t *r = s->sq_head;
+    while (s->sq.head && !c->head.fail.failed) {
+        transport_req_t *r = s->sq.head;
         const size_t H = sizeof(tcp_frame_t);
         struct iovec iov[2];
         int n_iov = 0;
@@ -458,7 +448,7 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             /* The peer may have said why it left before closing: look for that first. */
             int e = errno;
-            if (s->rq_head == NULL || s->rq_head->done == 0) peek_heartbeats(c, s);
+            if (s->rq.head == NULL || s->rq.head->done == 0) peek_heartbeats(c, s);
             transport_conn_send_failed(&c->head, e);
             return;
         }
@@ -466,8 +456,7 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
         c->head.last_activity_ns = s->last_send_ns = base_now_ns();
         r->done += (size_t)n;
         if (r->done >= H + r->len) {
-            s->sq_head = r->next;
-            if (s->sq_head == NULL) s->sq_tail = NULL;
+            FIFO_DROP_HEAD(&s->sq);
             if (r->complete) {
                 free(r); /* the rest of a heartbeat */
                 continue;
@@ -537,8 +526,8 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
             c->head.last_activity_ns = base_now_ns();
         }
         if (s->state != SK_READY) continue;
-        if (s->sq_head) sock_progress_send(c, s, progressed);
-        if (s->rq_head) sock_progress_recv(c, s, progressed);
+        if (s->sq.head) sock_progress_send(c, s, progressed);
+        if (s->rq.head) sock_progress_recv(c, s, progressed);
     }
     uint64_t now = base_now_ns();
     for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++)
@@ -546,7 +535,7 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
     if (now >= c->next_peek_ns) {
         c->next_peek_ns = now + c->ctx->ping_ns / 4;
         for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++)
-            if (c->socks[i].state == SK_READY && c->socks[i].rq_head == NULL && !c->socks[i].eof)
+            if (c->socks[i].state == SK_READY && c->socks[i].rq.head == NULL && !c->socks[i].eof)
                 peek_heartbeats(c, &c->socks[i]);
     }
 }
@@ -582,7 +571,7 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
             if (s->state == SK_HANDSHAKE)
                 ev = hs_events(&s->hs);
             else if (s->state == SK_READY)
-                ev = (short)((s->sq_head ? POLLOUT : 0) | (s->rq_head ? POLLIN : 0));
+                ev = (short)((s->sq.head ? POLLOUT : 0) | (s->rq.head ? POLLIN : 0));
             if (ev) fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
         }
     }
@@ -617,9 +606,9 @@ static bool abort_grace_step(void *arg, bool *prog)
                     busy = true;
                 }
             }
-            if (s->state == SK_READY && s->sq_head && s->sq_head->done > 0) {
+            if (s->state == SK_READY && s->sq.head && s->sq.head->done > 0) {
                 sock_progress_send(c, s, prog);
-                if (s->sq_head && s->sq_head->done > 0) busy = true;
+                if (s->sq.head && s->sq.head->done > 0) busy = true;
             }
         }
     }
@@ -639,7 +628,7 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
             if (s->fd < 0) continue;
             /* Tell the peer why, unless a frame is half sent (the peer would read our header
              * as payload): then closing the socket must say it. */
-            bool mid_frame = s->sq_head && s->sq_head->done > 0;
+            bool mid_frame = s->sq.head && s->sq.head->done > 0;
             if (s->state == SK_READY && !mid_frame) {
                 tcp_frame_t h = {.magic = TCP_MAGIC,
                                  .type = TCP_FRAME_ABORT,
@@ -664,11 +653,11 @@ static void tcp_fini(transport_ctx_t *ctx)
             tcp_sock_t *s = &c->socks[k];
             if (s->fd >= 0) sock_drain_close(s->fd);
             /* Requests still queued were abandoned by their owner with the communicator. */
-            for (transport_req_t *r = s->sq_head, *n; r; r = n) {
+            for (transport_req_t *r = s->sq.head, *n; r; r = n) {
                 n = r->next;
                 free(r);
             }
-            for (transport_req_t *r = s->rq_head, *n; r; r = n) {
+            for (transport_req_t *r = s->rq.head, *n; r; r = n) {
                 n = r->next;
                 free(r);
             }
