@@ -31,8 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "hier.h"
-#include "ring.h"
+#include "algo.h"
 #include "schedule.h"
 
 /* Mirrors of src/core/exec.c's limits, for the policy that imitates the executor. */

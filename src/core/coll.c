@@ -12,11 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo.h"
 #include "comm.h"
-#include "hier.h"
 #include "memtype.h"
 #include "param.h"
-#include "ring.h"
 #ifdef LOOM_HAVE_CUDA
 #include "dev.h"
 #endif
