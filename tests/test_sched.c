@@ -1930,6 +1930,88 @@ START_TEST(test_ring_pieces)
 }
 END_TEST
 
+/* ---- The registry ------------------------------------------------------------------------ */
+
+/* Every allreduce row of the registry is one of the generators this file proves: a new row
+ * without a grid of its own fails here. */
+START_TEST(test_registry_covered)
+{
+    for (int i = 0; i < ALGO_COUNT; i++) {
+        const registry_algo_t *row = registry_get(i);
+        ck_assert_ptr_nonnull(row);
+        ck_assert_ptr_nonnull(row->gen);
+        ck_assert_ptr_nonnull(row->name);
+        ck_assert_ptr_nonnull(row->applies);
+        ck_assert_ptr_nonnull(row->doc);
+        bool proved = false;
+        for (int a = 0; a < ALG_COUNT; a++)
+            proved |= alg_plan[a].kind == OPK_ALLREDUCE && alg_plan[a].algo == i;
+        ck_assert_msg(proved, "registry row %s has no symbolic proof here", row->name);
+    }
+    ck_assert_ptr_null(registry_get(ALGO_COUNT));
+    ck_assert_ptr_null(registry_get(ALGO_AUTO));
+}
+END_TEST
+
+/* LOOM_ALGO's names are the table's, and an unknown one is refused naming them all. */
+START_TEST(test_registry_parse)
+{
+    int a = 0;
+    ck_assert_int_eq(registry_parse("", &a), loomSuccess);
+    ck_assert_int_eq(a, ALGO_AUTO);
+    for (int i = 0; i < ALGO_COUNT; i++) {
+        ck_assert_int_eq(registry_parse(registry_algos[i].name, &a), loomSuccess);
+        ck_assert_int_eq(a, i);
+    }
+    ck_assert_int_eq(registry_parse("tree", &a), loomInvalidUsage);
+    const char *e = base_last_error();
+    ck_assert_msg(strstr(e, "LOOM_ALGO=tree: unknown algorithm (ring, hier, hier_leader, ps, rd)"),
+                  "%s", e);
+}
+END_TEST
+
+/* The automatic choice is the preferred row where one says so, else the fitting row of the
+ * lowest prediction; the explanation gives the winner's reason, and "n/a" only to rows that
+ * could not be chosen. */
+START_TEST(test_registry_pick)
+{
+    const double lat[] = {0.5e-6, 20e-6}, bw[] = {1.25e9, 12e9};
+    for (int p = 2; p <= 1024; p = p < 9 ? p + 1 : p * 4)
+        for (int nn = 1; nn <= 3 && nn <= p; nn++)
+            for (int k = 0; k < 8; k++) {
+                bool shm = k & 1;
+                registry_model_t m = {.nranks = p,
+                                      .nnodes = nn,
+                                      .a_net = lat[1],
+                                      .b_net = 1 / bw[0],
+                                      .a_loc = shm ? lat[(k >> 1) & 1] : lat[1],
+                                      .b_loc = shm ? 1 / bw[(k >> 2) & 1] : 1 / bw[0],
+                                      .shared_mem = shm};
+                for (uint64_t bytes = 1; bytes <= (1ull << 30); bytes *= 32) {
+                    int pick = registry_pick(&m, bytes);
+                    const registry_algo_t *w = registry_get(pick);
+                    ck_assert_ptr_nonnull(w);
+                    ck_assert(w->unfit == NULL || w->unfit(&m) == NULL);
+                    const char *why = w->preferred ? w->preferred(&m) : NULL;
+                    ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm);
+                    char text[512];
+                    registry_explain(&m, bytes, pick, text, sizeof(text));
+                    ck_assert_msg(strstr(text, why ? "(preferred: " : ", predicted "), "%s", text);
+                    for (int i = 0; i < ALGO_COUNT; i++) {
+                        const registry_algo_t *a = &registry_algos[i];
+                        bool fits = (a->unfit == NULL || a->unfit(&m) == NULL) && a->cost;
+                        char na[64];
+                        snprintf(na, sizeof(na), "; %s n/a (", a->name);
+                        ck_assert_msg(i == pick || (strstr(text, na) != NULL) == !fits, "%s", text);
+                        if (!fits || why) continue;
+                        double c = a->cost(&m, (double)bytes), cw = w->cost(&m, (double)bytes);
+                        ck_assert_msg(cw < c || (cw == c && pick <= i), "%s", text);
+                    }
+                }
+            }
+}
+END_TEST
+
 /* ---- Runner ------------------------------------------------------------------------------ */
 
 static Suite *sched_suite(void)
@@ -1945,6 +2027,12 @@ static Suite *sched_suite(void)
     tcase_set_timeout(pieces, 60);
     tcase_add_test(pieces, test_ring_pieces);
     suite_add_tcase(s, pieces);
+
+    TCase *reg = tcase_create("registry");
+    tcase_add_test(reg, test_registry_covered);
+    tcase_add_test(reg, test_registry_parse);
+    tcase_add_test(reg, test_registry_pick);
+    suite_add_tcase(s, reg);
 
     TCase *grid = tcase_create("grid");
     tcase_set_timeout(grid, 120);
