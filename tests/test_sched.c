@@ -1,9 +1,9 @@
 /*
- * Symbolic proof of the schedule generators (src/ring/ring.c) and of the dependencies that
- * src/base/schedule.c derives for them.
+ * Symbolic proof of the schedule generators (src/algo), as the planner (src/core/plan.c) calls
+ * them, and of the dependencies that src/sched derives for them.
  *
  * For one configuration (generator, ranks, count, channels, slice, in place, avg, root) every
- * rank's schedule is built exactly as src/core/coll.c's plan_collective builds it, then all
+ * rank's schedule is built by the planner that src/core/coll.c calls (plan_build), then all
  * ranks run together in this process on symbolic data: an element holds which ranks' inputs it
  * contains and which input index they came from, not numbers. The run respects what the
  * executor (src/core/exec.c) guarantees and nothing more: a step starts once its dependencies
@@ -31,12 +31,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "hier.h"
-#include "ring.h"
+#include "algo.h"
+#include "exec.h" /* EXEC_LOOKAHEAD: the window the simulated executor scans, as exec.c does */
+#include "plan.h"
+#include "registry.h"
 #include "schedule.h"
 
 /* Mirrors of src/core/exec.c's limits, for the policy that imitates the executor. */
-#define EXEC_LOOKAHEAD 1024
 #define EXEC_MAX_INFLIGHT 512
 
 static void *xcalloc(size_t n, size_t size)
@@ -58,10 +59,10 @@ typedef enum {
     ALG_BROADCAST,
     ALG_REDUCE,
     ALG_ALLTOALL,
-    ALG_HIER, /* allreduces over nodes (src/hier): the layout is cfg_t.node_size */
+    ALG_HIER, /* allreduces over nodes: the layout is cfg_t.node_size */
     ALG_HIER_LEADER,
     ALG_PS,
-    ALG_RD, /* recursive doubling allreduce (src/ring) */
+    ALG_RD, /* recursive doubling allreduce */
     ALG_COUNT
 } alg_t;
 
@@ -136,70 +137,46 @@ static void cfg_str(const cfg_t *c, char *b, size_t n)
              c->inplace ? "in-place" : "out-of-place", c->avg ? " avg" : "", c->root);
 }
 
-/* Builds every rank's schedule the way plan_collective does (same aliasing, same in-place
- * flags); false with a message when a builder reports an error. */
+/* Each test generator as a call to the planner: the operation, and for the allreduces the
+ * registry's row. */
+static const struct {
+    uint8_t kind;
+    int algo;
+} alg_plan[ALG_COUNT] = {
+    [ALG_ALLREDUCE] = {OPK_ALLREDUCE, ALGO_RING},
+    [ALG_REDUCE_SCATTER] = {OPK_REDUCESCATTER, -1},
+    [ALG_ALLGATHER] = {OPK_ALLGATHER, -1},
+    [ALG_BROADCAST] = {OPK_BROADCAST, -1},
+    [ALG_REDUCE] = {OPK_REDUCE, -1},
+    [ALG_ALLTOALL] = {OPK_ALLTOALL, -1},
+    [ALG_HIER] = {OPK_ALLREDUCE, ALGO_HIER},
+    [ALG_HIER_LEADER] = {OPK_ALLREDUCE, ALGO_HIER_LEADER},
+    [ALG_PS] = {OPK_ALLREDUCE, ALGO_PS},
+    [ALG_RD] = {OPK_ALLREDUCE, ALGO_RD},
+};
+
+/* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
+ * aliasing and in-place flags proved here are the real ones; false with a message when a
+ * builder reports an error. */
 static bool build_scheds(const cfg_t *c, sched_t *s, char *err, size_t errlen)
 {
-    static const uint8_t opk[ALG_COUNT] = {
-        OPK_ALLREDUCE, OPK_REDUCESCATTER, OPK_ALLGATHER, OPK_BROADCAST, OPK_REDUCE,
-        OPK_ALLTOALL,  OPK_ALLREDUCE,     OPK_ALLREDUCE, OPK_ALLREDUCE, OPK_ALLREDUCE};
-    ring_params_t prm = {.nchannels = c->nch, .slice_elems = c->slice};
     static topo_store_t ts;
     const sched_topo_t *topo = make_topo(c, &ts);
     for (int r = 0; r < c->p; r++) {
         sched_init(&s[r], r, c->p);
-        sched_desc_t d = {.kind = opk[c->alg],
-                          .root = alg_rooted(c->alg) ? c->root : -1,
-                          .count = c->count,
-                          .seq = 1};
-        uint16_t di = sched_add_desc(&s[r], &d);
-        int64_t rn = (int64_t)r * (int64_t)c->count;
-        switch (c->alg) {
-        case ALG_ALLREDUCE:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            ring_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
-            break;
-        case ALG_BROADCAST:
-            if (r == c->root && c->inplace)
-                sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            ring_broadcast(&s[r], di, c->count, c->root, &prm, r != c->root || c->inplace);
-            break;
-        case ALG_REDUCE:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            ring_reduce(&s[r], di, c->count, c->root, &prm, c->inplace, c->avg);
-            break;
-        case ALG_ALLGATHER:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, rn);
-            ring_allgather(&s[r], di, c->count, &prm, c->inplace);
-            break;
-        case ALG_REDUCE_SCATTER:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_RECV, SCHED_BUF_SEND, rn);
-            ring_reduce_scatter(&s[r], di, c->count, &prm, c->inplace, c->avg);
-            break;
-        case ALG_ALLTOALL:
-            /* coll.c runs an in-place all-to-all from a copy of the input: always out of place */
-            direct_alltoall(&s[r], di, c->count, &prm);
-            break;
-        case ALG_HIER:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            hier_allreduce(&s[r], di, topo, c->count, &prm, c->inplace, c->avg);
-            break;
-        case ALG_HIER_LEADER:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            hier_leader_allreduce(&s[r], di, topo, c->count, &prm, c->inplace, c->avg);
-            break;
-        case ALG_PS:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            ps_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
-            break;
-        case ALG_RD:
-            if (c->inplace) sched_set_alias(&s[r], SCHED_BUF_SEND, SCHED_BUF_RECV, 0);
-            rd_allreduce(&s[r], di, c->count, &prm, c->inplace, c->avg);
-            break;
-        default: break;
-        }
-        if (sched_status(&s[r]) != loomSuccess) {
-            snprintf(err, errlen, "rank %d: sched_status failed (out of memory)", r);
+        /* one-byte elements: the slice in bytes is the slice in elements */
+        plan_ctx_t ctx = {
+            .rank = r, .nranks = c->p, .topo = *topo, .nchannels = c->nch, .slice_bytes = c->slice};
+        plan_call_t call = {.desc = {.kind = alg_plan[c->alg].kind,
+                                     .dtype = loomInt8,
+                                     .root = alg_rooted(c->alg) ? c->root : -1,
+                                     .count = c->count,
+                                     .seq = 1},
+                            .algo = alg_plan[c->alg].algo,
+                            .inplace = c->inplace,
+                            .avg = c->avg};
+        if (plan_build(&ctx, &call, &s[r]) != loomSuccess) {
+            snprintf(err, errlen, "rank %d: plan_build failed (out of memory)", r);
             for (int q = 0; q <= r; q++)
                 sched_free(&s[q]);
             return false;
@@ -1952,6 +1929,88 @@ START_TEST(test_ring_pieces)
 }
 END_TEST
 
+/* ---- The registry ------------------------------------------------------------------------ */
+
+/* Every allreduce row of the registry is one of the generators this file proves: a new row
+ * without a grid of its own fails here. */
+START_TEST(test_registry_covered)
+{
+    for (int i = 0; i < ALGO_COUNT; i++) {
+        const registry_algo_t *row = registry_get(i);
+        ck_assert_ptr_nonnull(row);
+        ck_assert_ptr_nonnull(row->gen);
+        ck_assert_ptr_nonnull(row->name);
+        ck_assert_ptr_nonnull(row->applies);
+        ck_assert_ptr_nonnull(row->doc);
+        bool proved = false;
+        for (int a = 0; a < ALG_COUNT; a++)
+            proved |= alg_plan[a].kind == OPK_ALLREDUCE && alg_plan[a].algo == i;
+        ck_assert_msg(proved, "registry row %s has no symbolic proof here", row->name);
+    }
+    ck_assert_ptr_null(registry_get(ALGO_COUNT));
+    ck_assert_ptr_null(registry_get(ALGO_AUTO));
+}
+END_TEST
+
+/* LOOM_ALGO's names are the table's, and an unknown one is refused naming them all. */
+START_TEST(test_registry_parse)
+{
+    int a = 0;
+    ck_assert_int_eq(registry_parse("", &a), loomSuccess);
+    ck_assert_int_eq(a, ALGO_AUTO);
+    for (int i = 0; i < ALGO_COUNT; i++) {
+        ck_assert_int_eq(registry_parse(registry_algos[i].name, &a), loomSuccess);
+        ck_assert_int_eq(a, i);
+    }
+    ck_assert_int_eq(registry_parse("tree", &a), loomInvalidUsage);
+    const char *e = base_last_error();
+    ck_assert_msg(strstr(e, "LOOM_ALGO=tree: unknown algorithm (ring, hier, hier_leader, ps, rd)"),
+                  "%s", e);
+}
+END_TEST
+
+/* The automatic choice is the preferred row where one says so, else the fitting row of the
+ * lowest prediction; the explanation gives the winner's reason, and "n/a" only to rows that
+ * could not be chosen. */
+START_TEST(test_registry_pick)
+{
+    const double lat[] = {0.5e-6, 20e-6}, bw[] = {1.25e9, 12e9};
+    for (int p = 2; p <= 1024; p = p < 9 ? p + 1 : p * 4)
+        for (int nn = 1; nn <= 3 && nn <= p; nn++)
+            for (int k = 0; k < 8; k++) {
+                bool shm = k & 1;
+                registry_model_t m = {.nranks = p,
+                                      .nnodes = nn,
+                                      .a_net = lat[1],
+                                      .b_net = 1 / bw[0],
+                                      .a_loc = shm ? lat[(k >> 1) & 1] : lat[1],
+                                      .b_loc = shm ? 1 / bw[(k >> 2) & 1] : 1 / bw[0],
+                                      .shared_mem = shm};
+                for (uint64_t bytes = 1; bytes <= (1ull << 30); bytes *= 32) {
+                    int pick = registry_pick(&m, bytes);
+                    const registry_algo_t *w = registry_get(pick);
+                    ck_assert_ptr_nonnull(w);
+                    ck_assert(w->unfit == NULL || w->unfit(&m) == NULL);
+                    const char *why = w->preferred ? w->preferred(&m) : NULL;
+                    ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm);
+                    char text[512];
+                    registry_explain(&m, bytes, pick, text, sizeof(text));
+                    ck_assert_msg(strstr(text, why ? "(preferred: " : ", predicted "), "%s", text);
+                    for (int i = 0; i < ALGO_COUNT; i++) {
+                        const registry_algo_t *a = &registry_algos[i];
+                        bool fits = (a->unfit == NULL || a->unfit(&m) == NULL) && a->cost;
+                        char na[64];
+                        snprintf(na, sizeof(na), "; %s n/a (", a->name);
+                        ck_assert_msg(i == pick || (strstr(text, na) != NULL) == !fits, "%s", text);
+                        if (!fits || why) continue;
+                        double c = a->cost(&m, (double)bytes), cw = w->cost(&m, (double)bytes);
+                        ck_assert_msg(cw < c || (cw == c && pick <= i), "%s", text);
+                    }
+                }
+            }
+}
+END_TEST
+
 /* ---- Runner ------------------------------------------------------------------------------ */
 
 static Suite *sched_suite(void)
@@ -1967,6 +2026,12 @@ static Suite *sched_suite(void)
     tcase_set_timeout(pieces, 60);
     tcase_add_test(pieces, test_ring_pieces);
     suite_add_tcase(s, pieces);
+
+    TCase *reg = tcase_create("registry");
+    tcase_add_test(reg, test_registry_covered);
+    tcase_add_test(reg, test_registry_parse);
+    tcase_add_test(reg, test_registry_pick);
+    suite_add_tcase(s, reg);
 
     TCase *grid = tcase_create("grid");
     tcase_set_timeout(grid, 120);

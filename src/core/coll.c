@@ -14,10 +14,9 @@
 
 #include "coll.h"
 #include "comm.h"
-#include "hier.h"
 #include "param.h"
+#include "plan.h"
 #include "progress.h"
-#include "ring.h"
 
 /* ---- turning queued operations into schedules ---- */
 
@@ -35,13 +34,6 @@ typedef struct {
     char err[ERR_TEXT_MAX];
     bool done;
 } comm_job_t;
-
-static ring_params_t ring_params(loomComm_t comm, loomDataType_t type)
-{
-    ring_params_t p = {.nchannels = comm->nchannels,
-                       .slice_elems = LOOM_MAX(comm->slice_bytes / red_type_size(type), 1)};
-    return p;
-}
 
 static red_op_t base_op(loomRedOp_t op)
 {
@@ -144,42 +136,23 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         memcpy(j->scaled, send, in_elems * es);
         send = j->scaled;
     }
-    ring_params_t prm = ring_params(comm, o->type);
     /* The shape: in place or not (and how the buffers alias), and the algorithm. */
-    bool inplace = false;
-    uint32_t alias_from = 0, alias_to = 0;
-    int64_t delta = 0;
-    int algo = -1;
-    switch (o->kind) {
-    case OPK_ALLREDUCE:
-    case OPK_REDUCE:
-        inplace = send == recv;
-        if (inplace) alias_to = SCHED_BUF_RECV;
-        if (o->kind == OPK_ALLREDUCE) algo = comm_pick_allreduce(comm, o->count * es);
-        break;
-    case OPK_BROADCAST:
-        inplace = r != o->root || send == recv;
-        if (r == o->root && send == recv) alias_to = SCHED_BUF_RECV;
-        break;
-    case OPK_ALLGATHER:
-    case OPK_SPLIT:
-        inplace = (const uint8_t *)send == (uint8_t *)recv + (size_t)r * o->count * es;
-        if (inplace) alias_to = SCHED_BUF_RECV, delta = (int64_t)r * (int64_t)o->count;
-        break;
-    case OPK_REDUCESCATTER:
-        inplace = (uint8_t *)recv == (const uint8_t *)send + (size_t)r * o->count * es;
-        if (inplace)
-            alias_from = SCHED_BUF_RECV, alias_to = SCHED_BUF_SEND,
-            delta = (int64_t)r * (int64_t)o->count;
-        break;
-    default: break;
-    }
-    if (alias_to && !alias_from) alias_from = SCHED_BUF_SEND;
+    plan_ctx_t ctx = {.rank = r,
+                      .nranks = p,
+                      .topo = comm_topo(comm),
+                      .nchannels = comm->nchannels,
+                      .slice_bytes = comm->slice_bytes};
+    ring_params_t prm = plan_ring_params(&ctx, o->type);
+    int algo = o->kind == OPK_ALLREDUCE ? comm_pick_allreduce(comm, o->count * es) : -1;
+    plan_call_t call = {
+        .algo = algo, .inplace = plan_inplace(o->kind, r, o->count, es, send, recv), .avg = avg};
+    call.desc = d;
+    plan_alias_t al = plan_alias(&ctx, &call);
     uint64_t key[6] = {(uint64_t)d.kind | (uint64_t)d.dtype << 8 | (uint64_t)d.op << 16 |
                            (uint64_t)(uint32_t)d.root << 32,
                        o->count,
-                       (uint64_t)inplace | (uint64_t)(algo + 1) << 8,
-                       (uint64_t)delta,
+                       (uint64_t)al.inplace | (uint64_t)(algo + 1) << 8,
+                       (uint64_t)al.alias_delta,
                        (uint64_t)prm.nchannels,
                        prm.slice_elems};
     /* the cut, carried in every message: ranks that slice differently fail with that reason
@@ -187,6 +160,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     /* (in place or not may differ between ranks: only the algorithm and the cut count) */
     uint64_t cut[3] = {key[2] >> 8, key[4], key[5]};
     d.shape = base_hash64(cut, sizeof(cut), 0x7368617065);
+    call.desc.shape = d.shape;
     bool hit;
     sched_t *s = cache_slot(comm, key, &hit);
     *out = s;
@@ -194,31 +168,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
         s->descs[0].seq = d.seq;
         goto buffers;
     }
-    uint16_t di = sched_add_desc(s, &d);
-    if (alias_to) sched_set_alias(s, alias_from, alias_to, delta);
-    switch (o->kind) {
-    case OPK_ALLREDUCE: {
-        sched_topo_t topo = comm_topo(comm);
-        switch (algo) {
-        case ALGO_HIER: hier_allreduce(s, di, &topo, o->count, &prm, inplace, avg); break;
-        case ALGO_HIER_LEADER:
-            hier_leader_allreduce(s, di, &topo, o->count, &prm, inplace, avg);
-            break;
-        case ALGO_PS: ps_allreduce(s, di, o->count, &prm, inplace, avg); break;
-        case ALGO_RD: rd_allreduce(s, di, o->count, &prm, inplace, avg); break;
-        default: ring_allreduce(s, di, o->count, &prm, inplace, avg); break;
-        }
-        break;
-    }
-    case OPK_BROADCAST: ring_broadcast(s, di, o->count, o->root, &prm, inplace); break;
-    case OPK_REDUCE: ring_reduce(s, di, o->count, o->root, &prm, inplace, avg); break;
-    case OPK_ALLGATHER:
-    case OPK_SPLIT: ring_allgather(s, di, o->count, &prm, inplace); break;
-    case OPK_REDUCESCATTER: ring_reduce_scatter(s, di, o->count, &prm, inplace, avg); break;
-    case OPK_ALLTOALL: direct_alltoall(s, di, o->count, &prm); break;
-    default: return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", o->kind);
-    }
-    LOOM_CHECK(sched_status(s));
+    LOOM_CHECK(plan_build(&ctx, &call, s));
     cache_commit(comm, s);
 buffers:
     /* Scratch is the communicator's, kept between calls like its staging (one schedule runs

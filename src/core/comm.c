@@ -370,74 +370,41 @@ sched_topo_t comm_topo(loomComm_t comm)
     return t;
 }
 
-const char *const algo_names[ALGO_COUNT] = {"ring", "hier", "hier_leader", "ps", "rd"};
-
 static loomResult_t parse_algo(int *algo)
 {
-    const char *a = param_str(PARAM_ALGO);
-    *algo = ALGO_AUTO;
-    if (a[0] == '\0') return loomSuccess;
-    for (int i = 0; i < ALGO_COUNT; i++)
-        if (strcmp(a, algo_names[i]) == 0) {
-            *algo = i;
-            return loomSuccess;
-        }
-    return base_error(loomInvalidUsage, LOG_INIT,
-                      "LOOM_ALGO=%s: unknown algorithm (ring, hier, hier_leader, ps, rd)", a);
+    return registry_parse(param_str(PARAM_ALGO), algo);
 }
 
-/*
- * The alpha-beta model: a step costs the slowest link's latency, a byte its inverse bandwidth,
- * from the transports' hints. A flat ring crosses nodes on every step once there are several;
- * the hierarchy pays node-local steps at the fast link's price and only 2(n-1)/n of the buffer
- * on each node's network link.
- */
+/* What the registry's model sees of this communicator: the transports' hints. */
+static registry_model_t comm_model(loomComm_t comm)
+{
+    const transport_ops_t *net = comm->tp[TP_TCP].ops ? comm->tp[TP_TCP].ops : &transport_tcp;
+    const transport_ops_t *loc = comm->tp[TP_SHM].ops ? comm->tp[TP_SHM].ops : net;
+    registry_model_t m = {.nranks = comm->nranks,
+                          .nnodes = comm->nnodes,
+                          .a_net = net->latency_us * 1e-6,
+                          .b_net = 1.0 / (net->bw_GBps * 1e9),
+                          .a_loc = loc->latency_us * 1e-6,
+                          .b_loc = 1.0 / (loc->bw_GBps * 1e9),
+                          .shared_mem = loc != net};
+    return m;
+}
+
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 {
     if (comm->algo != ALGO_AUTO) return comm->algo;
     if (comm->nranks == 1) return ALGO_RING;
-    const transport_ops_t *net = comm->tp[TP_TCP].ops ? comm->tp[TP_TCP].ops : &transport_tcp;
-    const transport_ops_t *loc = comm->tp[TP_SHM].ops ? comm->tp[TP_SHM].ops : net;
-    bool multi = comm->nnodes > 1;
-    double a_net = net->latency_us * 1e-6, b_net = 1.0 / (net->bw_GBps * 1e9);
-    double a_loc = loc->latency_us * 1e-6, b_loc = 1.0 / (loc->bw_GBps * 1e9);
-    /* the slowest link a flat algorithm crosses */
-    double a_flat = multi ? a_net : a_loc, b_flat = multi ? b_net : b_loc;
-    double p = comm->nranks, n = comm->nnodes, g = (double)comm->nranks / comm->nnodes;
-    double nb = (double)bytes;
-    double lg = 0;
-    while ((1 << (int)(lg + 1)) <= comm->nranks)
-        lg++;
-    double folds = (1 << (int)lg) < comm->nranks ? 2 : 0;
-    double cost[ALGO_COUNT];
-    for (int i = 0; i < ALGO_COUNT; i++)
-        cost[i] = 1e30;
-    /* gamma: reducing a byte on the host (about 5 GB/s of output per core) */
-    double c_red = 1.0 / 5e9;
-    cost[ALGO_RING] =
-        2 * (p - 1) * a_flat + 2 * (p - 1) / p * nb * b_flat + (p - 1) / p * nb * c_red;
-    cost[ALGO_RD] =
-        (lg + folds) * a_flat + (lg + folds) * nb * b_flat + (lg + folds / 2) * nb * c_red;
-    if (multi)
-        cost[ALGO_HIER] = 2 * (g - 1) * a_loc + 2 * (g - 1) / g * nb * b_loc + 2 * (n - 1) * a_net +
-                          2 * (n - 1) / n * nb * b_net + ((g - 1) / g + (n - 1) / n) * nb * c_red;
-    int pick = ALGO_RING;
-    for (int i = 0; i < ALGO_COUNT; i++)
-        if (cost[i] < cost[pick]) pick = i;
-    /* Two ranks sharing memory: recursive doubling is one exchange of the whole buffer, pulled
-     * by cross-memory attach while the peer does the same, whereas the ring's second half waits
-     * slice by slice for the peer's reductions, which the model above does not see. Measured
-     * (64 MiB float, 2-core VM, real data): rd 36-40 ms, ring 54-61 ms out of place, in place
-     * alike (perf/RESULTS.md). Over TCP the ring stays ahead (34-41 against 53-58 ms). */
-    if (comm->nranks == 2 && !multi && loc != net) pick = ALGO_RD;
+    registry_model_t m = comm_model(comm);
+    int pick = registry_pick(&m, bytes);
     /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
     log_level_t lvl = pick != comm->last_pick ? LOG_INFO : LOG_TRACE;
     comm->last_pick = pick;
-    LOG(lvl, LOG_TUNING,
-        "allreduce of %llu bytes on %d ranks / %d nodes: model says ring %.1f us, rd %.1f us, "
-        "hier %.1f us -> %s",
-        (unsigned long long)bytes, comm->nranks, comm->nnodes, cost[ALGO_RING] * 1e6,
-        cost[ALGO_RD] * 1e6, multi ? cost[ALGO_HIER] * 1e6 : 0.0, algo_names[pick]);
+    if (log_enabled(lvl, LOG_TUNING)) {
+        char why[512];
+        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
+            (unsigned long long)bytes, comm->nranks, comm->nnodes,
+            registry_explain(&m, bytes, pick, why, sizeof(why)));
+    }
     return pick;
 }
 

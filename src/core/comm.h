@@ -11,6 +11,7 @@
 #include "dev.h"
 #include "exec.h"
 #include "reduce.h"
+#include "registry.h"
 #include "schedule.h"
 #include "sock.h"
 #include "transport.h"
@@ -119,9 +120,8 @@ struct loomComm {
     uint64_t cache_clock;
 };
 
-enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_RD, ALGO_COUNT };
-extern const char *const algo_names[ALGO_COUNT];
-/* The allreduce algorithm for `bytes` on this communicator (LOOM_ALGO, or the cost model). */
+/* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
+ * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
 sched_topo_t comm_topo(loomComm_t comm);
 

@@ -1,13 +1,23 @@
 /*
- * Ring algorithms: the bandwidth-optimal collectives of a flat ring, as schedules.
+ * The algorithms: pure generators that turn one call into one rank's schedule. They see only the
+ * schedule IR (src/sched) and base, never core: which one runs is core's registry's business.
+ * Each family lives in its own file, which opens with its cost (steps and bytes per rank):
+ *   ring.c         ring allreduce, reduce-scatter, allgather, broadcast, reduce (and their group
+ *                  and region forms, the building blocks of the hierarchical ones)
+ *   rd.c           recursive doubling allreduce (latency-bound sizes)
+ *   alltoall.c     direct all-to-all
+ *   hier.c         hierarchical allreduce: node-local reduce-scatter, cross-node rings per shard,
+ *                  node-local allgather
+ *   hier_leader.c  hierarchical allreduce through one leader per node (baseline)
+ *   ps.c           parameter server allreduce (baseline)
  *
- * Allreduce: reduce-scatter then allgather, 2(p-1) steps; every rank sends and receives
- * 2(p-1)/p of the buffer, the lower bound for any allreduce. Each of the C channels (parallel
- * rings) takes 1/C of the buffer; each chunk moves in slices so that sending, receiving and
- * reducing overlap.
+ * Buffers: SCHED_BUF_SEND (input), SCHED_BUF_RECV (output), SCHED_BUF_TMP (s->tmp_elems set by
+ * the generator where it needs scratch). `inplace` says the caller aliased the buffers with
+ * sched_set_alias; in place, copies of the rank's own data are left out. `avg` marks the last
+ * reduction of each element with STEP_F_AVG.
  */
-#ifndef LOOM_RING_H
-#define LOOM_RING_H
+#ifndef LOOM_ALGO_H
+#define LOOM_ALGO_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,10 +36,17 @@ typedef struct {
     const int *ranks;
 } ring_group_t;
 
-/* Buffers: SCHED_BUF_SEND (input), SCHED_BUF_RECV (output), SCHED_BUF_TMP (s->tmp_elems set by
- * the generator where it needs scratch). `inplace` says the caller aliased the buffers with
- * sched_set_alias; in place, copies of the rank's own data are left out. `avg` marks the last
- * reduction of each element with STEP_F_AVG. */
+/* Peer arithmetic wraps around the ring; C's % keeps the sign of a negative a. */
+static inline int algo_mod(int a, int p)
+{
+    return ((a % p) + p) % p;
+}
+
+/* This rank's node as a ring group: its ranks, their number, and this rank's place. */
+ring_group_t algo_node_group(const sched_t *s, const sched_topo_t *t);
+
+/* ---- ring.c ---- */
+
 void ring_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
                     bool inplace, bool avg);
 void ring_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount, const ring_params_t *prm,
@@ -69,12 +86,21 @@ void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint
 void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count, int root,
                        const ring_params_t *prm, bool inplace, bool avg);
 
-/* Recursive doubling allreduce: log2 steps, whole buffer each step (small buffers). */
+/* ---- rd.c: recursive doubling allreduce: log2 steps, whole buffer each step (small buffers) */
 void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
                   bool avg);
 
-/* Direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i sends to r+i and
- * receives from r-i), count elements per pair. Out of place only. */
+/* ---- alltoall.c: direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i
+ * sends to r+i and receives from r-i), count elements per pair. Out of place only. */
 void direct_alltoall(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm);
+
+/* ---- hier.c, hier_leader.c, ps.c: allreduces over nodes, and the parameter server. The
+ * hierarchical ones take the layout; on one node they reduce to their node-local phases. */
+void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                    const ring_params_t *prm, bool inplace, bool avg);
+void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                           const ring_params_t *prm, bool inplace, bool avg);
+void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg);
 
 #endif

@@ -13,8 +13,8 @@
  * Matching: the k-th send from rank a to rank b meets the k-th receive of b from a. A generator
  * must emit them in the same order on both sides; the symbolic checker (tests) proves it.
  */
-#ifndef LOOM_BASE_SCHED_H
-#define LOOM_BASE_SCHED_H
+#ifndef LOOM_SCHED_SCHEDULE_H
+#define LOOM_SCHED_SCHEDULE_H
 
 #include <stdbool.h>
 #include <stddef.h>

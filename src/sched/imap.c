@@ -1,5 +1,10 @@
-/* Schedule building: steps plus dependencies derived from the regions each step touches. */
-#include "schedule.h"
+/*
+ * Dependency derivation: one interval map per buffer, built while a schedule is made. Each
+ * interval remembers the step that wrote it last and the steps that read it since, so a new step
+ * waits for exactly the earlier steps whose regions overlap its own (read after write, write after
+ * read, write after write), however differently the generators before it sliced the buffer.
+ */
+#include "imap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,68 +27,7 @@ struct sched_imap {
     size_t n, cap;
 };
 
-void sched_init(sched_t *s, int rank, int nranks)
-{
-    memset(s, 0, sizeof(*s));
-    s->rank = rank;
-    s->nranks = nranks;
-    s->nbufs = SCHED_BUF_FIRST_FREE;
-}
-
-void sched_reset(sched_t *s, int rank, int nranks)
-{
-    s->rank = rank;
-    s->nranks = nranks;
-    s->nbufs = SCHED_BUF_FIRST_FREE;
-    s->nsteps = s->ndeps = s->ndescs = 0;
-    s->tmp_elems = 0;
-    s->alias_from = s->alias_to = 0;
-    s->alias_delta = 0;
-    for (size_t i = 0; i < s->nimaps; i++) {
-        s->imaps[i].n = 0;
-        if (s->imaps[i].base) s->imaps[i].iv = s->imaps[i].base + s->imaps[i].cap / 2;
-    }
-    s->nreaders = 0;
-    s->oom = false;
-}
-
-void sched_free(sched_t *s)
-{
-    free(s->steps);
-    free(s->deps);
-    free(s->descs);
-    for (size_t i = 0; i < s->nimaps; i++)
-        free(s->imaps[i].base);
-    free(s->imaps);
-    free(s->readers);
-    memset(s, 0, sizeof(*s));
-}
-
-uint32_t sched_add_buf(sched_t *s)
-{
-    return s->nbufs++;
-}
-
-void sched_drop_tracking(sched_t *s)
-{
-    for (size_t i = 0; i < s->nimaps; i++)
-        free(s->imaps[i].base);
-    free(s->imaps);
-    s->imaps = NULL;
-    s->nimaps = 0;
-    free(s->readers);
-    s->readers = NULL;
-    s->readercap = s->nreaders = 0;
-}
-
-void sched_set_alias(sched_t *s, uint32_t from, uint32_t to, int64_t delta)
-{
-    s->alias_from = from;
-    s->alias_to = to;
-    s->alias_delta = delta;
-}
-
-static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+bool sched_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return true;
     size_t n = *cap ? *cap : 64;
@@ -96,30 +40,12 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
-uint16_t sched_add_desc(sched_t *s, const sched_desc_t *d)
-{
-    if (s->ndescs >= 65535 || !grow((void **)&s->descs, &s->desccap, s->ndescs + 1, sizeof(*d))) {
-        s->oom = true;
-        return 0;
-    }
-    s->descs[s->ndescs] = *d;
-    return (uint16_t)s->ndescs++;
-}
-
-loomResult_t sched_status(const sched_t *s)
-{
-    if (s->oom)
-        return base_error(loomSystemError, LOG_COLL,
-                          "out of memory building a schedule of %zu steps", s->nsteps);
-    return loomSuccess;
-}
-
 static void add_dep(sched_t *s, sched_step_t *st, int64_t dep)
 {
     if (dep < 0) return;
     for (uint32_t i = 0; i < st->ndeps; i++)
         if (s->deps[st->dep_first + i] == (uint32_t)dep) return;
-    if (!grow((void **)&s->deps, &s->depcap, s->ndeps + 1, sizeof(uint32_t))) {
+    if (!sched_grow((void **)&s->deps, &s->depcap, s->ndeps + 1, sizeof(uint32_t))) {
         s->oom = true;
         return;
     }
@@ -145,7 +71,7 @@ static int64_t readers_copy(sched_t *s, int64_t head)
 {
     int64_t out = -1;
     for (int64_t i = head; i >= 0; i = (int32_t)s->readers[i + 1]) {
-        if (!grow((void **)&s->readers, &s->readercap, s->nreaders + 2, sizeof(uint32_t))) {
+        if (!sched_grow((void **)&s->readers, &s->readercap, s->nreaders + 2, sizeof(uint32_t))) {
             s->oom = true;
             return out;
         }
@@ -247,8 +173,8 @@ static size_t imap_cover(sched_t *s, sched_imap_t *m, int64_t a, int64_t b, size
     return imap_find(m, a);
 }
 
-static void region_access(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off,
-                          bool write)
+void sched_imap_access(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off,
+                       bool write)
 {
     int64_t a = (int64_t)off;
     if (buf == s->alias_from && s->alias_from != s->alias_to) {
@@ -272,7 +198,8 @@ static void region_access(sched_t *s, sched_step_t *st, int64_t idx, uint32_t bu
             iv->readers = -1;
             iv->last_writer = idx;
         } else {
-            if (!grow((void **)&s->readers, &s->readercap, s->nreaders + 2, sizeof(uint32_t))) {
+            if (!sched_grow((void **)&s->readers, &s->readercap, s->nreaders + 2,
+                            sizeof(uint32_t))) {
                 s->oom = true;
                 return;
             }
@@ -284,101 +211,23 @@ static void region_access(sched_t *s, sched_step_t *st, int64_t idx, uint32_t bu
     }
 }
 
-static void region_read(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off)
+void sched_imap_reset(sched_t *s)
 {
-    region_access(s, st, idx, buf, off, false);
-}
-
-static void region_write(sched_t *s, sched_step_t *st, int64_t idx, uint32_t buf, uint64_t off)
-{
-    region_access(s, st, idx, buf, off, true);
-}
-
-static void add_step(sched_t *s, sched_step_t st, bool reads, bool writes)
-{
-    if (st.count == 0) return;
-    if (!grow((void **)&s->steps, &s->cap, s->nsteps + 1, sizeof(st))) {
-        s->oom = true;
-        return;
+    for (size_t i = 0; i < s->nimaps; i++) {
+        s->imaps[i].n = 0;
+        if (s->imaps[i].base) s->imaps[i].iv = s->imaps[i].base + s->imaps[i].cap / 2;
     }
-    int64_t idx = (int64_t)s->nsteps;
-    st.dep_first = (uint32_t)s->ndeps;
-    st.ndeps = 0;
-    /* Dependencies are appended contiguously for this step before the next one starts. */
-    /* Read first: a step that reads and writes one region must not wait for itself. */
-    if (reads) region_read(s, &st, idx, st.src_buf, st.src_off);
-    if (writes) region_write(s, &st, idx, st.dst_buf, st.dst_off);
-    s->steps[s->nsteps++] = st;
+    s->nreaders = 0;
 }
 
-void sched_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
+void sched_imap_free(sched_t *s)
 {
-    sched_step_t st = {.kind = STEP_SEND,
-                       .desc = desc,
-                       .peer = peer,
-                       .src_buf = buf,
-                       .src_off = off,
-                       .dst_buf = buf,
-                       .dst_off = off,
-                       .count = count};
-    add_step(s, st, true, false);
-}
-
-void sched_recv(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
-{
-    sched_step_t st = {.kind = STEP_RECV,
-                       .desc = desc,
-                       .peer = peer,
-                       .src_buf = buf,
-                       .src_off = off,
-                       .dst_buf = buf,
-                       .dst_off = off,
-                       .count = count};
-    add_step(s, st, false, true);
-}
-
-void sched_recv_reduce(sched_t *s, uint16_t desc, int peer, uint32_t src_buf, uint64_t src_off,
-                       uint32_t dst_buf, uint64_t dst_off, uint64_t count, uint8_t flags)
-{
-    sched_step_t st = {.kind = STEP_RECV_REDUCE,
-                       .flags = flags,
-                       .desc = desc,
-                       .peer = peer,
-                       .src_buf = src_buf,
-                       .src_off = src_off,
-                       .dst_buf = dst_buf,
-                       .dst_off = dst_off,
-                       .count = count};
-    add_step(s, st, true, true);
-}
-
-void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
-                uint64_t dst_off, uint64_t count, uint8_t flags)
-{
-    sched_step_t st = {.kind = STEP_COPY,
-                       .flags = flags,
-                       .desc = desc,
-                       .peer = -1,
-                       .src_buf = src_buf,
-                       .src_off = src_off,
-                       .dst_buf = dst_buf,
-                       .dst_off = dst_off,
-                       .count = count};
-    add_step(s, st, true, true);
-}
-
-const char *sched_opkind_name(int kind)
-{
-    switch (kind) {
-    case OPK_ALLREDUCE: return "allreduce";
-    case OPK_BROADCAST: return "broadcast";
-    case OPK_REDUCE: return "reduce";
-    case OPK_ALLGATHER: return "allgather";
-    case OPK_REDUCESCATTER: return "reduce-scatter";
-    case OPK_ALLTOALL: return "alltoall";
-    case OPK_SEND: return "send";
-    case OPK_RECV: return "recv";
-    case OPK_SPLIT: return "internal exchange (split, device setup or handles)";
-    default: return "operation";
-    }
+    for (size_t i = 0; i < s->nimaps; i++)
+        free(s->imaps[i].base);
+    free(s->imaps);
+    s->imaps = NULL;
+    s->nimaps = 0;
+    free(s->readers);
+    s->readers = NULL;
+    s->readercap = s->nreaders = 0;
 }

@@ -1,14 +1,20 @@
-/* Hierarchical allreduce schedules (costs in hier.h). */
-#include "hier.h"
+/*
+ * Hierarchical allreduce: use the fast links inside a node and the slow ones across nodes only
+ * for what must cross them.
+ *
+ * n nodes of up to g ranks; the buffer cut into g shards:
+ *   1. node-local reduce-scatter: local rank j ends with its node's sum of shards j, j+g_node...
+ *   2. each shard allreduced across nodes by the ranks that own it, all shards at once, so every
+ *      local rank (and every NIC) carries traffic
+ *   3. node-local allgather
+ *   steps 2(g-1) + 2(n-1); bytes across each node's link 2(n-1)/n of the buffer (a flat ring
+ *   carries 2(p-1)/p). Uneven nodes: a node with fewer ranks gives several shards to a rank.
+ */
+#include "algo.h"
 
 #include <stdlib.h>
 
 #include "base.h"
-
-static inline int mod(int a, int p)
-{
-    return ((a % p) + p) % p;
-}
 
 typedef struct {
     uint64_t off, len;
@@ -97,7 +103,7 @@ static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int 
                        int nshards, const ring_params_t *prm, int N, int node, bool reduce,
                        uint8_t last_flags)
 {
-    int next = local[mod(li + 1, ls)], prev = local[mod(li - 1, ls)];
+    int next = local[algo_mod(li + 1, ls)], prev = local[algo_mod(li - 1, ls)];
     int K = ls - 1;
     units_t *cu = calloc((size_t)ls, sizeof(*cu));
     if (cu == NULL) {
@@ -115,8 +121,8 @@ static void local_ring(sched_t *s, uint16_t desc, const int *local, int ls, int 
     for (int64_t d = 0; d < (int64_t)K + (int64_t)U - 1; d++) {
         for (int k = (int)LOOM_MIN((int64_t)K - 1, d); k >= 0 && d - k < (int64_t)U; k--) {
             uint64_t u = (uint64_t)(d - k);
-            int sc = reduce ? mod(li - k - 1, ls) : mod(li - k, ls);
-            int rc = reduce ? mod(li - k - 2, ls) : mod(li - k - 1, ls);
+            int sc = reduce ? algo_mod(li - k - 1, ls) : algo_mod(li - k, ls);
+            int rc = reduce ? algo_mod(li - k - 2, ls) : algo_mod(li - k - 1, ls);
             ring_span_t a = unit_at(&cu[sc], u);
             ring_span_t b = unit_at(&cu[rc], u);
             uint32_t sbuf = reduce && k == 0 ? SCHED_BUF_SEND : SCHED_BUF_RECV;
@@ -134,8 +140,7 @@ out:
     free(cu);
 }
 
-/* This rank's node as a ring group: its ranks, their number, and this rank's place. */
-static ring_group_t my_node(const sched_t *s, const sched_topo_t *t)
+ring_group_t algo_node_group(const sched_t *s, const sched_topo_t *t)
 {
     int node = t->node_of[s->rank];
     ring_group_t g = {.n = t->node_start[node + 1] - t->node_start[node],
@@ -151,7 +156,7 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
 {
     if (count == 0) return;
     int node = t->node_of[s->rank], N = t->nnodes;
-    ring_group_t lg = my_node(s, t);
+    ring_group_t lg = algo_node_group(s, t);
     const int *local = lg.ranks;
     int ls = lg.n, li = lg.me;
     int S = max_local(t);
@@ -183,59 +188,4 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
     }
     /* 3. node-local allgather of the owned chunks */
     if (ls > 1) local_ring(s, desc, local, ls, li, count, S, prm, N, node, false, 0);
-}
-
-void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,
-                           const ring_params_t *prm, bool inplace, bool avg)
-{
-    if (count == 0) return;
-    int node = t->node_of[s->rank], N = t->nnodes;
-    ring_group_t lg = my_node(s, t);
-    int ls = lg.n, li = lg.me;
-    /* 1. reduce to the node's leader (local rank 0) */
-    ring_reduce_group(s, desc, &lg, count, 0, prm, inplace, avg && N == 1);
-    /* 2. allreduce among leaders */
-    if (N > 1 && li == 0) {
-        int *leaders = malloc((size_t)N * sizeof(int));
-        if (leaders == NULL) {
-            s->oom = true;
-            return;
-        }
-        for (int n = 0; n < N; n++)
-            leaders[n] = t->node_ranks[t->node_start[n]];
-        ring_group_t g = {.n = N, .me = node, .ranks = leaders};
-        ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, 0, count, prm, true,
-                              avg);
-        free(leaders);
-    }
-    /* 3. broadcast from the leader's result */
-    if (ls > 1) ring_broadcast_group(s, desc, &lg, count, 0, SCHED_BUF_RECV, prm, true);
-}
-
-void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
-                  bool avg)
-{
-    int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
-    if (r != 0) {
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, 0, SCHED_BUF_SEND, j * sl, sched_slice_len(count, sl, j));
-        for (uint64_t j = 0; j < S; j++)
-            sched_recv(s, desc, 0, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
-        return;
-    }
-    /* The server folds the workers in rank order, slice by slice. */
-    for (uint64_t j = 0; j < S; j++)
-        for (int q = 1; q < p; q++)
-            sched_recv_reduce(s, desc, q, q == 1 ? SCHED_BUF_SEND : SCHED_BUF_RECV, j * sl,
-                              SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j),
-                              (avg && q == p - 1) ? STEP_F_AVG : 0);
-    for (int q = 1; q < p; q++)
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, q, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
 }

@@ -1,5 +1,7 @@
 /*
- * Ring collectives as schedules.
+ * Ring collectives as schedules: the bandwidth-optimal collectives of a flat ring. Allreduce is
+ * reduce-scatter then allgather; each of the C channels (parallel rings) takes 1/C of the buffer,
+ * and each chunk moves in slices so that sending, receiving and reducing overlap.
  *
  * Costs per rank, p ranks, n bytes of output (allreduce: n bytes in and out):
  *   allreduce       2(p-1) steps, sends and receives 2n(p-1)/p, reduces n(p-1)/p
@@ -7,19 +9,13 @@
  *   allgather       p-1 steps,    sends and receives (p-1)·sendbytes
  *   broadcast       a chain of p-1 hops, pipelined: about n + (p-2)·slice on the critical path
  *   reduce          the same chain towards the root, reducing at each hop
- *   alltoall        p-1 rounds, each rank sends and receives (p-1)·count elements
  * Latency: one message per step and slice; with S slices a step costs S messages, overlapped.
  */
-#include "ring.h"
+#include "algo.h"
 
 #include <stdlib.h>
 
 #include "base.h"
-
-static inline int mod(int a, int p)
-{
-    return ((a % p) + p) % p;
-}
 
 /* The whole communicator as a group. */
 static ring_group_t whole(const sched_t *s)
@@ -31,7 +27,7 @@ static ring_group_t whole(const sched_t *s)
 /* Global rank of group member i (any integer: taken modulo the group size). */
 static inline int g_rank(const ring_group_t *g, int i)
 {
-    int k = mod(i, g->n);
+    int k = algo_mod(i, g->n);
     return g->ranks ? g->ranks[k] : k;
 }
 
@@ -106,8 +102,8 @@ void ring_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
             uint64_t j = (uint64_t)(d - k);
             bool rs = k < p - 1;
             int i = rs ? k : k - (p - 1);
-            int sc = rs ? mod(r - i, p) : mod(r + 1 - i, p);
-            int rc = rs ? mod(r - i - 1, p) : mod(r - i, p);
+            int sc = rs ? algo_mod(r - i, p) : algo_mod(r + 1 - i, p);
+            int rc = rs ? algo_mod(r - i - 1, p) : algo_mod(r - i, p);
             uint32_t sbuf = k == 0 ? in_buf : out_buf;
             uint8_t flags = (avg && k == p - 2) ? STEP_F_AVG : 0;
             for (int c = 0; c < prm.nchannels; c++) {
@@ -170,9 +166,9 @@ size_t ring_allreduce_pieces(uint64_t count, const ring_params_t *prm0, int p, i
             /* the wavefront (step + slice) at which the ring reads or finishes slice j */
             uint64_t lag;
             if (finish)
-                lag = (uint64_t)(p - 2 + (mod(me - ch, p) + 1) % p);
+                lag = (uint64_t)(p - 2 + (algo_mod(me - ch, p) + 1) % p);
             else
-                lag = ch == me ? 0 : (uint64_t)mod(me - 1 - ch, p);
+                lag = ch == me ? 0 : (uint64_t)algo_mod(me - 1 - ch, p);
             if (p == 1) lag = 0;
             for (uint64_t j = 0; j < ns; j++) {
                 k[m].wave = j + lag;
@@ -203,13 +199,13 @@ void ring_reduce_scatter(sched_t *s, uint16_t desc, uint64_t n, const ring_param
     }
     ring_params_t prm = *prm0;
     prm.nchannels = nchannels_for(n * (uint64_t)p, prm0, p);
-    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    int next = algo_mod(r + 1, p), prev = algo_mod(r - 1, p);
     uint64_t sl = prm.slice_elems;
     /* Partial sums travel through two scratch halves of n elements: step k writes half k%2
      * and step k+1 sends it. */
     s->tmp_elems = 2 * n;
     for (int k = 0; k < p - 1; k++) {
-        int sc = mod(r - k - 1, p), rc = mod(r - k - 2, p);
+        int sc = algo_mod(r - k - 1, p), rc = algo_mod(r - k - 2, p);
         for (int c = 0; c < prm.nchannels; c++) {
             span_t part = part_span(0, n, prm.nchannels, c);
             uint64_t S = sched_nslices(part.len, sl);
@@ -238,10 +234,10 @@ void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *
     if (p == 1) return;
     ring_params_t prm = *prm0;
     prm.nchannels = nchannels_for(n * (uint64_t)p, prm0, p);
-    int next = mod(r + 1, p), prev = mod(r - 1, p);
+    int next = algo_mod(r + 1, p), prev = algo_mod(r - 1, p);
     uint64_t sl = prm.slice_elems;
     for (int k = 0; k < p - 1; k++) {
-        int sc = mod(r - k, p), rc = mod(r - k - 1, p);
+        int sc = algo_mod(r - k, p), rc = algo_mod(r - k - 1, p);
         for (int c = 0; c < prm.nchannels; c++) {
             span_t part = part_span(0, n, prm.nchannels, c);
             uint64_t S = sched_nslices(part.len, sl);
@@ -271,7 +267,7 @@ void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint
 {
     int p = g->n, r = g->me;
     if (count == 0) return;
-    int pos = mod(r - root, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
+    int pos = algo_mod(r - root, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
     for (uint64_t j = 0; j < S; j++) {
         uint64_t len = sched_slice_len(count, sl, j), o = j * sl;
@@ -302,7 +298,7 @@ void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_
         return;
     }
     /* The chain starts after the root and ends at it. */
-    int pos = mod(r - root - 1, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
+    int pos = algo_mod(r - root - 1, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
     if (pos > 0 && pos < p - 1) s->tmp_elems = count;
     for (uint64_t j = 0; j < S; j++) {
@@ -317,101 +313,4 @@ void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_
                               avg ? STEP_F_AVG : 0);
         }
     }
-}
-
-void direct_alltoall(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *prm)
-{
-    int p = s->nranks, r = s->rank;
-    if (n == 0) return;
-    sched_copy(s, desc, SCHED_BUF_SEND, (uint64_t)r * n, SCHED_BUF_RECV, (uint64_t)r * n, n, 0);
-    uint64_t sl = prm->slice_elems, S = sched_nslices(n, sl);
-    for (int i = 1; i < p; i++) {
-        int to = mod(r + i, p), from = mod(r - i, p);
-        for (uint64_t j = 0; j < S; j++) {
-            uint64_t len = sched_slice_len(n, sl, j), o = j * sl;
-            sched_send(s, desc, to, SCHED_BUF_SEND, (uint64_t)to * n + o, len);
-            sched_recv(s, desc, from, SCHED_BUF_RECV, (uint64_t)from * n + o, len);
-        }
-    }
-}
-
-/*
- * Recursive doubling: log2(q) steps (q the largest power of two <= p), each exchanging the whole
- * buffer with the partner whose rank differs in one bit, plus a fold before and an unfold after
- * for the p - q ranks beyond q. Sends log2(q) buffers per rank instead of the ring's 2(p-1)/p,
- * in log2(q) steps instead of 2(p-1): the latency algorithm for small buffers. Both partners of a
- * step combine the same two values (a + b and b + a), so every rank ends bit-identical.
- *
- * A step sends its current value and reduces into the next one; were they the same memory, the
- * reduction would have to wait for the partner to take the send, while the partner's reduction
- * waits for ours (a transport that reads from the sender's memory, or a full socket, would hold
- * both forever). So the partial values move between two scratch halves and end in the output.
- */
-void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
-                  bool avg)
-{
-    int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
-    int q = 1, L = 0;
-    while (q * 2 <= p)
-        q *= 2, L++;
-    int extra = p - q;
-    uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
-    /* Fold: among the first 2*extra ranks, each odd one hands its buffer to the even one below
-     * and later receives the result from it. */
-    if (r < 2 * extra && r % 2 == 1) {
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, r - 1, SCHED_BUF_SEND, j * sl, sched_slice_len(count, sl, j));
-        for (uint64_t j = 0; j < S; j++)
-            sched_recv(s, desc, r - 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
-        return;
-    }
-    bool folds = r < 2 * extra;
-    int m = L + (folds ? 1 : 0); /* reductions this rank makes */
-    /* Where write w (1..m) goes: the last into the output, the ones before alternating between
-     * the scratch halves A (offset 0) and B (offset count). */
-    s->tmp_elems = 2 * count;
-    uint32_t buf[64];
-    uint64_t off[64];
-    buf[m] = SCHED_BUF_RECV;
-    off[m] = 0;
-    for (int w = m - 1; w >= 1; w--) {
-        buf[w] = SCHED_BUF_TMP;
-        off[w] = ((m - 1 - w) % 2) ? count : 0;
-    }
-    buf[0] = SCHED_BUF_SEND;
-    off[0] = 0;
-    if (inplace && m == 1) {
-        /* the input is the output: start from a copy in a scratch half */
-        for (uint64_t j = 0; j < S; j++)
-            sched_copy(s, desc, SCHED_BUF_SEND, j * sl, SCHED_BUF_TMP, j * sl,
-                       sched_slice_len(count, sl, j), 0);
-        buf[0] = SCHED_BUF_TMP;
-    }
-    int w = 0;
-    if (folds) {
-        w++;
-        for (uint64_t j = 0; j < S; j++)
-            sched_recv_reduce(s, desc, r + 1, buf[w - 1], off[w - 1] + j * sl, buf[w],
-                              off[w] + j * sl, sched_slice_len(count, sl, j), 0);
-    }
-    int v = folds ? r / 2 : r - extra;
-    for (int mask = 1; mask < q; mask <<= 1) {
-        int pv = v ^ mask, partner = pv < extra ? pv * 2 : pv + extra;
-        uint8_t flags = (avg && mask * 2 == q) ? STEP_F_AVG : 0;
-        w++;
-        for (uint64_t j = 0; j < S; j++) {
-            uint64_t len = sched_slice_len(count, sl, j);
-            sched_send(s, desc, partner, buf[w - 1], off[w - 1] + j * sl, len);
-            sched_recv_reduce(s, desc, partner, buf[w - 1], off[w - 1] + j * sl, buf[w],
-                              off[w] + j * sl, len, flags);
-        }
-    }
-    if (folds)
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, r + 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
 }

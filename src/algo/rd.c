@@ -1,0 +1,85 @@
+/*
+ * Recursive doubling allreduce: log2(q) steps (q the largest power of two <= p), each exchanging
+ * the whole buffer with the partner whose rank differs in one bit, plus a fold before and an unfold
+ * after for the p - q ranks beyond q. Sends log2(q) buffers per rank instead of the ring's
+ * 2(p-1)/p, in log2(q) steps instead of 2(p-1): the latency algorithm for small buffers. Both
+ * partners of a step combine the same two values (a + b and b + a), so every rank ends
+ * bit-identical.
+ *
+ * A step sends its current value and reduces into the next one; were they the same memory, the
+ * reduction would have to wait for the partner to take the send, while the partner's reduction
+ * waits for ours (a transport that reads from the sender's memory, or a full socket, would hold
+ * both forever). So the partial values move between two scratch halves and end in the output.
+ */
+#include "algo.h"
+
+#include "base.h"
+
+void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
+                  bool avg)
+{
+    int p = s->nranks, r = s->rank;
+    if (count == 0) return;
+    if (p == 1) {
+        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+        return;
+    }
+    int q = 1, L = 0;
+    while (q * 2 <= p)
+        q *= 2, L++;
+    int extra = p - q;
+    uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
+    /* Fold: among the first 2*extra ranks, each odd one hands its buffer to the even one below
+     * and later receives the result from it. */
+    if (r < 2 * extra && r % 2 == 1) {
+        for (uint64_t j = 0; j < S; j++)
+            sched_send(s, desc, r - 1, SCHED_BUF_SEND, j * sl, sched_slice_len(count, sl, j));
+        for (uint64_t j = 0; j < S; j++)
+            sched_recv(s, desc, r - 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
+        return;
+    }
+    bool folds = r < 2 * extra;
+    int m = L + (folds ? 1 : 0); /* reductions this rank makes */
+    /* Where write w (1..m) goes: the last into the output, the ones before alternating between
+     * the scratch halves A (offset 0) and B (offset count). */
+    s->tmp_elems = 2 * count;
+    uint32_t buf[64];
+    uint64_t off[64];
+    buf[m] = SCHED_BUF_RECV;
+    off[m] = 0;
+    for (int w = m - 1; w >= 1; w--) {
+        buf[w] = SCHED_BUF_TMP;
+        off[w] = ((m - 1 - w) % 2) ? count : 0;
+    }
+    buf[0] = SCHED_BUF_SEND;
+    off[0] = 0;
+    if (inplace && m == 1) {
+        /* the input is the output: start from a copy in a scratch half */
+        for (uint64_t j = 0; j < S; j++)
+            sched_copy(s, desc, SCHED_BUF_SEND, j * sl, SCHED_BUF_TMP, j * sl,
+                       sched_slice_len(count, sl, j), 0);
+        buf[0] = SCHED_BUF_TMP;
+    }
+    int w = 0;
+    if (folds) {
+        w++;
+        for (uint64_t j = 0; j < S; j++)
+            sched_recv_reduce(s, desc, r + 1, buf[w - 1], off[w - 1] + j * sl, buf[w],
+                              off[w] + j * sl, sched_slice_len(count, sl, j), 0);
+    }
+    int v = folds ? r / 2 : r - extra;
+    for (int mask = 1; mask < q; mask <<= 1) {
+        int pv = v ^ mask, partner = pv < extra ? pv * 2 : pv + extra;
+        uint8_t flags = (avg && mask * 2 == q) ? STEP_F_AVG : 0;
+        w++;
+        for (uint64_t j = 0; j < S; j++) {
+            uint64_t len = sched_slice_len(count, sl, j);
+            sched_send(s, desc, partner, buf[w - 1], off[w - 1] + j * sl, len);
+            sched_recv_reduce(s, desc, partner, buf[w - 1], off[w - 1] + j * sl, buf[w],
+                              off[w] + j * sl, len, flags);
+        }
+    }
+    if (folds)
+        for (uint64_t j = 0; j < S; j++)
+            sched_send(s, desc, r + 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
+}

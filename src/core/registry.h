@@ -1,0 +1,71 @@
+/*
+ * The allreduce algorithm registry: one row per algorithm, with its name (LOOM_ALGO's value),
+ * when automatic selection may take it, its cost under the alpha-beta model, and its schedule
+ * generator. Selection, LOOM_ALGO parsing, the TUNING log, loom-info, the planner and the tests
+ * all read this table; a new algorithm is one generator file in src/algo and one row here.
+ */
+#ifndef LOOM_CORE_REGISTRY_H
+#define LOOM_CORE_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "algo.h"
+#include "base.h"
+#include "schedule.h"
+
+/* Row indices; values are stable (they enter the schedule cache key and the shape hash). */
+enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_RD, ALGO_COUNT };
+
+/* What the model and the applicability rules see of a communicator. The network link is the
+ * tcp transport's; the node-local link is the memory transport's when one is started, else the
+ * network's. */
+typedef struct {
+    int nranks, nnodes;
+    double a_net, b_net; /* seconds per message, seconds per byte */
+    double a_loc, b_loc;
+    bool shared_mem; /* a memory transport is started for same-node peers */
+} registry_model_t;
+
+/* One rank's allreduce schedule; hierarchical rows read the layout, the others ignore it. */
+typedef void (*registry_gen_fn)(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                                const ring_params_t *prm, bool inplace, bool avg);
+
+typedef struct {
+    const char *name;    /* LOOM_ALGO's value */
+    const char *applies; /* when automatic selection considers it, in words (loom-info) */
+    const char *doc;     /* one line (loom-info) */
+    /* Why automatic selection cannot take this row on this layout (NULL: it can). LOOM_ALGO
+     * runs any row on any layout. */
+    const char *(*unfit)(const registry_model_t *m);
+    /* Predicted seconds for an allreduce of `bytes`. */
+    double (*cost)(const registry_model_t *m, double bytes);
+    /* Why this row wins on this layout whatever the costs say (NULL: it does not); for what
+     * was measured and the model does not capture. */
+    const char *(*preferred)(const registry_model_t *m);
+    registry_gen_fn gen;
+} registry_algo_t;
+
+/* The table, indexed by ALGO_*. */
+extern const registry_algo_t registry_algos[ALGO_COUNT];
+
+/* The row of id, NULL when id is not one. */
+const registry_algo_t *registry_get(int id);
+
+/* LOOM_ALGO's value: "" gives ALGO_AUTO; a name gives its row; anything else is an error whose
+ * text lists the table's names. */
+loomResult_t registry_parse(const char *name, int *algo);
+
+/* The automatic choice for an allreduce of `bytes` (m->nranks > 1): a row preferred on this
+ * layout if there is one, else the fitting row the model predicts fastest (ties go to the
+ * earlier row). */
+int registry_pick(const registry_model_t *m, uint64_t bytes);
+
+/* Why `pick` was chosen, for the TUNING log: its prediction or its reason for preference, then
+ * every other row as "n/a" with its reason or with its prediction and how it compares. Returns
+ * buf. */
+const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick, char *buf,
+                             size_t len);
+
+#endif
