@@ -257,7 +257,7 @@ START_TEST(test_config_versions)
     old.blocking = 1;
     comm = NULL;
     ck_assert_int_eq(init_one((loomConfig_t *)&old, &comm), loomSuccess);
-    ck_assert_int_eq(comm->nchannels, def_channels);
+    ck_assert_int_eq(comm->tune.nchannels, def_channels);
     ck_assert_int_eq(loomCommDestroy(comm), loomSuccess);
     /* ... and the one field it does carry is honoured */
     old.blocking = 0;
@@ -284,8 +284,8 @@ START_TEST(test_config_versions)
     nw.future_ptr = "ignored";
     comm = NULL;
     ck_assert_int_eq(init_one(&nw.base, &comm), loomSuccess);
-    ck_assert_int_eq(comm->nchannels, 1);
-    ck_assert_str_eq(comm->name, "newer-header");
+    ck_assert_int_eq(comm->tune.nchannels, 1);
+    ck_assert_str_eq(comm->lay.name, "newer-header");
     ck_assert_int_eq(loomCommDestroy(comm), loomSuccess);
 
     /* Rejected before anything happens: bad magic, and a size that does not cover the prefix.
@@ -444,9 +444,9 @@ static int split_rank(loomComm_t comm, int rank, int nranks, void *arg)
     RCALL(loomCommUserRank(child, &cr));
     RCHECK(cn == want_n && cr == want_r, "child rank %d of %d, expected %d of %d", cr, cn, want_r,
            want_n);
-    RCHECK(child->nchannels == 1 && strcmp(child->name, "child") == 0,
-           "the split's config was not applied (%d channels, name '%s')", child->nchannels,
-           child->name);
+    RCHECK(child->tune.nchannels == 1 && strcmp(child->lay.name, "child") == 0,
+           "the split's config was not applied (%d channels, name '%s')", child->tune.nchannels,
+           child->lay.name);
 
     /* The data must follow the reported order: gather the old ranks by child rank. */
     int32_t mine = rank, olds[SPLIT_NRANKS];

@@ -726,8 +726,8 @@ static int attack_rank(loomComm_t comm, int rank, int nranks, void *p)
     if (rank == 0) {
         pthread_mutex_lock(&A->mu);
         for (int r = 0; r < nranks; r++)
-            sock_addr_unpack(comm->peers[r].handle[TP_TCP], &A->addr[r]);
-        A->comm_id = comm->comm_id;
+            sock_addr_unpack(comm->lay.peers[r].handle[TP_TCP], &A->addr[r]);
+        A->comm_id = comm->lay.comm_id;
         A->naddrs = nranks;
         pthread_cond_broadcast(&A->cv);
         pthread_mutex_unlock(&A->mu);

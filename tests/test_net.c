@@ -290,7 +290,7 @@ static int ipv6_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
     for (int q = 0; q < nranks; q++) {
         sock_addr_t a;
         char as[SOCK_ADDR_STRLEN];
-        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a),
+        RCHECK(sock_addr_unpack(comm->lay.peers[q].handle[TP_TCP], &a),
                "rank %d's handle is not an address", q);
         RCHECK(a.sa.ss_family == AF_INET6, "rank %d listens on %s, not IPv6", q,
                sock_addr_str(&a, as, sizeof(as)));
@@ -347,13 +347,13 @@ static int bind_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
     RCALL(loomCommInitRank(&comm, nranks, *id, rank));
     for (int q = 0; q < nranks; q++) {
         sock_addr_t a;
-        RCHECK(sock_addr_unpack(comm->peers[q].handle[TP_TCP], &a), "rank %d: no address", q);
+        RCHECK(sock_addr_unpack(comm->lay.peers[q].handle[TP_TCP], &a), "rank %d: no address", q);
         RCHECK(is_v4(&a, INADDR_LOOPBACK), "rank %d's data listener is %s, not 127.0.0.1", q,
                sock_addr_str(&a, as, sizeof(as)));
         RCHECK(sock_addr_port(&a) > 0, "rank %d: port 0", q);
     }
     sock_addr_t mine;
-    sock_addr_unpack(comm->peers[rank].handle[TP_TCP], &mine);
+    sock_addr_unpack(comm->lay.peers[rank].handle[TP_TCP], &mine);
     /* A wildcard bind would answer on every address of the machine. */
     if (b->have_other)
         RCHECK(!can_connect_v4(b->other, sock_addr_port(&mine)),
@@ -639,7 +639,7 @@ static int many_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
     float *in = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
     RCHECK(in && out, "out of memory");
     RCALL(loomCommInitRank(&comm, nranks, *id, rank));
-    RCHECK(comm->nchannels == 3, "%d channels, LOOM_NCHANNELS=3", comm->nchannels);
+    RCHECK(comm->tune.nchannels == 3, "%d channels, LOOM_NCHANNELS=3", comm->tune.nchannels);
     for (size_t i = 0; i < n; i++)
         in[i] = many_val(rank, i);
     RCALL(loomAllReduce(in, out, n, loomFloat, loomSum, comm, NULL));
@@ -723,11 +723,12 @@ static int shm_rank(loomComm_t comm, int rank, int nranks, void *p)
         }
     /* Every same-node link must be shm, copying the way LOOM_SHM_CMA asked for. */
     for (int q = 0; q < nranks && rc == 0; q++) {
-        if (q == rank || comm->links[q].conn == NULL) continue;
-        if (strcmp(comm->links[q].ops->name, "shm") != 0) {
-            fprintf(stderr, "rank %d reaches rank %d over %s\n", rank, q, comm->links[q].ops->name);
+        if (q == rank || comm->net.links[q].conn == NULL) continue;
+        if (strcmp(comm->net.links[q].ops->name, "shm") != 0) {
+            fprintf(stderr, "rank %d reaches rank %d over %s\n", rank, q,
+                    comm->net.links[q].ops->name);
             rc = 1;
-        } else if (shm_conn_uses_cma(comm->links[q].conn)) {
+        } else if (shm_conn_uses_cma(comm->net.links[q].conn)) {
             __atomic_add_fetch(&a->used_cma, 1, __ATOMIC_RELAXED);
         }
     }

@@ -363,7 +363,7 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     if (!sock_addr_unpack(uid->root_addr, &root))
         return base_error(loomInvalidArgument, LOG_BOOT, "the unique id holds no root address");
     sock_addr_str(&root, as, sizeof(as));
-    uint64_t timeout = (uint64_t)(comm->timeout_s * 1e9);
+    uint64_t timeout = (uint64_t)(comm->tune.timeout_s * 1e9);
     uint64_t dl = base_now_ns() + (timeout ? timeout : UINT64_MAX / 2);
     int fd = -1;
     loomResult_t r = loomSuccess;
@@ -409,7 +409,7 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     }
     snprintf(what, sizeof(what), "bootstrap: receiving the rank table from the root %s", as);
     LOOM_CHECK_GOTO(
-        sock_recv_all(fd, comm->peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what), r,
+        sock_recv_all(fd, comm->lay.peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what), r,
         out);
 out:
     close(fd);

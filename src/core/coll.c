@@ -64,32 +64,32 @@ static loomResult_t job_bufs(comm_job_t *j, uint32_t n)
     return loomSuccess;
 }
 
-/* The cached schedule for this shape, or an emptied slot (*hit false) to build it in. */
+/* The cached schedule for this shape, or an emptied slot (*hit false) to build it in: the
+ * least recently used one, counted as empty until cache_commit says its build succeeded. */
 static sched_t *cache_slot(loomComm_t comm, const uint64_t key[6], bool *hit)
 {
-    struct comm_sched_cache *lru = &comm->cache[0];
-    comm->cache_clock++;
-    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++) {
-        struct comm_sched_cache *c = &comm->cache[i];
-        if (c->used && memcmp(c->key, key, sizeof(c->key)) == 0) {
-            c->last_use = comm->cache_clock;
+    comm_cache_t *cc = &comm->cache;
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(cc->slot); i++) {
+        struct comm_sched_cache *c = &cc->slot[i];
+        if (c->last_use && memcmp(c->key, key, sizeof(c->key)) == 0) {
+            c->last_use = lru_tick(&cc->clock);
             *hit = true;
             return &c->s;
         }
-        if (!c->used || (lru->used && c->last_use < lru->last_use)) lru = c;
     }
-    lru->used = false; /* until built */
-    memcpy(lru->key, key, sizeof(lru->key));
-    lru->last_use = comm->cache_clock;
-    sched_reset(&lru->s, comm->rank, comm->nranks);
+    struct comm_sched_cache *c = &cc->slot[LRU_PICK(cc->slot, LOOM_ARRAY_SIZE(cc->slot), last_use)];
+    c->last_use = 0; /* until built */
+    memcpy(c->key, key, sizeof(c->key));
+    sched_reset(&c->s, comm->rank, comm->nranks);
     *hit = false;
-    return &lru->s;
+    return &c->s;
 }
 
 static void cache_commit(loomComm_t comm, sched_t *s)
 {
-    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++)
-        if (&comm->cache[i].s == s) comm->cache[i].used = true;
+    comm_cache_t *cc = &comm->cache;
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(cc->slot); i++)
+        if (&cc->slot[i].s == s) cc->slot[i].last_use = lru_tick(&cc->clock);
     /* Only building needs the range tables. */
     sched_drop_tracking(s);
 }
@@ -107,7 +107,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
                       .op = (uint8_t)(pm >= 0 ? BASE_OP_CODE_PREMUL : (int)o->op),
                       .root = o->root,
                       .count = o->count,
-                      .seq = comm->coll_seq++};
+                      .seq = comm->seq.coll++};
     bool reduces =
         o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCE || o->kind == OPK_REDUCESCATTER;
     if (!reduces) d.op = 0;
@@ -140,8 +140,8 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     plan_ctx_t ctx = {.rank = r,
                       .nranks = p,
                       .topo = comm_topo(comm),
-                      .nchannels = comm->nchannels,
-                      .slice_bytes = comm->slice_bytes};
+                      .nchannels = comm->tune.nchannels,
+                      .slice_bytes = comm->tune.slice_bytes};
     ring_params_t prm = plan_ring_params(&ctx, o->type);
     int algo = o->kind == OPK_ALLREDUCE ? comm_pick_allreduce(comm, o->count * es) : -1;
     plan_call_t call = {
@@ -173,16 +173,17 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
 buffers:
     /* Scratch is the communicator's, kept between calls like its staging (one schedule runs
      * at a time per communicator): a fresh block per call faulted in every page each time. */
-    if (s->tmp_elems && s->tmp_elems * es > comm->tmp_bytes) {
-        free(comm->tmp_buf);
-        comm->tmp_bytes = 0;
-        comm->tmp_buf = malloc(s->tmp_elems * es);
-        if (comm->tmp_buf == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
-        comm->tmp_bytes = s->tmp_elems * es;
+    if (s->tmp_elems && s->tmp_elems * es > comm->cache.tmp_bytes) {
+        free(comm->cache.tmp_buf);
+        comm->cache.tmp_bytes = 0;
+        comm->cache.tmp_buf = malloc(s->tmp_elems * es);
+        if (comm->cache.tmp_buf == NULL)
+            return base_error(loomSystemError, LOG_COLL, "out of memory");
+        comm->cache.tmp_bytes = s->tmp_elems * es;
     }
     j->bufs[SCHED_BUF_SEND] = (void *)send;
     j->bufs[SCHED_BUF_RECV] = recv;
-    j->bufs[SCHED_BUF_TMP] = s->tmp_elems ? comm->tmp_buf : NULL;
+    j->bufs[SCHED_BUF_TMP] = s->tmp_elems ? comm->cache.tmp_buf : NULL;
     return loomSuccess;
 }
 
@@ -204,7 +205,7 @@ static loomResult_t plan_p2p(comm_job_t *j, sched_t *s, int *used)
         const coll_op_t *o = &j->q[j->ops[j->next + k]];
         uint32_t b = sched_add_buf(s);
         size_t es = red_type_size(o->type);
-        uint64_t slice = LOOM_MAX(comm->slice_bytes / es, 1);
+        uint64_t slice = LOOM_MAX(comm->tune.slice_bytes / es, 1);
         if (o->root == comm->rank) {
             if (o->kind == OPK_RECV) continue;
             /* find the matching receive from self */
@@ -235,7 +236,7 @@ static loomResult_t plan_p2p(comm_job_t *j, sched_t *s, int *used)
                           .dtype = (uint8_t)o->type,
                           .root = o->kind == OPK_SEND ? comm->rank : o->root,
                           .count = o->count};
-        d.seq = o->kind == OPK_SEND ? comm->p2p_send_seq[o->root]++ : comm->p2p_recv_seq[o->root]++;
+        d.seq = o->kind == OPK_SEND ? comm->seq.p2p_send[o->root]++ : comm->seq.p2p_recv[o->root]++;
         uint16_t di = sched_add_desc(s, &d);
         uint64_t S = sched_nslices(o->count, slice);
         for (uint64_t q = 0; q < S; q++) {
@@ -261,7 +262,7 @@ static loomResult_t job_next(comm_job_t *j)
     }
     loomComm_t comm = j->comm;
     log_set_rank(comm->rank);
-    sched_t *s = &comm->sched;
+    sched_t *s = &comm->cache.p2p;
     const coll_op_t *o = &j->q[j->ops[j->next]];
     loomDataType_t type = o->type;
     red_op_t rop = base_op(o->op);
@@ -372,7 +373,7 @@ static loomResult_t group_finish(coll_group_t *g)
             base_set_error_text(j->err);
         }
         job_release(j);
-        atomic_fetch_sub(&j->comm->active_calls, 1);
+        atomic_fetch_sub(&j->comm->st.active_calls, 1);
         free(j->bufs);
     }
     free(g->jobs);
@@ -398,7 +399,7 @@ static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
     g->work = (prog_work_t){.advance = group_advance,
                             .pollfds = group_pollfds,
                             .check = group_check,
-                            .spin_ns = n ? q[0].comm->spin_ns : 0};
+                            .spin_ns = n ? q[0].comm->tune.spin_ns : 0};
     int used = 0;
     for (int i = 0; i < n; i++) {
         int k;
@@ -412,15 +413,15 @@ static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
         for (int o = i; o < n; o++)
             if (q[o].comm == q[i].comm) j->ops[j->nops++] = o;
         used += j->nops;
-        atomic_fetch_add(&j->comm->active_calls, 1);
+        atomic_fetch_add(&j->comm->st.active_calls, 1);
     }
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];
         /* a broken or aborted communicator runs nothing more (the public entry points refuse
          * it before queueing; core's own callers come here directly) */
-        loomResult_t a = (loomResult_t)atomic_load(&j->comm->async_error);
+        loomResult_t a = (loomResult_t)atomic_load(&j->comm->st.async_error);
         if (a != loomSuccess && a != loomInProgress) {
-            base_set_error_text(j->comm->async_text);
+            base_set_error_text(j->comm->st.async_text);
             job_fail(j, a);
             continue;
         }

@@ -44,9 +44,9 @@ LOOM_EXPORT const char *loomGetErrorString(loomResult_t r)
 
 LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
 {
-    if (comm && comm->magic == COMM_MAGIC && atomic_load(&comm->async_error) != loomSuccess &&
-        atomic_load(&comm->async_error) != loomInProgress)
-        return comm->async_text;
+    if (comm && comm->magic == COMM_MAGIC && atomic_load(&comm->st.async_error) != loomSuccess &&
+        atomic_load(&comm->st.async_error) != loomInProgress)
+        return comm->st.async_text;
     return base_last_error();
 }
 
@@ -57,33 +57,33 @@ loomResult_t comm_check(loomComm_t comm, const char *fn)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: %p is not a live loom communicator (destroyed, or not one)", fn,
                           (void *)comm);
-    if (comm->finalized)
+    if (comm->st.finalized)
         return base_error(loomInvalidUsage, LOG_COLL,
                           "%s: the communicator was finalized; only loomCommDestroy is allowed",
                           fn);
-    if (comm->init_thread_live) {
-        pthread_join(comm->init_thread, NULL);
-        comm->init_thread_live = false;
+    if (comm->st.init_thread_live) {
+        pthread_join(comm->st.init_thread, NULL);
+        comm->st.init_thread_live = false;
     }
-    loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
+    loomResult_t a = (loomResult_t)atomic_load(&comm->st.async_error);
     if (a != loomSuccess) {
-        base_set_error_text(comm->async_text);
+        base_set_error_text(comm->st.async_text);
         return a;
     }
-    if (atomic_load(&comm->aborting))
+    if (atomic_load(&comm->st.aborting))
         return base_error(loomInvalidUsage, LOG_COLL, "%s: the communicator is being aborted", fn);
     return loomSuccess;
 }
 
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
 {
-    pthread_mutex_lock(&comm->lock);
-    bool first = atomic_load(&comm->async_error) == loomSuccess;
+    pthread_mutex_lock(&comm->st.lock);
+    bool first = atomic_load(&comm->st.async_error) == loomSuccess;
     if (first) {
-        snprintf(comm->async_text, sizeof(comm->async_text), "%s", text);
-        atomic_store(&comm->async_error, res);
+        snprintf(comm->st.async_text, sizeof(comm->st.async_text), "%s", text);
+        atomic_store(&comm->st.async_error, res);
     }
-    pthread_mutex_unlock(&comm->lock);
+    pthread_mutex_unlock(&comm->st.lock);
     /* Tell the peers at once, so that they fail now with this reason instead of waiting for
      * LOOM_TIMEOUT; the communicator cannot be used any more. */
     if (first) comm_abort_transports(comm, text);
@@ -92,7 +92,7 @@ void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
 void comm_abort_transports(loomComm_t comm, const char *reason)
 {
     for (int t = 0; t < TP_MAX; t++)
-        if (comm->tp[t].ctx) comm->tp[t].ops->abort(comm->tp[t].ctx, reason);
+        if (comm->net.tp[t].ctx) comm->net.tp[t].ops->abort(comm->net.tp[t].ctx, reason);
 }
 
 static const char *const tp_names[TP_MAX] = {"tcp", "shm"};
@@ -100,34 +100,34 @@ static const char *const tp_names[TP_MAX] = {"tcp", "shm"};
 /* Same node: shared memory when started; else TCP; LOOM_TRANSPORT forces one. */
 static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
 {
-    bool local = comm->peers[peer].node_hash == comm->peers[comm->rank].node_hash;
-    if (comm->forced_tp >= 0) {
-        if (comm->forced_tp == TP_SHM && !local)
+    bool local = comm->lay.peers[peer].node_hash == comm->lay.peers[comm->rank].node_hash;
+    if (comm->net.forced_tp >= 0) {
+        if (comm->net.forced_tp == TP_SHM && !local)
             return base_error(loomInvalidUsage, LOG_NET,
                               "LOOM_TRANSPORT=shm, but rank %d is on another node (%s); shm "
                               "reaches only ranks of this node",
-                              peer, comm->peers[peer].host);
-        *tp = comm->forced_tp;
+                              peer, comm->lay.peers[peer].host);
+        *tp = comm->net.forced_tp;
     } else {
-        *tp =
-            local && comm->tp[TP_SHM].ctx && comm->peers[peer].handle[TP_SHM][0] ? TP_SHM : TP_TCP;
+        *tp = local && comm->net.tp[TP_SHM].ctx && comm->lay.peers[peer].handle[TP_SHM][0] ? TP_SHM
+                                                                                           : TP_TCP;
     }
-    if (comm->tp[*tp].ctx == NULL || comm->peers[peer].handle[*tp][0] == 0)
+    if (comm->net.tp[*tp].ctx == NULL || comm->lay.peers[peer].handle[*tp][0] == 0)
         return base_error(loomInvalidUsage, LOG_NET,
                           "no common transport with rank %d (%s): it did not offer %s", peer,
-                          comm->peers[peer].host, tp_names[*tp]);
+                          comm->lay.peers[peer].host, tp_names[*tp]);
     return loomSuccess;
 }
 
 loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
 {
-    exec_link_t *l = &comm->links[peer];
+    exec_link_t *l = &comm->net.links[peer];
     if (l->conn == NULL) {
         int tp = TP_TCP;
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
-        LOOM_CHECK(comm->tp[tp].ops->connect(comm->tp[tp].ctx, peer, comm->peers[peer].handle[tp],
-                                             &l->conn));
-        l->ops = comm->tp[tp].ops;
+        LOOM_CHECK(comm->net.tp[tp].ops->connect(comm->net.tp[tp].ctx, peer,
+                                                 comm->lay.peers[peer].handle[tp], &l->conn));
+        l->ops = comm->net.tp[tp].ops;
         TRACE(LOG_NET, "rank %d reaches rank %d over %s", comm->rank, peer, l->ops->name);
     }
     *link = l;
@@ -154,14 +154,14 @@ void comm_exec_fill(loomComm_t comm)
     exec_host_t *h = &comm->exech;
     h->rank = comm->rank;
     h->nranks = comm->nranks;
-    h->nchannels = comm->nchannels;
-    h->slices_in_flight = comm->slices_in_flight;
-    h->timeout_s = comm->timeout_s;
-    h->links = comm->links;
-    h->tp = comm->tp;
+    h->nchannels = comm->tune.nchannels;
+    h->slices_in_flight = comm->tune.slices_in_flight;
+    h->timeout_s = comm->tune.timeout_s;
+    h->links = comm->net.links;
+    h->tp = comm->net.tp;
     h->ntp = TP_MAX;
-    h->wake_fd = comm->wake_fd;
-    h->aborting = &comm->aborting;
+    h->wake_fd = comm->st.wake_fd;
+    h->aborting = &comm->st.aborting;
     h->stats = &comm->stats;
     h->conn = exec_conn;
     h->set_error = exec_set_error;
@@ -172,26 +172,26 @@ static loomResult_t parse_algo(int *algo);
 void comm_free(loomComm_t comm)
 {
     if (comm == NULL) return;
-    if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+    if (comm->st.init_thread_live) pthread_join(comm->st.init_thread, NULL);
 #ifdef LOOM_HAVE_CUDA
-    dev_free(&comm->devh);
+    dev_free(&comm->dev.host);
 #endif
     for (int t = 0; t < TP_MAX; t++)
-        if (comm->tp[t].ctx) comm->tp[t].ops->fini(comm->tp[t].ctx);
-    if (comm->wake_fd >= 0) close(comm->wake_fd);
-    sched_free(&comm->sched);
-    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache); i++)
-        sched_free(&comm->cache[i].s);
+        if (comm->net.tp[t].ctx) comm->net.tp[t].ops->fini(comm->net.tp[t].ctx);
+    if (comm->st.wake_fd >= 0) close(comm->st.wake_fd);
+    sched_free(&comm->cache.p2p);
+    for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache.slot); i++)
+        sched_free(&comm->cache.slot[i].s);
     exec_host_release(&comm->exech);
-    free(comm->tmp_buf);
-    free(comm->peers);
-    free(comm->links);
-    free(comm->node_of);
-    free(comm->node_start);
-    free(comm->node_ranks);
-    free(comm->p2p_send_seq);
-    free(comm->p2p_recv_seq);
-    pthread_mutex_destroy(&comm->lock);
+    free(comm->cache.tmp_buf);
+    free(comm->lay.peers);
+    free(comm->net.links);
+    free(comm->lay.node_of);
+    free(comm->lay.node_start);
+    free(comm->lay.node_ranks);
+    free(comm->seq.p2p_send);
+    free(comm->seq.p2p_recv);
+    pthread_mutex_destroy(&comm->st.lock);
     comm->magic = COMM_DEAD_MAGIC;
     free(comm);
 }
@@ -204,18 +204,19 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     c->magic = COMM_MAGIC;
     c->rank = rank;
     c->nranks = nranks;
-    c->wake_fd = -1;
-    c->cuda_dev = -1;
-    pthread_mutex_init(&c->lock, NULL);
-    atomic_init(&c->async_error, loomSuccess);
-    atomic_init(&c->aborting, 0);
-    c->peers = calloc((size_t)nranks, sizeof(*c->peers));
-    c->links = calloc((size_t)nranks, sizeof(*c->links));
-    c->forced_tp = -1;
-    c->p2p_send_seq = calloc((size_t)nranks, sizeof(uint64_t));
-    c->p2p_recv_seq = calloc((size_t)nranks, sizeof(uint64_t));
-    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!c->peers || !c->links || !c->p2p_send_seq || !c->p2p_recv_seq || c->wake_fd < 0) {
+    c->st.wake_fd = -1;
+    c->dev.cuda_dev = -1;
+    pthread_mutex_init(&c->st.lock, NULL);
+    atomic_init(&c->st.async_error, loomSuccess);
+    atomic_init(&c->st.aborting, 0);
+    c->lay.peers = calloc((size_t)nranks, sizeof(*c->lay.peers));
+    c->net.links = calloc((size_t)nranks, sizeof(*c->net.links));
+    c->net.forced_tp = -1;
+    c->seq.p2p_send = calloc((size_t)nranks, sizeof(uint64_t));
+    c->seq.p2p_recv = calloc((size_t)nranks, sizeof(uint64_t));
+    c->st.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!c->lay.peers || !c->net.links || !c->seq.p2p_send || !c->seq.p2p_recv ||
+        c->st.wake_fd < 0) {
         comm_free(c);
         return base_error(loomSystemError, LOG_INIT, "out of memory or eventfd failed (%s)",
                           strerror(errno));
@@ -223,19 +224,19 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     /* A device named in the config binds the communicator to it (its context is taken at the
      * first device call); otherwise the first device buffer decides. */
     if (cfg && cfg->cudaDev != LOOM_CONFIG_UNDEF_INT && cfg->cudaDev >= 0)
-        c->cuda_dev = cfg->cudaDev;
-    c->nchannels = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NCHANNELS), 16));
+        c->dev.cuda_dev = cfg->cudaDev;
+    c->tune.nchannels = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NCHANNELS), 16));
     if (cfg && cfg->nChannels != LOOM_CONFIG_UNDEF_INT && cfg->nChannels > 0)
-        c->nchannels = LOOM_MIN(cfg->nChannels, 16);
-    c->slice_bytes = LOOM_MAX(param_size(PARAM_SLICE_SIZE), 64);
-    c->slice_bytes = LOOM_MIN(c->slice_bytes, param_size(PARAM_MAX_MESSAGE));
-    c->slices_in_flight = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_SLICES_IN_FLIGHT), 64));
-    c->spin_ns = (uint64_t)LOOM_MAX(0, param_int(PARAM_SPIN_US)) * 1000;
-    c->timeout_s = param_double(PARAM_TIMEOUT);
-    snprintf(c->name, sizeof(c->name), "%s", cfg && cfg->commName ? cfg->commName : "");
-    sched_init(&c->sched, rank, nranks);
-    c->last_pick = -1;
-    loomResult_t ar = parse_algo(&c->algo);
+        c->tune.nchannels = LOOM_MIN(cfg->nChannels, 16);
+    c->tune.slice_bytes = LOOM_MAX(param_size(PARAM_SLICE_SIZE), 64);
+    c->tune.slice_bytes = LOOM_MIN(c->tune.slice_bytes, param_size(PARAM_MAX_MESSAGE));
+    c->tune.slices_in_flight = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_SLICES_IN_FLIGHT), 64));
+    c->tune.spin_ns = (uint64_t)LOOM_MAX(0, param_int(PARAM_SPIN_US)) * 1000;
+    c->tune.timeout_s = param_double(PARAM_TIMEOUT);
+    snprintf(c->lay.name, sizeof(c->lay.name), "%s", cfg && cfg->commName ? cfg->commName : "");
+    sched_init(&c->cache.p2p, rank, nranks);
+    c->tune.last_pick = -1;
+    loomResult_t ar = parse_algo(&c->tune.algo);
     if (ar != loomSuccess) {
         comm_free(c);
         return ar;
@@ -255,7 +256,7 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
     for (int t = 0; t < TP_MAX; t++)
         if (strcmp(name, tp_names[t]) == 0) {
             want[t] = true;
-            comm->forced_tp = t;
+            comm->net.forced_tp = t;
             return loomSuccess;
         }
     static const char *const later[] = {"mpi", "ucx", "ibv", "cuda"};
@@ -274,14 +275,14 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
 {
     bool want[TP_MAX];
     LOOM_CHECK(pick_transports(comm, want));
-    transport_setup_t setup = {.rank = comm->rank,
-                               .nranks = comm->nranks,
-                               .comm_id = comm->comm_id,
-                               /* comm_tune_for_cores may raise the slice 4x once the layout is
-                                * known */
-                               .max_message =
-                                   LOOM_MIN(comm->slice_bytes * 4, param_size(PARAM_MAX_MESSAGE))};
-    memcpy(setup.secret, comm->secret, 16);
+    transport_setup_t setup = {
+        .rank = comm->rank,
+        .nranks = comm->nranks,
+        .comm_id = comm->lay.comm_id,
+        /* comm_tune_for_cores may raise the slice 4x once the layout is
+         * known */
+        .max_message = LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE))};
+    memcpy(setup.secret, comm->lay.secret, 16);
     if (want[TP_TCP]) {
         sock_addr_t a;
         char ifname[64];
@@ -294,19 +295,19 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
         if (!want[t]) continue;
         const transport_ops_t *ops = transport_by_name(tp_names[t]);
         if (ops == NULL) continue;
-        loomResult_t r = ops->init(&setup, &comm->tp[t].ctx, handles[t]);
+        loomResult_t r = ops->init(&setup, &comm->net.tp[t].ctx, handles[t]);
         if (r != loomSuccess) {
             /* Shared memory is an optimisation: without it, TCP still reaches every peer. */
-            if (t == TP_SHM && comm->forced_tp != TP_SHM) {
+            if (t == TP_SHM && comm->net.forced_tp != TP_SHM) {
                 WARN(LOG_SHM, "shm transport unavailable (%s); same-node peers use tcp",
                      base_last_error());
                 memset(handles[t], 0, TRANSPORT_HANDLE_BYTES);
-                comm->tp[t].ctx = NULL;
+                comm->net.tp[t].ctx = NULL;
                 continue;
             }
             return r;
         }
-        comm->tp[t].ops = ops;
+        comm->net.tp[t].ops = ops;
     }
     return loomSuccess;
 }
@@ -315,46 +316,49 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
 loomResult_t comm_layout(loomComm_t comm)
 {
     int p = comm->nranks;
-    free(comm->node_of);
-    free(comm->node_start);
-    free(comm->node_ranks);
-    comm->node_of = malloc((size_t)p * sizeof(int));
-    comm->node_start = calloc((size_t)p + 1, sizeof(int));
-    comm->node_ranks = malloc((size_t)p * sizeof(int));
-    if (!comm->node_of || !comm->node_start || !comm->node_ranks)
+    free(comm->lay.node_of);
+    free(comm->lay.node_start);
+    free(comm->lay.node_ranks);
+    comm->lay.node_of = malloc((size_t)p * sizeof(int));
+    comm->lay.node_start = calloc((size_t)p + 1, sizeof(int));
+    comm->lay.node_ranks = malloc((size_t)p * sizeof(int));
+    if (!comm->lay.node_of || !comm->lay.node_start || !comm->lay.node_ranks)
         return base_error(loomSystemError, LOG_INIT, "out of memory (layout)");
     int nnodes = 0;
     for (int r = 0; r < p; r++) {
         int n = -1;
         for (int q = 0; q < r && n < 0; q++)
-            if (comm->peers[q].node_hash == comm->peers[r].node_hash) n = comm->node_of[q];
-        comm->node_of[r] = n >= 0 ? n : nnodes++;
+            if (comm->lay.peers[q].node_hash == comm->lay.peers[r].node_hash)
+                n = comm->lay.node_of[q];
+        comm->lay.node_of[r] = n >= 0 ? n : nnodes++;
     }
-    int *count = comm->node_start + 1;
+    int *count = comm->lay.node_start + 1;
     for (int r = 0; r < p; r++)
-        count[comm->node_of[r]]++;
+        count[comm->lay.node_of[r]]++;
     for (int n = 0; n < nnodes; n++)
-        comm->node_start[n + 1] += comm->node_start[n];
+        comm->lay.node_start[n + 1] += comm->lay.node_start[n];
     int *fill = calloc((size_t)nnodes, sizeof(int));
     if (fill == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (layout)");
     for (int r = 0; r < p; r++) {
-        int n = comm->node_of[r];
-        comm->node_ranks[comm->node_start[n] + fill[n]++] = r;
+        int n = comm->lay.node_of[r];
+        comm->lay.node_ranks[comm->lay.node_start[n] + fill[n]++] = r;
     }
     free(fill);
-    comm->nnodes = nnodes;
-    comm->node = comm->node_of[comm->rank];
-    comm->local_size = comm->node_start[comm->node + 1] - comm->node_start[comm->node];
-    comm->local_rank = 0;
-    while (comm->node_ranks[comm->node_start[comm->node] + comm->local_rank] != comm->rank)
-        comm->local_rank++;
+    comm->lay.nnodes = nnodes;
+    comm->lay.node = comm->lay.node_of[comm->rank];
+    comm->lay.local_size =
+        comm->lay.node_start[comm->lay.node + 1] - comm->lay.node_start[comm->lay.node];
+    comm->lay.local_rank = 0;
+    while (comm->lay.node_ranks[comm->lay.node_start[comm->lay.node] + comm->lay.local_rank] !=
+           comm->rank)
+        comm->lay.local_rank++;
     if (comm->rank == 0 && log_enabled(LOG_INFO, LOG_INIT)) {
         char line[512];
         for (int n = 0; n < nnodes; n++) {
             int o = snprintf(line, sizeof(line), "node %d (%s): ranks", n,
-                             comm->peers[comm->node_ranks[comm->node_start[n]]].host);
-            for (int i = comm->node_start[n]; i < comm->node_start[n + 1] && o < 480; i++)
-                o += snprintf(line + o, sizeof(line) - (size_t)o, " %d", comm->node_ranks[i]);
+                             comm->lay.peers[comm->lay.node_ranks[comm->lay.node_start[n]]].host);
+            for (int i = comm->lay.node_start[n]; i < comm->lay.node_start[n + 1] && o < 480; i++)
+                o += snprintf(line + o, sizeof(line) - (size_t)o, " %d", comm->lay.node_ranks[i]);
             INFO(LOG_INIT, "layout: %s", line);
         }
     }
@@ -363,10 +367,10 @@ loomResult_t comm_layout(loomComm_t comm)
 
 sched_topo_t comm_topo(loomComm_t comm)
 {
-    sched_topo_t t = {.nnodes = comm->nnodes,
-                      .node_of = comm->node_of,
-                      .node_start = comm->node_start,
-                      .node_ranks = comm->node_ranks};
+    sched_topo_t t = {.nnodes = comm->lay.nnodes,
+                      .node_of = comm->lay.node_of,
+                      .node_start = comm->lay.node_start,
+                      .node_ranks = comm->lay.node_ranks};
     return t;
 }
 
@@ -378,10 +382,11 @@ static loomResult_t parse_algo(int *algo)
 /* What the registry's model sees of this communicator: the transports' hints. */
 static registry_model_t comm_model(loomComm_t comm)
 {
-    const transport_ops_t *net = comm->tp[TP_TCP].ops ? comm->tp[TP_TCP].ops : &transport_tcp;
-    const transport_ops_t *loc = comm->tp[TP_SHM].ops ? comm->tp[TP_SHM].ops : net;
+    const transport_ops_t *net =
+        comm->net.tp[TP_TCP].ops ? comm->net.tp[TP_TCP].ops : &transport_tcp;
+    const transport_ops_t *loc = comm->net.tp[TP_SHM].ops ? comm->net.tp[TP_SHM].ops : net;
     registry_model_t m = {.nranks = comm->nranks,
-                          .nnodes = comm->nnodes,
+                          .nnodes = comm->lay.nnodes,
                           .a_net = net->latency_us * 1e-6,
                           .b_net = 1.0 / (net->bw_GBps * 1e9),
                           .a_loc = loc->latency_us * 1e-6,
@@ -392,17 +397,17 @@ static registry_model_t comm_model(loomComm_t comm)
 
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 {
-    if (comm->algo != ALGO_AUTO) return comm->algo;
+    if (comm->tune.algo != ALGO_AUTO) return comm->tune.algo;
     if (comm->nranks == 1) return ALGO_RING;
     registry_model_t m = comm_model(comm);
     int pick = registry_pick(&m, bytes);
     /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
-    log_level_t lvl = pick != comm->last_pick ? LOG_INFO : LOG_TRACE;
-    comm->last_pick = pick;
+    log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
+    comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
         char why[512];
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
-            (unsigned long long)bytes, comm->nranks, comm->nnodes,
+            (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
             registry_explain(&m, bytes, pick, why, sizeof(why)));
     }
     return pick;
@@ -419,19 +424,21 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 static void comm_tune_for_cores(loomComm_t comm)
 {
     bool any = false;
-    for (int n = 0; n < comm->nnodes; n++) {
-        int first = comm->node_ranks[comm->node_start[n]];
-        int size = comm->node_start[n + 1] - comm->node_start[n];
-        if (comm->peers[first].cores > 0 && size > comm->peers[first].cores) any = true;
+    for (int n = 0; n < comm->lay.nnodes; n++) {
+        int first = comm->lay.node_ranks[comm->lay.node_start[n]];
+        int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
+        if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
-    int mine = comm->peers[comm->rank].cores;
-    if (mine > 0 && comm->local_size > mine && !param_is_set(PARAM_SPIN_US)) comm->spin_ns = 0;
+    int mine = comm->lay.peers[comm->rank].cores;
+    if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
+        comm->tune.spin_ns = 0;
     if (any && !param_is_set(PARAM_SLICE_SIZE))
-        comm->slice_bytes = LOOM_MIN(comm->slice_bytes * 4, param_size(PARAM_MAX_MESSAGE));
+        comm->tune.slice_bytes =
+            LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE));
     if (any)
         INFO(LOG_TUNING, "a node has more ranks than cores: %llu-byte slices job-wide%s",
-             (unsigned long long)comm->slice_bytes,
-             comm->spin_ns == 0 ? ", waiting here without spinning" : "");
+             (unsigned long long)comm->tune.slice_bytes,
+             comm->tune.spin_ns == 0 ? ", waiting here without spinning" : "");
 }
 
 typedef struct {
@@ -442,8 +449,8 @@ typedef struct {
 static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
 {
     log_set_rank(comm->rank);
-    memcpy(comm->secret, uid->secret, 16);
-    comm->comm_id = base_hash64(&uid->job_id, sizeof(uid->job_id), 0x776f726c64);
+    memcpy(comm->lay.secret, uid->secret, 16);
+    comm->lay.comm_id = base_hash64(&uid->job_id, sizeof(uid->job_id), 0x776f726c64);
     peer_info_t mine;
     memset(&mine, 0, sizeof(mine));
     mine.rank = comm->rank;
@@ -468,22 +475,23 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
 #ifdef LOOM_HAVE_CUDA
     /* A GPU named at init is known to the others at once, so that two ranks on one GPU fail
      * here, as NCCL's "duplicate GPU" does (no context is created for this). */
-    const cudrv_t *d = comm->cuda_dev >= 0 ? cudrv_get(NULL) : NULL;
+    const cudrv_t *d = comm->dev.cuda_dev >= 0 ? cudrv_get(NULL) : NULL;
     CUdevice dv;
     CUuuid uu;
-    if (d && d->cuDeviceGet(&dv, comm->cuda_dev) == CUDA_SUCCESS &&
+    if (d && d->cuDeviceGet(&dv, comm->dev.cuda_dev) == CUDA_SUCCESS &&
         d->cuDeviceGetUuid(&uu, dv) == CUDA_SUCCESS) {
         memcpy(mine.gpu_uuid, uu.bytes, 16);
-        mine.gpu_dev = comm->cuda_dev;
+        mine.gpu_dev = comm->dev.cuda_dev;
     }
 #endif
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
     LOOM_CHECK(comm_layout(comm));
     for (int q = 0; q < comm->nranks; q++) {
-        const peer_info_t *p = &comm->peers[q];
+        const peer_info_t *p = &comm->lay.peers[q];
         if (q == comm->rank || mine.gpu_dev < 0 || p->gpu_dev < 0 ||
-            param_int(PARAM_CUDA_SHARE_GPU) || p->node_hash != comm->peers[comm->rank].node_hash ||
+            param_int(PARAM_CUDA_SHARE_GPU) ||
+            p->node_hash != comm->lay.peers[comm->rank].node_hash ||
             memcmp(p->gpu_uuid, mine.gpu_uuid, 16) != 0)
             continue;
         return base_error(loomInvalidUsage, LOG_INIT,
@@ -495,10 +503,10 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     INFO(LOG_INIT,
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "
          "%d channels, slice %llu bytes",
-         LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->node, comm->nnodes,
-         comm->local_rank, comm->local_size,
-         comm->forced_tp >= 0 ? tp_names[comm->forced_tp] : "shm in node, tcp across",
-         comm->nchannels, (unsigned long long)comm->slice_bytes);
+         LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->lay.node,
+         comm->lay.nnodes, comm->lay.local_rank, comm->lay.local_size,
+         comm->net.forced_tp >= 0 ? tp_names[comm->net.forced_tp] : "shm in node, tcp across",
+         comm->tune.nchannels, (unsigned long long)comm->tune.slice_bytes);
     return loomSuccess;
 }
 
@@ -507,9 +515,9 @@ static void *init_thread_main(void *arg)
     init_args_t *a = arg;
     loomResult_t r = comm_init_body(a->comm, &a->uid);
     if (r != loomSuccess) {
-        snprintf(a->comm->async_text, sizeof(a->comm->async_text), "%s", base_last_error());
+        snprintf(a->comm->st.async_text, sizeof(a->comm->st.async_text), "%s", base_last_error());
     }
-    atomic_store(&a->comm->async_error, r);
+    atomic_store(&a->comm->st.async_error, r);
     free(a);
     return NULL;
 }
@@ -558,14 +566,14 @@ LOOM_EXPORT loomResult_t loomCommInitRankConfig(loomComm_t *out, int nranks, loo
         }
         a->comm = comm;
         a->uid = uid;
-        atomic_store(&comm->async_error, loomInProgress);
-        int e = pthread_create(&comm->init_thread, NULL, init_thread_main, a);
+        atomic_store(&comm->st.async_error, loomInProgress);
+        int e = pthread_create(&comm->st.init_thread, NULL, init_thread_main, a);
         if (e != 0) {
             free(a);
             comm_free(comm);
             return base_error(loomSystemError, LOG_INIT, "pthread_create: %s", strerror(e));
         }
-        comm->init_thread_live = true;
+        comm->st.init_thread_live = true;
         *out = comm;
         return loomInProgress;
     }
@@ -654,7 +662,7 @@ LOOM_EXPORT loomResult_t loomCommInitAll(loomComm_t *comms, int ndev, const int 
             if (a[i].res == loomSuccess) comm_free(comms[i]);
     if (res == loomSuccess && devlist)
         for (int i = 0; i < ndev; i++)
-            comms[i]->cuda_dev = devlist[i]; /* as NCCL binds them */
+            comms[i]->dev.cuda_dev = devlist[i]; /* as NCCL binds them */
     free(a);
     free(t);
     return res;
@@ -672,7 +680,7 @@ LOOM_EXPORT loomResult_t loomCommFinalize(loomComm_t comm)
 {
     LOOM_CHECK(comm_check(comm, "loomCommFinalize"));
     /* Host operations complete before their calls return: nothing is outstanding. */
-    comm->finalized = true;
+    comm->st.finalized = true;
     return loomSuccess;
 }
 
@@ -688,19 +696,19 @@ LOOM_EXPORT loomResult_t loomCommDestroy(loomComm_t comm)
 
 bool comm_stop(loomComm_t comm, const char *reason)
 {
-    if (atomic_exchange(&comm->aborting, 1)) return true;
+    if (atomic_exchange(&comm->st.aborting, 1)) return true;
 #ifdef LOOM_HAVE_CUDA
-    dev_abort(&comm->devh); /* kernels in flight stop spinning */
+    dev_abort(&comm->dev.host); /* kernels in flight stop spinning */
 #endif
     uint64_t one = 1;
-    ssize_t n = write(comm->wake_fd, &one, sizeof(one));
+    ssize_t n = write(comm->st.wake_fd, &one, sizeof(one));
     (void)n;
     /* A call blocked on comm in another thread sees the flag within one poll interval and
      * leaves; wait for it so that nothing is torn down under it. */
     uint64_t dl = base_now_ns() + 10000000000ull;
-    while (atomic_load(&comm->active_calls) > 0 && base_now_ns() < dl)
+    while (atomic_load(&comm->st.active_calls) > 0 && base_now_ns() < dl)
         usleep(1000);
-    bool idle = atomic_load(&comm->active_calls) == 0;
+    bool idle = atomic_load(&comm->st.active_calls) == 0;
     if (!idle)
         WARN(LOG_INIT, "a call on this communicator did not return within 10 s of its abort");
     comm_abort_transports(comm, reason);
@@ -728,12 +736,12 @@ LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *er
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetAsyncError: invalid communicator or NULL result pointer");
 #ifdef LOOM_HAVE_CUDA
-    dev_poll(&comm->devh);
+    dev_poll(&comm->dev.host);
 #endif
-    loomResult_t a = (loomResult_t)atomic_load(&comm->async_error);
-    if (a != loomInProgress && comm->init_thread_live) {
-        pthread_join(comm->init_thread, NULL);
-        comm->init_thread_live = false;
+    loomResult_t a = (loomResult_t)atomic_load(&comm->st.async_error);
+    if (a != loomInProgress && comm->st.init_thread_live) {
+        pthread_join(comm->st.init_thread, NULL);
+        comm->st.init_thread_live = false;
     }
     *err = a;
     return loomSuccess;
@@ -762,7 +770,7 @@ LOOM_EXPORT loomResult_t loomCommCuDevice(const loomComm_t comm, int *device)
     if (comm == NULL || comm->magic != COMM_MAGIC || device == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommCuDevice: invalid communicator or NULL device");
-    *device = comm->cuda_dev;
+    *device = comm->dev.cuda_dev;
     return loomSuccess;
 }
 

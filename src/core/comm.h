@@ -10,6 +10,7 @@
 #include "base.h"
 #include "dev.h"
 #include "exec.h"
+#include "lru.h"
 #include "reduce.h"
 #include "registry.h"
 #include "schedule.h"
@@ -57,35 +58,44 @@ typedef struct {
 
 #define COMM_MAX_PREMUL 64
 
-struct loomComm {
-    uint64_t magic;
-    int rank, nranks;
+/* Identity and layout (comm.c, bootstrap.c, split.c; read by the planner). */
+typedef struct {
     uint64_t comm_id;
     uint8_t secret[16];
     char name[64];
     peer_info_t *peers;
     int node, nnodes, local_rank, local_size;
     int *node_of, *node_start, *node_ranks; /* the layout, for sched_topo_t */
-    int algo;                               /* LOOM_ALGO, or ALGO_AUTO */
-    int last_pick;                          /* the model's previous choice (for the log) */
+} comm_layout_t;
 
+/* Transports and links (comm.c). */
+typedef struct {
     exec_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
     int forced_tp;        /* LOOM_TRANSPORT, or -1 */
     exec_link_t *links;   /* by peer; conn NULL until a schedule needs it */
+} comm_net_t;
 
-    uint64_t coll_seq; /* collectives issued so far */
-    uint64_t *p2p_send_seq, *p2p_recv_seq;
-    int split_count;
-
+/* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read
+ * by the planner, the registry's selection and the executor. */
+typedef struct {
+    int algo;      /* LOOM_ALGO, or ALGO_AUTO */
+    int last_pick; /* the model's previous choice (for the log) */
     int nchannels;
     uint64_t slice_bytes;
     int slices_in_flight;
     uint64_t spin_ns;
     double timeout_s;
+} comm_tune_t;
 
-    premul_t premul[COMM_MAX_PREMUL];
+/* Operation order: every rank numbers its operations alike (coll.c, split.c). */
+typedef struct {
+    uint64_t coll;                 /* collectives issued so far */
+    uint64_t *p2p_send, *p2p_recv; /* point-to-point messages, by peer */
+    int split;                     /* splits so far */
+} comm_seq_t;
 
-    /* State shared with other threads: abort and the asynchronous error. */
+/* Error and abort state, shared with other threads (comm.c). */
+typedef struct {
     atomic_int aborting;
     atomic_int active_calls; /* API calls inside this communicator now */
     int wake_fd;             /* eventfd: written by abort to wake a blocked poll */
@@ -93,31 +103,48 @@ struct loomComm {
     atomic_int async_error; /* loomResult_t */
     char async_text[ERR_TEXT_MAX];
     bool finalized;
-    int cuda_dev;                    /* bound GPU, -1 none */
-    dev_host_t devh;                 /* this communicator as the device executor (src/cuda) sees it;
-                                        devh.state is NULL until device memory is used */
-    loomComm_t dev_stage, dev_cross; /* the host side of device work crossing nodes */
-
-    /* Non-blocking init. */
-    pthread_t init_thread;
+    pthread_t init_thread; /* non-blocking init */
     bool init_thread_live;
+} comm_state_t;
 
-    loomStats_t stats;
-    exec_host_t exech; /* this communicator as the host executor sees it (comm_exec_fill) */
+/* Device buffers (enqueue.c, devhost.c). */
+typedef struct {
+    int cuda_dev;            /* bound GPU, -1 none */
+    dev_host_t host;         /* this communicator as the device executor (src/cuda) sees it;
+                                host.state is NULL until device memory is used */
+    loomComm_t stage, cross; /* the host side of device work crossing nodes */
+} comm_dev_t;
+
+/* What coll.c keeps between calls. */
+typedef struct {
     /* Schedules' scratch (SCHED_BUF_TMP), kept between calls (one schedule runs at a time per
      * communicator) so that big calls do not map and fault fresh pages each time. */
     uint8_t *tmp_buf;
     size_t tmp_bytes;
-    sched_t sched; /* point-to-point schedules, rebuilt each time */
+    sched_t p2p; /* point-to-point schedules, rebuilt each time */
     /* Collective schedules by shape: a training loop repeats the same few calls, and building
      * a schedule (with its dependencies) costs more than small calls themselves. */
     struct comm_sched_cache {
-        bool used;
         uint64_t key[6];
-        uint64_t last_use;
+        uint64_t last_use; /* lru.h's stamp; 0: empty */
         sched_t s;
-    } cache[8];
-    uint64_t cache_clock;
+    } slot[8];
+    lru_clock_t clock;
+} comm_cache_t;
+
+struct loomComm {
+    uint64_t magic;
+    int rank, nranks;
+    comm_layout_t lay;
+    comm_net_t net;
+    comm_tune_t tune;
+    comm_seq_t seq;
+    comm_state_t st;
+    comm_dev_t dev;
+    premul_t premul[COMM_MAX_PREMUL]; /* loomRedOpCreatePreMulSum's operators (comm.c) */
+    loomStats_t stats;
+    exec_host_t exech; /* this communicator as the host executor sees it (comm_exec_fill) */
+    comm_cache_t cache;
 };
 
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or

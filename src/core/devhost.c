@@ -15,14 +15,14 @@
 
 static loomComm_t comm_of(dev_host_t *h)
 {
-    return (loomComm_t)((char *)h - offsetof(struct loomComm, devh));
+    return (loomComm_t)((char *)h - offsetof(struct loomComm, dev.host));
 }
 
 static loomResult_t host_error(dev_host_t *h, const char **text)
 {
     loomComm_t comm = comm_of(h);
-    loomResult_t r = (loomResult_t)atomic_load(&comm->async_error);
-    if (text) *text = comm->async_text;
+    loomResult_t r = (loomResult_t)atomic_load(&comm->st.async_error);
+    if (text) *text = comm->st.async_text;
     return r;
 }
 
@@ -47,9 +47,9 @@ static loomResult_t host_stage_open(dev_host_t *h, int cross_color)
     loomComm_t comm = comm_of(h);
     loomConfig_t cfg;
     LOOM_CHECK(comm_config_read(NULL, &cfg));
-    LOOM_CHECK(comm_split(comm, 0, comm->rank, &cfg, &comm->dev_stage));
-    return comm_split(comm, cross_color >= 0 ? cross_color : LOOM_SPLIT_NOCOLOR, comm->node, &cfg,
-                      &comm->dev_cross);
+    LOOM_CHECK(comm_split(comm, 0, comm->rank, &cfg, &comm->dev.stage));
+    return comm_split(comm, cross_color >= 0 ? cross_color : LOOM_SPLIT_NOCOLOR, comm->lay.node,
+                      &cfg, &comm->dev.cross);
 }
 
 /* The executor's host operations as core's: reduce's receive buffer means nothing on the
@@ -58,7 +58,7 @@ static loomResult_t stage_ops(loomComm_t comm, const host_op_t *ops, int nops, c
 {
     for (int i = 0; i < nops; i++) {
         const host_op_t *o = &ops[i];
-        loomComm_t c = o->cross ? comm->dev_cross : comm->dev_stage;
+        loomComm_t c = o->cross ? comm->dev.cross : comm->dev.stage;
         if (c == NULL)
             return base_error(loomInternalError, LOG_CUDA,
                               "staging: rank %d has no %s communicator for operation %d",
@@ -98,22 +98,22 @@ static loomResult_t host_stage_test(dev_host_t *h, void *job, bool *done)
 static void host_stage_stop(dev_host_t *h, const char *why)
 {
     loomComm_t comm = comm_of(h);
-    if (comm->dev_stage) comm_stop(comm->dev_stage, why);
-    if (comm->dev_cross) comm_stop(comm->dev_cross, why);
+    if (comm->dev.stage) comm_stop(comm->dev.stage, why);
+    if (comm->dev.cross) comm_stop(comm->dev.cross, why);
 }
 
 static void host_stage_close(dev_host_t *h)
 {
     loomComm_t comm = comm_of(h);
-    comm_free(comm->dev_stage);
-    comm_free(comm->dev_cross);
-    comm->dev_stage = comm->dev_cross = NULL;
+    comm_free(comm->dev.stage);
+    comm_free(comm->dev.cross);
+    comm->dev.stage = comm->dev.cross = NULL;
 }
 
 static loomResult_t host_progress_attach(dev_host_t *h,
                                          uint64_t (*poll)(void *arg, bool *progressed), void *arg)
 {
-    return progress_attach(poll, arg, comm_of(h)->spin_ns);
+    return progress_attach(poll, arg, comm_of(h)->tune.spin_ns);
 }
 
 static void host_progress_detach(dev_host_t *h, void *arg)
@@ -130,17 +130,17 @@ static void host_progress_wake(dev_host_t *h)
 
 void comm_devhost_fill(loomComm_t comm)
 {
-    dev_host_t *h = &comm->devh;
+    dev_host_t *h = &comm->dev.host;
     h->rank = comm->rank;
     h->nranks = comm->nranks;
-    h->node = comm->node;
-    h->nnodes = comm->nnodes;
-    h->local_rank = comm->local_rank;
-    h->local_size = comm->local_size;
-    h->node_ranks = comm->node_ranks;
-    h->node_start = comm->node_start;
-    h->timeout_s = comm->timeout_s;
-    h->cuda_dev = comm->cuda_dev;
+    h->node = comm->lay.node;
+    h->nnodes = comm->lay.nnodes;
+    h->local_rank = comm->lay.local_rank;
+    h->local_size = comm->lay.local_size;
+    h->node_ranks = comm->lay.node_ranks;
+    h->node_start = comm->lay.node_start;
+    h->timeout_s = comm->tune.timeout_s;
+    h->cuda_dev = comm->dev.cuda_dev;
     h->error = host_error;
     h->set_error = host_set_error;
     h->allgather = host_allgather;

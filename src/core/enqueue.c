@@ -102,12 +102,12 @@ static loomResult_t check_buf(const char *fn, const char *name, const void *p, s
 #ifdef LOOM_HAVE_CUDA
     call_dev = true;
     /* the communicator binds to the first device buffer's GPU (or its config's) */
-    if (call_comm->cuda_dev >= 0 && ord != call_comm->cuda_dev)
+    if (call_comm->dev.cuda_dev >= 0 && ord != call_comm->dev.cuda_dev)
         return base_error(loomInvalidUsage, LOG_CUDA,
                           "%s: %s (%p) is on GPU %d, but rank %d of this communicator is bound "
                           "to GPU %d",
-                          fn, name, p, ord, call_comm->rank, call_comm->cuda_dev);
-    call_comm->cuda_dev = ord;
+                          fn, name, p, ord, call_comm->rank, call_comm->dev.cuda_dev);
+    call_comm->dev.cuda_dev = ord;
     call_seen = p;
     return loomSuccess;
 #else
@@ -212,11 +212,11 @@ static loomResult_t run_dev_ops(loomComm_t c, int first)
         }
         o->comm = NULL; /* taken */
     }
-    atomic_fetch_add(&c->active_calls, 1);
+    atomic_fetch_add(&c->st.active_calls, 1);
     log_set_rank(c->rank);
-    loomResult_t r = dev_run(&c->devh, dops, m);
+    loomResult_t r = dev_run(&c->dev.host, dops, m);
     if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
-    atomic_fetch_sub(&c->active_calls, 1);
+    atomic_fetch_sub(&c->st.active_calls, 1);
     if (dops != few) free(dops);
     return r;
 }
@@ -233,13 +233,13 @@ static loomResult_t run_group(void)
         dev_host_t *fresh[n];
         int nf = 0;
         for (int i = 0; i < n; i++) {
-            if (!gq[i].dev || dev_ready(&gq[i].comm->devh)) continue;
+            if (!gq[i].dev || dev_ready(&gq[i].comm->dev.host)) continue;
             int k = 0;
-            while (k < nf && fresh[k] != &gq[i].comm->devh)
+            while (k < nf && fresh[k] != &gq[i].comm->dev.host)
                 k++;
             if (k == nf) {
                 comm_devhost_fill(gq[i].comm);
-                fresh[nf++] = &gq[i].comm->devh;
+                fresh[nf++] = &gq[i].comm->dev.host;
             }
         }
         if (nf) res = dev_setup(fresh, nf);

@@ -38,8 +38,8 @@ LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loom
 loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t *cfg,
                         loomComm_t *newcomm)
 {
-    uint64_t split_id = base_hash64(&comm->split_count, sizeof(comm->split_count), comm->comm_id);
-    comm->split_count++;
+    uint64_t split_id = base_hash64(&comm->seq.split, sizeof(comm->seq.split), comm->lay.comm_id);
+    comm->seq.split++;
     loomResult_t r = loomSuccess;
     loomComm_t child = NULL;
     split_rec_t mine = {.color = color, .key = key};
@@ -56,8 +56,8 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
             cn++;
         }
         LOOM_CHECK_GOTO(comm_alloc(cn, crank, cfg, &child), r, out);
-        child->comm_id = base_hash64(&color, sizeof(color), split_id);
-        memcpy(child->secret, comm->secret, 16);
+        child->lay.comm_id = base_hash64(&color, sizeof(color), split_id);
+        memcpy(child->lay.secret, comm->lay.secret, 16);
         LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
     }
     LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
@@ -69,9 +69,9 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
                 if (all[o].color == color &&
                     (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
                     qr++;
-            child->peers[qr] = comm->peers[q];
-            child->peers[qr].rank = qr;
-            memcpy(child->peers[qr].handle, all[q].handle, sizeof(all[q].handle));
+            child->lay.peers[qr] = comm->lay.peers[q];
+            child->lay.peers[qr].rank = qr;
+            memcpy(child->lay.peers[qr].handle, all[q].handle, sizeof(all[q].handle));
         }
         LOOM_CHECK_GOTO(comm_layout(child), r, out);
         INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
