@@ -1,13 +1,10 @@
 /* loom-info: the library's version, every parameter with its current value and meaning, the
- * allreduce algorithms LOOM_ALGO can name, and the network interface and node identity this
- * process would use. */
+ * allreduce algorithms LOOM_ALGO can name and the transports built (both from loom's own tables),
+ * and the network interface and node identity this process would use. */
 #include <stdio.h>
 #include <string.h>
 
-#include "comm.h"
-#include "param.h"
-#include "registry.h"
-#include "sock.h"
+#include "loom_internal.h"
 
 int main(int argc, char **argv)
 {
@@ -35,15 +32,22 @@ int main(int argc, char **argv)
         const registry_algo_t *a = registry_get(i);
         printf("  %-12s applies: %s\n  %-12s %s\n", a->name, a->applies, "", a->doc);
     }
-    printf("\nTransports built: tcp\n");
+    size_t ntp;
+    const transport_ops_t *const *tps = transport_all(&ntp);
+    printf("\nTransports built (LOOM_TRANSPORT; unset: shm inside a node, tcp across):\n");
+    for (size_t i = 0; i < ntp; i++)
+        printf("  %-12s reaches %s, moves %s memory; model hints %.1f GB/s, %.1f us\n",
+               tps[i]->name, tps[i]->reach & TRANSPORT_REACH_NET ? "any node" : "this node only",
+               tps[i]->mem_types & TRANSPORT_MEM_CUDA ? "host and CUDA" : "host", tps[i]->bw_GBps,
+               tps[i]->latency_us);
     sock_addr_t a;
     char ifname[64], as[SOCK_ADDR_STRLEN];
     if (sock_pick_address(&a, ifname, sizeof(ifname)) == loomSuccess)
         printf("Interface: %s, address %s\n", ifname, sock_addr_str(&a, as, sizeof(as)));
     else
         printf("Interface: none: %s\n", base_last_error());
-    char host[HOST_NAME_LEN];
-    uint64_t node = boot_node_hash(host, sizeof(host));
+    char host[64];
+    uint64_t node = loom_node_identity(host, sizeof(host));
     printf("Node identity: %016llx (host %s%s)\n", (unsigned long long)node, host,
            param_is_set(PARAM_NODE_ID) ? ", from LOOM_NODE_ID" : ", boot id and network namespace");
     return 0;

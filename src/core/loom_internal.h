@@ -9,7 +9,9 @@
  *   (cudrv.h: self-contained; a program that links only libloom.so compiles src/base/cudrv.c
  *   into itself, as loom-perf does);
  * - a communicator's liveness and its revocation (NCCL's ncclCommRevoke);
- * - what loom-info lists: the transports and algorithms built, this process's node identity.
+ * - what loom-info lists: the algorithm registry (registry.h), the transports built
+ *   (transport.h's transport_all), the interface the sockets would use (sock.h) and this
+ *   process's node identity.
  *
  * Functions here are loom's internal (hidden) symbols: only programs linked with loom's objects
  * (the shim, loom-info) may call them; loom-perf uses only the vocabulary above.
@@ -25,6 +27,9 @@
 #include "loom.h"
 #include "param.h"
 #include "reduce.h"
+#include "registry.h"
+#include "sock.h"
+#include "transport.h"
 #ifdef LOOM_HAVE_CUDA
 #include "cudrv.h"
 #endif
