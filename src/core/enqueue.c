@@ -437,7 +437,9 @@ LOOM_EXPORT loomResult_t loomCommRegister(const loomComm_t comm, void *buff, siz
     LOOM_CHECK(comm_check(comm, "loomCommRegister"));
     if (handle == NULL || (buff == NULL && size > 0))
         return base_error(loomInvalidArgument, LOG_COLL, "loomCommRegister: NULL handle or buffer");
-    /* Host memory needs no registration for the TCP transport: the handle records the range. */
+    /* No transport built needs memory registered (tcp and shm move any host memory; device
+     * buffers are mapped per allocation by the device executor's IPC cache): the handle only
+     * records the range. */
     void **h = malloc(2 * sizeof(void *));
     if (h == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
     h[0] = buff;
