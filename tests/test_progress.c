@@ -120,6 +120,35 @@ START_TEST(poll_detaches_itself)
 }
 END_TEST
 
+/* Work whose descriptors never fire, watched by the thread. */
+static int silent_pollfds(prog_work_t *w, struct pollfd *fds, int max)
+{
+    (void)w;
+    (void)fds;
+    (void)max;
+    return 0;
+}
+
+/* One poll function asks to be called again at once (it waits on watched work, the network)
+ * while another asks for a short sleep (it waits on the GPU): the short sleep is kept, the
+ * thread does not block for PROGRESS_BLOCK_MS on the watched descriptors. */
+START_TEST(short_sleep_kept_beside_watched_work)
+{
+    prog_work_t silent = {.pollfds = silent_pollfds};
+    counter_t net = {.hint = 0}, gpu = {.hint = 1000000};
+    progress_watch(&silent);
+    ck_assert_int_eq(progress_attach(count_poll, &net, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &gpu, 0), loomSuccess);
+    usleep(200000);
+    int n = atomic_load(&gpu.calls);
+    progress_detach(&gpu);
+    progress_detach(&net);
+    progress_unwatch(&silent);
+    /* ~200 calls at 1 ms; blocking 100 ms at a time would give about 2 */
+    ck_assert_msg(n >= 20, "%d calls in 200 ms at 1 ms intervals", n);
+}
+END_TEST
+
 /* ---- progress_drive ---- */
 
 typedef struct {
@@ -322,6 +351,7 @@ int main(void)
     tcase_add_test(t, thread_sleeps_until_woken);
     tcase_add_test(t, detach_waits_for_running_poll);
     tcase_add_test(t, poll_detaches_itself);
+    tcase_add_test(t, short_sleep_kept_beside_watched_work);
     tcase_set_timeout(t, 60);
     suite_add_tcase(s, t);
     TCase *d = tcase_create("drive");

@@ -77,14 +77,16 @@ static bool attached(void *arg)
     return false;
 }
 
-/* Runs every attached poll function once; returns the shortest sleep asked for. The list is
- * copied first: a poll function may attach or detach (itself or others) while it runs. */
-static uint64_t poll_pass(bool *progressed, uint64_t *spin)
+/* Runs every attached poll function once; returns the shortest non-zero sleep asked for and
+ * says whether any asked to be called again at once (*again). The list is copied first: a poll
+ * function may attach or detach (itself or others) while it runs. */
+static uint64_t poll_pass(bool *progressed, bool *again, uint64_t *spin)
 {
     static prog_source_t *snap;
     static int snap_cap;
     uint64_t sleep_ns = UINT64_MAX;
     *spin = 0;
+    *again = false;
     pthread_mutex_lock(&pe.lock);
     if (snap_cap < pe.nsrc) {
         prog_source_t *n = realloc(snap, (size_t)pe.cap * sizeof(*n));
@@ -107,14 +109,20 @@ static uint64_t poll_pass(bool *progressed, uint64_t *spin)
         pe.busy = NULL;
         pthread_cond_broadcast(&pe.idle);
         *progressed |= p;
-        sleep_ns = LOOM_MIN(sleep_ns, hint);
+        if (hint == 0)
+            *again = true;
+        else
+            sleep_ns = LOOM_MIN(sleep_ns, hint);
         *spin = LOOM_MAX(*spin, snap[i].spin_ns);
     }
     pthread_mutex_unlock(&pe.lock);
     return sleep_ns;
 }
 
-static void thread_sleep(uint64_t sleep_ns)
+/* Sleeps until woken, until a watched descriptor fires, or for sleep_ns; `again`: a poll
+ * function asked to be called at once (it waits for the network, whose descriptors are
+ * watched, or for the GPU, which has none), so the sleep is capped. */
+static void thread_sleep(uint64_t sleep_ns, bool again)
 {
     struct pollfd fds[PROGRESS_MAX_FDS];
     int nf = 0;
@@ -124,9 +132,7 @@ static void thread_sleep(uint64_t sleep_ns)
     for (int i = 0; i < pe.nwatch && nf < PROGRESS_MAX_FDS; i++)
         nf += pe.watch[i]->pollfds(pe.watch[i], fds + nf, PROGRESS_MAX_FDS - nf);
     pthread_mutex_unlock(&pe.lock);
-    /* A poll function that wants calling again at once while nothing moves is waiting for the
-     * network (its work is watched) or for the GPU: cap the sleep accordingly. */
-    if (sleep_ns == 0) sleep_ns = nwatch ? (uint64_t)PROGRESS_BLOCK_MS * 1000000 : 50000;
+    if (again) sleep_ns = LOOM_MIN(sleep_ns, nwatch ? PROGRESS_BLOCK_MS * 1000000ull : 50000ull);
     struct timespec ts, *tp = NULL;
     if (sleep_ns != UINT64_MAX) {
         ts.tv_sec = (time_t)(sleep_ns / 1000000000);
@@ -147,16 +153,16 @@ static void *thread_main(void *arg)
     on_thread = true;
     uint64_t idle_since = base_now_ns();
     for (;;) {
-        bool progressed = false;
+        bool progressed = false, again = false;
         uint64_t spin = 0;
-        uint64_t sleep_ns = poll_pass(&progressed, &spin);
+        uint64_t sleep_ns = poll_pass(&progressed, &again, &spin);
         uint64_t now = base_now_ns();
         if (progressed) {
             idle_since = now;
             continue;
         }
-        if (sleep_ns == 0 && now - idle_since < spin) continue;
-        thread_sleep(sleep_ns);
+        if (again && now - idle_since < spin) continue;
+        thread_sleep(sleep_ns, again);
     }
     return NULL;
 }
