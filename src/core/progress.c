@@ -5,6 +5,12 @@
  * Cost: progress_drive adds no thread hop and no allocation to a host call: it is the loop that
  * used to sit in the group runner, with the wait moved here. The thread exists only once
  * something attaches, and sleeps in ppoll when idle.
+ *
+ * Why poll and not epoll: the descriptors to wait on change from one wait to the next (links
+ * connect lazily, groups start and end), a wait happens only after spinning found nothing, and
+ * the sets are a handful of descriptors; gathering them afresh costs less than keeping an
+ * epoll set in step with every transport, and ppoll also gives the thread sub-millisecond
+ * sleeps for poll functions that watch GPU flags.
  */
 #include <errno.h>
 #include <poll.h>
