@@ -1,4 +1,4 @@
-/* Communicator lifecycle: init, split, finalize, destroy, abort, errors and queries. */
+/* Communicator lifecycle: init, finalize, destroy, abort, errors and queries (split: split.c). */
 #include <errno.h>
 #include <poll.h>
 #include <stddef.h>
