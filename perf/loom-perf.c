@@ -1168,7 +1168,21 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     int c;
     while ((c = getopt_long(argc, argv, "P:b:e:f:i:n:w:d:o:r:c:C:h", lo, NULL)) != -1) {
         switch (c) {
-        case 'P': o->nranks_local = atoi(optarg); break;
+        case 'P': {
+            /* atoi made "-P abc" zero, which read as no -P: a benchmark of a job not asked for */
+            char *end;
+            errno = 0;
+            long k = strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || errno != 0 || k < 1 || k > 4096) {
+                fprintf(stderr,
+                        "loom-perf: -P %s: not a rank count (a whole number from 1 to "
+                        "4096)\n",
+                        optarg);
+                exit(2);
+            }
+            o->nranks_local = (int)k;
+            break;
+        }
         case 'b':
             if (parse_size(optarg, &o->minb)) return -1;
             break;
@@ -1471,29 +1485,30 @@ int main(int argc, char **argv)
     }
     /* loom-perf's own local launch stays on loopback unless told otherwise. */
     if (o.nranks_local > 0) setenv("LOOM_SOCKET_IFNAME", "lo", 0);
-    const char *lr = getenv("LOCAL_RANK");
-    int local_rank = lr && *lr ? atoi(lr) : -1;
-    if (o.nranks_local == 0 && getenv("RANK") && getenv("WORLD_SIZE") && getenv("MASTER_ADDR")) {
-        /* Started the way torchrun starts ranks: one process per rank. */
-        launch_t L = {.rank = atoi(getenv("RANK")),
-                      .nranks = atoi(getenv("WORLD_SIZE")),
-                      .local_rank = local_rank,
-                      .torchrun = 1};
-        if (o.backend == BE_NCCL && !(L.id_file = getenv("LOOM_ID_FILE"))) {
-            fprintf(stderr, "loom-perf: --backend nccl under torchrun needs LOOM_ID_FILE (a path "
-                            "every rank can read; rank 0 writes NCCL's unique id there)\n");
+    /* Any launcher's variables: the ranks are the launcher's (loomCommInitFromEnv's detection),
+     * so mpirun -np 4 runs one job of 4 ranks, never four jobs of one. */
+    launch_env_t env = {.found = false};
+    if (o.nranks_local == 0 && loom_launch_detect(&env) != loomSuccess) {
+        fprintf(stderr, "loom-perf: %s\n", loomGetLastError(NULL));
+        return 2;
+    }
+    const char *idf = getenv("LOOM_ID_FILE");
+    if (env.found && !(!strcmp(env.name, "loom") && idf)) {
+        launch_t L = {
+            .rank = env.rank, .nranks = env.nranks, .local_rank = env.local_rank, .torchrun = 1};
+        if (o.backend == BE_NCCL && (!(L.id_file = idf) || env.nranks < 1)) {
+            fprintf(stderr,
+                    "loom-perf: --backend nccl under a launcher (%s) needs LOOM_ID_FILE "
+                    "(a path every rank can read; rank 0 writes NCCL's unique id there) "
+                    "and a launcher that gives the job size\n",
+                    env.vars);
             return 2;
         }
         return rank_main(&o, &L);
     }
-    const char *er = getenv("LOOM_RANK"), *ew = getenv("LOOM_WORLD_SIZE");
-    if (o.nranks_local == 0 && er && ew) {
-        launch_t L = {.rank = atoi(er), .nranks = atoi(ew), .local_rank = local_rank};
-        const char *idf = getenv("LOOM_ID_FILE");
-        if (!idf) {
-            fprintf(stderr, "loom-perf: LOOM_RANK set but no LOOM_ID_FILE\n");
-            return 2;
-        }
+    if (env.found) {
+        /* LOOM_RANK/LOOM_WORLD_SIZE with LOOM_ID_FILE: the id travels through the file */
+        launch_t L = {.rank = env.rank, .nranks = env.nranks, .local_rank = env.local_rank};
         if (o.backend == BE_NCCL) {
             L.id_file = idf; /* rank 0 writes NCCL's id once its GPU is set up */
         } else if (L.rank == 0) {
