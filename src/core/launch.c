@@ -15,7 +15,8 @@
  * enclosing job. Slurm's variables outside a job step (a batch script sets SLURM_PROCID=0 for
  * itself and every mpirun below it inherits that) are ignored when another launcher is present.
  *
- * Rendezvous: one rank needs none; torchrun's ranks meet at MASTER_ADDR:MASTER_PORT; the others
+ * Rendezvous: one rank needs none; LOOM_RANK's ranks with LOOM_ID_FILE meet through that file
+ * (loom-perf writes and reads it); torchrun's ranks meet at MASTER_ADDR:MASTER_PORT; the others
  * through the launcher's PMIx server when one is reachable (the unique id, and with it the job's
  * secret, travels through PMIx), else at MASTER_ADDR:MASTER_PORT. A launcher of more than one rank
  * without either is an error, never a silent one-rank job.
@@ -144,6 +145,10 @@ static loomResult_t launch_pick_meet(launch_env_fn env, void *arg, int src, laun
     bool pmix_env = launch_have_pmix_server(env, arg);
     if (e->nranks == 1) {
         e->meet = LAUNCH_MEET_ALONE;
+        return loomSuccess;
+    }
+    if (src == SRC_LOOM && launch_get(env, arg, "LOOM_ID_FILE")) {
+        e->meet = LAUNCH_MEET_ID_FILE;
         return loomSuccess;
     }
     if (src != SRC_TORCHRUN && pmix_env && LAUNCH_PMIX_BUILT) {
@@ -365,6 +370,12 @@ loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
     case LAUNCH_MEET_MASTER:
         LOOM_CHECK(boot_uid_master(e.master_addr, e.master_port, e.rank, e.nranks, id));
         break;
+    case LAUNCH_MEET_ID_FILE:
+        return base_error(loomInvalidUsage, LOG_BOOT,
+                          "LOOM_RANK=%d with LOOM_ID_FILE: the id file is loom-perf's way to meet; "
+                          "loomCommInitFromEnv meets through a PMIx server or at "
+                          "MASTER_ADDR:MASTER_PORT (unset LOOM_ID_FILE and export those)",
+                          e.rank);
     case LAUNCH_MEET_PMIX:
 #ifdef LOOM_HAVE_PMIX
         LOOM_CHECK(launch_pmix_meet(&e, id, &e.nranks));

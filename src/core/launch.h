@@ -15,9 +15,10 @@
 typedef const char *(*launch_env_fn)(void *arg, const char *name);
 
 typedef enum {
-    LAUNCH_MEET_ALONE,  /* one rank: a local unique id */
-    LAUNCH_MEET_MASTER, /* rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT */
-    LAUNCH_MEET_PMIX,   /* rank 0's unique id travels through the launcher's PMIx server */
+    LAUNCH_MEET_ALONE,   /* one rank: a local unique id */
+    LAUNCH_MEET_MASTER,  /* rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT */
+    LAUNCH_MEET_PMIX,    /* rank 0's unique id travels through the launcher's PMIx server */
+    LAUNCH_MEET_ID_FILE, /* LOOM_RANK's ranks: rank 0 writes the id to LOOM_ID_FILE (loom-perf) */
 } launch_meet_t;
 
 typedef struct {
