@@ -187,13 +187,19 @@ START_TEST(precedence)
                  PMIX_VARS("3"),
                  {"SLURM_PROCID", "0"},
                  {"SLURM_NTASKS", "8"},
-                 {"SLURM_JOB_ID", "7"}}};
+                 {"SLURM_JOB_ID", "7"},
+                 {"MASTER_ADDR", "h"},
+                 {"MASTER_PORT", "9"}}};
     e = detect_ok(&d);
     ck_assert_str_eq(e.name, "Open MPI");
     ck_assert_int_eq(e.rank, 3);
     /* srun --mpi=pmix: PMIx beside Slurm, agreeing */
-    tenv_t f = {
-        {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "0"}, PMIX_VARS("2")}};
+    tenv_t f = {{{"SLURM_PROCID", "2"},
+                 {"SLURM_NTASKS", "4"},
+                 {"SLURM_STEP_ID", "0"},
+                 PMIX_VARS("2"),
+                 {"MASTER_ADDR", "h"},
+                 {"MASTER_PORT", "9"}}};
     e = detect_ok(&f);
     ck_assert_str_eq(e.name, "PMIx");
     ck_assert_int_eq(e.rank, 2);
