@@ -34,7 +34,12 @@ fi
 
 # MASTER_ADDR/MASTER_PORT beside Open MPI's variables: the way without PMIx (with PMIx loom
 # prefers the server, which carries the secret too).
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A port below the ephemeral range that nothing listens on (bash's /dev/tcp connect fails).
+port=0
+for ((try = 0; try < 200; try++)); do
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % 12000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+done
 if run "launch_prog under mpirun -np 3 with MASTER_ADDR/MASTER_PORT" 0 "${mpi[@]}" -np 3 \
         -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" -x LOOM_JOB_SECRET=launch-test "$prog"; then
     n=$(grep -c "launch_prog: rank [0-2] of 3 ok" "$out")
