@@ -8,8 +8,8 @@
  * #wrong elements differing from the exact expected result, summed over ranks (-c 1)
  *
  * Ranks: `-P k` forks k local ranks as children of this process (no launcher needed); otherwise
- * one rank per process from the launcher's environment (LOOM_RANK/LOOM_WORLD_SIZE with an id
- * file, see --help).
+ * one rank per process from the launcher's environment (mpirun, srun, torchrun, or
+ * LOOM_RANK/LOOM_WORLD_SIZE with an id file; see --help and README.md's "Launching").
  *
  * Memory (--mem): host buffers (malloc) by default. `--mem device` puts the buffers in CUDA
  * device memory (cuMemAlloc). The CUDA driver is used through src/base/cudrv.h, found at run time
@@ -1107,38 +1107,40 @@ static int run_rank(ctx_t *x)
 
 static void usage(void)
 {
-    printf("usage: loom-perf [options]\n"
-           "  -P k            fork k local ranks (default: 1 unless launched with LOOM_RANK)\n"
-           "  -b, -e SIZE     minimum and maximum size in bytes (K, M, G suffixes) [8, 64M]\n"
-           "  -f F            multiply the size by F each step [2]; -i S adds S instead\n"
-           "  -n N, -w N      timed and warm-up iterations [20, 5]\n"
-           "  -d TYPE         int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 "
-           "or all [float]\n"
-           "  -o OP           sum prod max min avg or all [sum]\n"
-           "  -r ROOT         root of broadcast and reduce [0]\n"
-           "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
-           "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
-           "[allreduce]\n"
-           "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
-           "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
-           "                  count, under a launcher); collectives on a non-blocking stream,\n"
-           "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
-           "                  256 MiB are checked on 16 windows of 16 MiB\n"
-           "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
-           "                  at run time, same sweep; implies --mem device\n"
-           "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
-           "  --csv FILE, --json FILE  write the results beside the table\n"
-           "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
-           "                  spent enqueueing, beside the time per call in all\n"
-           "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
-           "                  stream, opened on every rank at once when all are queued: the\n"
-           "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
-           "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
-           "                  queueing, and the gate then opens after 5 s with a warning)\n"
-           "Launched one process per rank: torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,\n"
-           "MASTER_PORT; LOOM_JOB_SECRET for the secret), or LOOM_RANK, LOOM_WORLD_SIZE and\n"
-           "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it). With --backend\n"
-           "nccl both ways need LOOM_ID_FILE: rank 0 writes NCCL's unique id there.\n");
+    printf(
+        "usage: loom-perf [options]\n"
+        "  -P k            fork k local ranks (default: 1 unless started by a launcher)\n"
+        "  -b, -e SIZE     minimum and maximum size in bytes (K, M, G suffixes) [8, 64M]\n"
+        "  -f F            multiply the size by F each step [2]; -i S adds S instead\n"
+        "  -n N, -w N      timed and warm-up iterations [20, 5]\n"
+        "  -d TYPE         int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 "
+        "or all [float]\n"
+        "  -o OP           sum prod max min avg or all [sum]\n"
+        "  -r ROOT         root of broadcast and reduce [0]\n"
+        "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
+        "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
+        "[allreduce]\n"
+        "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
+        "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
+        "                  count, under a launcher); collectives on a non-blocking stream,\n"
+        "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
+        "                  256 MiB are checked on 16 windows of 16 MiB\n"
+        "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
+        "                  at run time, same sweep; implies --mem device\n"
+        "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
+        "  --csv FILE, --json FILE  write the results beside the table\n"
+        "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
+        "                  spent enqueueing, beside the time per call in all\n"
+        "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
+        "                  stream, opened on every rank at once when all are queued: the\n"
+        "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
+        "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
+        "                  queueing, and the gate then opens after 5 s with a warning)\n"
+        "Launched one process per rank: by mpirun, srun or torchrun (their variables, as\n"
+        "loomCommInitFromEnv reads them; the ranks meet through the launcher's PMIx server or\n"
+        "at MASTER_ADDR:MASTER_PORT, LOOM_JOB_SECRET for the secret there), or LOOM_RANK,\n"
+        "LOOM_WORLD_SIZE and LOOM_ID_FILE (rank 0 writes the unique id there, the others read\n"
+        "it). With --backend nccl every way needs LOOM_ID_FILE: rank 0 writes NCCL's id there.\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
