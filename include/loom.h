@@ -257,11 +257,16 @@ loomResult_t loomCommDeregister(const loomComm_t comm, void *handle);
 /* ---- Extensions ------------------------------------------------------------------------- */
 
 /*
- * Creates this process's rank of a job started the way torchrun starts one: RANK, WORLD_SIZE,
- * MASTER_ADDR and MASTER_PORT (LOCAL_RANK and LOCAL_WORLD_SIZE are not needed: loom finds the
- * node layout itself). Rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT. The job's secret
- * is LOOM_JOB_SECRET (any text the launcher exports to every rank); without it the rendezvous
- * trusts whoever reaches the port first, and rank 0 logs a warning saying so.
+ * Creates this process's rank of a job started by a launcher: rank and size come from loom's own
+ * LOOM_RANK/LOOM_WORLD_SIZE, torchrun (RANK, WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*), PMIx
+ * (PMIX_RANK), MPICH/Hydra (PMI_RANK, PMI_SIZE) or Slurm (SLURM_PROCID, SLURM_NTASKS), in that
+ * order (README.md, "Launching"). The ranks meet through the launcher's PMIx server when there is
+ * one (Open MPI's mpirun, srun --mpi=pmix; the job's secret travels with it), else at
+ * MASTER_ADDR:MASTER_PORT, where rank 0 serves the rendezvous; torchrun's ranks always meet there.
+ * That way the secret is LOOM_JOB_SECRET (any text the launcher exports to every rank); without
+ * it the rendezvous trusts whoever reaches the port first, and rank 0 logs a warning saying so.
+ * A launcher of several ranks with no way to meet, malformed numbers, or launchers that disagree
+ * are errors naming the variables. Collective: every rank of the job calls it, in the same order.
  */
 loomResult_t loomCommInitFromEnv(loomComm_t *comm, loomConfig_t *config);
 

@@ -8,8 +8,8 @@
  * #wrong elements differing from the exact expected result, summed over ranks (-c 1)
  *
  * Ranks: `-P k` forks k local ranks as children of this process (no launcher needed); otherwise
- * one rank per process from the launcher's environment (LOOM_RANK/LOOM_WORLD_SIZE with an id
- * file, see --help).
+ * one rank per process from the launcher's environment (mpirun, srun, torchrun, or
+ * LOOM_RANK/LOOM_WORLD_SIZE with an id file; see --help and README.md's "Launching").
  *
  * Memory (--mem): host buffers (malloc) by default. `--mem device` puts the buffers in CUDA
  * device memory (cuMemAlloc). The CUDA driver is used through src/base/cudrv.h, found at run time
@@ -1107,38 +1107,40 @@ static int run_rank(ctx_t *x)
 
 static void usage(void)
 {
-    printf("usage: loom-perf [options]\n"
-           "  -P k            fork k local ranks (default: 1 unless launched with LOOM_RANK)\n"
-           "  -b, -e SIZE     minimum and maximum size in bytes (K, M, G suffixes) [8, 64M]\n"
-           "  -f F            multiply the size by F each step [2]; -i S adds S instead\n"
-           "  -n N, -w N      timed and warm-up iterations [20, 5]\n"
-           "  -d TYPE         int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 "
-           "or all [float]\n"
-           "  -o OP           sum prod max min avg or all [sum]\n"
-           "  -r ROOT         root of broadcast and reduce [0]\n"
-           "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
-           "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
-           "[allreduce]\n"
-           "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
-           "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
-           "                  count, under a launcher); collectives on a non-blocking stream,\n"
-           "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
-           "                  256 MiB are checked on 16 windows of 16 MiB\n"
-           "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
-           "                  at run time, same sweep; implies --mem device\n"
-           "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
-           "  --csv FILE, --json FILE  write the results beside the table\n"
-           "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
-           "                  spent enqueueing, beside the time per call in all\n"
-           "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
-           "                  stream, opened on every rank at once when all are queued: the\n"
-           "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
-           "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
-           "                  queueing, and the gate then opens after 5 s with a warning)\n"
-           "Launched one process per rank: torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,\n"
-           "MASTER_PORT; LOOM_JOB_SECRET for the secret), or LOOM_RANK, LOOM_WORLD_SIZE and\n"
-           "LOOM_ID_FILE (rank 0 writes the unique id there, the others read it). With --backend\n"
-           "nccl both ways need LOOM_ID_FILE: rank 0 writes NCCL's unique id there.\n");
+    printf(
+        "usage: loom-perf [options]\n"
+        "  -P k            fork k local ranks (default: 1 unless started by a launcher)\n"
+        "  -b, -e SIZE     minimum and maximum size in bytes (K, M, G suffixes) [8, 64M]\n"
+        "  -f F            multiply the size by F each step [2]; -i S adds S instead\n"
+        "  -n N, -w N      timed and warm-up iterations [20, 5]\n"
+        "  -d TYPE         int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 "
+        "or all [float]\n"
+        "  -o OP           sum prod max min avg or all [sum]\n"
+        "  -r ROOT         root of broadcast and reduce [0]\n"
+        "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
+        "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
+        "[allreduce]\n"
+        "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
+        "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
+        "                  count, under a launcher); collectives on a non-blocking stream,\n"
+        "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
+        "                  256 MiB are checked on 16 windows of 16 MiB\n"
+        "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
+        "                  at run time, same sweep; implies --mem device\n"
+        "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
+        "  --csv FILE, --json FILE  write the results beside the table\n"
+        "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
+        "                  spent enqueueing, beside the time per call in all\n"
+        "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
+        "                  stream, opened on every rank at once when all are queued: the\n"
+        "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
+        "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
+        "                  queueing, and the gate then opens after 5 s with a warning)\n"
+        "Launched one process per rank: by mpirun, srun or torchrun (their variables, as\n"
+        "loomCommInitFromEnv reads them; the ranks meet through the launcher's PMIx server or\n"
+        "at MASTER_ADDR:MASTER_PORT, LOOM_JOB_SECRET for the secret there), or LOOM_RANK,\n"
+        "LOOM_WORLD_SIZE and LOOM_ID_FILE (rank 0 writes the unique id there, the others read\n"
+        "it). With --backend nccl every way needs LOOM_ID_FILE: rank 0 writes NCCL's id there.\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -1168,7 +1170,21 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     int c;
     while ((c = getopt_long(argc, argv, "P:b:e:f:i:n:w:d:o:r:c:C:h", lo, NULL)) != -1) {
         switch (c) {
-        case 'P': o->nranks_local = atoi(optarg); break;
+        case 'P': {
+            /* atoi made "-P abc" zero, which read as no -P: a benchmark of a job not asked for */
+            char *end;
+            errno = 0;
+            long k = strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || errno != 0 || k < 1 || k > 4096) {
+                fprintf(stderr,
+                        "loom-perf: -P %s: not a rank count (a whole number from 1 to "
+                        "4096)\n",
+                        optarg);
+                exit(2);
+            }
+            o->nranks_local = (int)k;
+            break;
+        }
         case 'b':
             if (parse_size(optarg, &o->minb)) return -1;
             break;
@@ -1471,29 +1487,30 @@ int main(int argc, char **argv)
     }
     /* loom-perf's own local launch stays on loopback unless told otherwise. */
     if (o.nranks_local > 0) setenv("LOOM_SOCKET_IFNAME", "lo", 0);
-    const char *lr = getenv("LOCAL_RANK");
-    int local_rank = lr && *lr ? atoi(lr) : -1;
-    if (o.nranks_local == 0 && getenv("RANK") && getenv("WORLD_SIZE") && getenv("MASTER_ADDR")) {
-        /* Started the way torchrun starts ranks: one process per rank. */
-        launch_t L = {.rank = atoi(getenv("RANK")),
-                      .nranks = atoi(getenv("WORLD_SIZE")),
-                      .local_rank = local_rank,
-                      .torchrun = 1};
-        if (o.backend == BE_NCCL && !(L.id_file = getenv("LOOM_ID_FILE"))) {
-            fprintf(stderr, "loom-perf: --backend nccl under torchrun needs LOOM_ID_FILE (a path "
-                            "every rank can read; rank 0 writes NCCL's unique id there)\n");
+    /* Any launcher's variables: the ranks are the launcher's (loomCommInitFromEnv's detection),
+     * so mpirun -np 4 runs one job of 4 ranks, never four jobs of one. */
+    launch_env_t env = {.found = false};
+    if (o.nranks_local == 0 && loom_launch_detect(&env) != loomSuccess) {
+        fprintf(stderr, "loom-perf: %s\n", loomGetLastError(NULL));
+        return 2;
+    }
+    const char *idf = getenv("LOOM_ID_FILE");
+    if (env.found && !(!strcmp(env.name, "loom") && idf)) {
+        launch_t L = {
+            .rank = env.rank, .nranks = env.nranks, .local_rank = env.local_rank, .torchrun = 1};
+        if (o.backend == BE_NCCL && (!(L.id_file = idf) || env.nranks < 1)) {
+            fprintf(stderr,
+                    "loom-perf: --backend nccl under a launcher (%s) needs LOOM_ID_FILE "
+                    "(a path every rank can read; rank 0 writes NCCL's unique id there) "
+                    "and a launcher that gives the job size\n",
+                    env.vars);
             return 2;
         }
         return rank_main(&o, &L);
     }
-    const char *er = getenv("LOOM_RANK"), *ew = getenv("LOOM_WORLD_SIZE");
-    if (o.nranks_local == 0 && er && ew) {
-        launch_t L = {.rank = atoi(er), .nranks = atoi(ew), .local_rank = local_rank};
-        const char *idf = getenv("LOOM_ID_FILE");
-        if (!idf) {
-            fprintf(stderr, "loom-perf: LOOM_RANK set but no LOOM_ID_FILE\n");
-            return 2;
-        }
+    if (env.found) {
+        /* LOOM_RANK/LOOM_WORLD_SIZE with LOOM_ID_FILE: the id travels through the file */
+        launch_t L = {.rank = env.rank, .nranks = env.nranks, .local_rank = env.local_rank};
         if (o.backend == BE_NCCL) {
             L.id_file = idf; /* rank 0 writes NCCL's id once its GPU is set up */
         } else if (L.rank == 0) {

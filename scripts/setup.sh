@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 builddir=${1:-build}
 export PATH=/usr/local/cuda/bin:$PATH
 
-pkgs=(meson ninja-build pkg-config gcc check libopenmpi-dev openmpi-bin libgloo-dev g++ iproute2
-      clang-format)
+pkgs=(meson ninja-build pkg-config gcc check libopenmpi-dev openmpi-bin libpmix-dev libgloo-dev g++
+      iproute2 clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -290,33 +290,9 @@ loomResult_t boot_uid_create(loomUniqueId *id)
     return loomSuccess;
 }
 
-static bool env_int(const char *name, int *out)
+loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int nranks,
+                             loomUniqueId *id)
 {
-    const char *v = getenv(name);
-    if (v == NULL || v[0] == '\0') return false;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end != '\0' || x < 0 || x > INT32_MAX) return false;
-    *out = (int)x;
-    return true;
-}
-
-loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
-{
-    const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
-    int port = 0;
-    if (!env_int("RANK", rank) || !env_int("WORLD_SIZE", nranks) || maddr == NULL ||
-        !env_int("MASTER_PORT", &port) || port == 0 || port > 65535)
-        return base_error(loomInvalidUsage, LOG_BOOT,
-                          "init from the environment needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                          "MASTER_PORT (as torchrun sets them); found RANK=%s WORLD_SIZE=%s "
-                          "MASTER_ADDR=%s MASTER_PORT=%s",
-                          getenv("RANK") ? getenv("RANK") : "(unset)",
-                          getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)",
-                          maddr ? maddr : "(unset)", mport ? mport : "(unset)");
-    if (*rank >= *nranks)
-        return base_error(loomInvalidUsage, LOG_BOOT, "RANK=%d is not below WORLD_SIZE=%d", *rank,
-                          *nranks);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     int g = getaddrinfo(maddr, mport, &hints, &res);
     if (g != 0 || res == NULL)
@@ -335,17 +311,17 @@ loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
     if (secret[0]) {
         static const uint8_t zero[16];
         base_siphash128(zero, secret, strlen(secret), u.secret);
-    } else if (*rank == 0) {
+    } else if (rank == 0) {
         WARN(LOG_BOOT,
              "no LOOM_JOB_SECRET: the rendezvous at %s:%s trusts whoever reaches it first; a "
              "launcher should export one random value to every rank",
              maddr, mport);
     }
     char ident[300];
-    int n = snprintf(ident, sizeof(ident), "%s:%s/%d", maddr, mport, *nranks);
+    int n = snprintf(ident, sizeof(ident), "%s:%s/%d", maddr, mport, nranks);
     u.job_id = base_hash64(ident, (size_t)n, base_hash64(u.secret, 16, 0x746f726368));
     sock_addr_pack(&root, u.root_addr);
-    if (*rank == 0) {
+    if (rank == 0) {
         sock_addr_t bound;
         LOOM_CHECK(boot_root_start(&root, u.secret, u.job_id, &bound));
         char as[SOCK_ADDR_STRLEN];

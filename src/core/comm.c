@@ -591,7 +591,7 @@ LOOM_EXPORT loomResult_t loomCommInitFromEnv(loomComm_t *comm, loomConfig_t *con
     base_clear_error();
     loomUniqueId id;
     int rank, nranks;
-    LOOM_CHECK(boot_uid_from_env(&id, &rank, &nranks));
+    LOOM_CHECK(launch_uid_from_env(&id, &rank, &nranks));
     return loomCommInitRankConfig(comm, nranks, id, rank, config);
 }
 

@@ -185,9 +185,10 @@ void comm_abort_transports(loomComm_t comm, const char *reason);
 /* Bootstrap (bootstrap.c). */
 loomResult_t boot_uid_create(loomUniqueId *id);
 loomResult_t boot_uid_parse(const loomUniqueId *id, uid_layout_t *out);
-/* The id of a job launched torchrun's way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0
- * starts the rendezvous at MASTER_ADDR:MASTER_PORT. */
-loomResult_t boot_uid_from_env(loomUniqueId *id, int *rank, int *nranks);
+/* The id of a job whose ranks meet at MASTER_ADDR:MASTER_PORT (torchrun's way; launch.c checked
+ * the variables): rank 0 starts the rendezvous there. The secret comes from LOOM_JOB_SECRET. */
+loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int nranks,
+                             loomUniqueId *id);
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
 uint64_t boot_node_hash(char *host, size_t hostlen);

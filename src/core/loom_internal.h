@@ -14,7 +14,9 @@
  *   process's node identity.
  *
  * Functions here are loom's internal (hidden) symbols: only programs linked with loom's objects
- * (the shim, loom-info) may call them; loom-perf uses only the vocabulary above.
+ * (the shim, loom-info) may call them; loom-perf uses only the vocabulary above, and
+ * loom_launch_detect, the one exported: a benchmark must read its ranks the way
+ * loomCommInitFromEnv does, or it measures a different job than the one launched.
  */
 #ifndef LOOM_INTERNAL_H
 #define LOOM_INTERNAL_H
@@ -24,6 +26,7 @@
 #include <stdint.h>
 
 #include "base.h"
+#include "launch.h"
 #include "loom.h"
 #include "param.h"
 #include "reduce.h"
@@ -42,6 +45,10 @@ bool loom_comm_revoke(loomComm_t comm, const char *reason);
 /* The communicator's rank and size (for log lines of callers that hold only the handle). */
 int loom_comm_rank(loomComm_t comm);
 int loom_comm_size(loomComm_t comm);
+
+/* launch.c's detection on the process environment (see launch.h): whether a launcher started
+ * this process, its rank, size and local rank, and how the ranks will meet. Logs its error. */
+LOOM_EXPORT loomResult_t loom_launch_detect(launch_env_t *out);
 
 /* The node identity this process has (host name + boot id + network namespace, or
  * LOOM_NODE_ID), writing the host name. */
