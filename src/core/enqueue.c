@@ -7,6 +7,7 @@
  * nothing to wait for) and the host ones to core's internal entry (coll.h), which turns each
  * communicator's operations into schedules and drives them together on this thread.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,9 +155,40 @@ static loomResult_t check_no_partial_overlap(const char *fn, const void *s, size
 
 static loomResult_t run_group(void);
 
+/* A thread's queue is freed when the thread ends; operations of a group it left open let go
+ * of their communicators (which a destroy may be waiting on). */
+static pthread_key_t gq_key;
+static pthread_once_t gq_key_once = PTHREAD_ONCE_INIT;
+static bool gq_key_ok;
+
+static void gq_release(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < gq_len; i++)
+        if (gq_owner[i]) comm_unref(gq_owner[i]);
+    free(gq);
+    free(gq_owner);
+    gq = NULL;
+    gq_owner = NULL;
+    gq_len = gq_cap = 0;
+    group_depth = 0;
+}
+
+static void gq_key_create(void)
+{
+    gq_key_ok = pthread_key_create(&gq_key, gq_release) == 0;
+}
+
 static loomResult_t gq_grow(void)
 {
     int ncap = gq_cap ? gq_cap * 2 : 16;
+    if (gq_cap == 0) {
+        pthread_once(&gq_key_once, gq_key_create);
+        /* the key's value only has to be non-NULL for the destructor to run */
+        if (!gq_key_ok || pthread_setspecific(gq_key, &gq_key) != 0)
+            return base_error(loomSystemError, LOG_COLL,
+                              "cannot register the thread's group queue for release at exit");
+    }
     coll_op_t *n = realloc(gq, (size_t)ncap * sizeof(*n));
     if (n == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
     gq = n;
