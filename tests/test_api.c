@@ -1336,7 +1336,7 @@ static Suite *api_suite(void)
         {"nonblocking_error", test_nonblocking_init_error, NULL},
         {"split", test_split, NULL},
         {"p2p", test_p2p_groups, NULL},
-        {"p2p_mismatch", test_p2p_count_mismatch, NULL},
+        {"p2p_mismatch", test_p2p_count_mismatch, "lifetime"},
         {"p2p_self_mismatch", test_p2p_self_mismatch, NULL},
         {"avg_premulsum", test_avg_premulsum, NULL},
         {"last_error_threads", test_last_error_threads, NULL},

@@ -141,6 +141,17 @@ oom:
 void exec_free(exec_t *e)
 {
     if (e == NULL) return;
+    /* A run that failed leaves requests in flight. Those still queued in their transport are
+     * freed with the connection, but a receive that completed with an error (a message of
+     * another length) has left every queue, and only its test releases it. */
+    for (int k = 0; e->reqs && k < e->ninflight; k++) {
+        size_t i = e->inflight[k];
+        if (e->reqs[i] == NULL) continue;
+        int done = 0;
+        uint8_t meta[TRANSPORT_META_BYTES];
+        (void)e->h->links[e->s->steps[i].peer].ops->test(e->reqs[i], &done, meta);
+        e->reqs[i] = NULL;
+    }
     free(e->state);
     free(e->reqs);
     free(e->slot);
