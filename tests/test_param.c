@@ -271,8 +271,8 @@ START_TEST(test_table_defaults_in_range)
         capture_start();
         (void)param_text((param_id_t)i);
         const char *log = capture_end();
-        ck_assert_msg(strstr(log, "WARN") == NULL, "%s's default '%s' is refused: %s", env,
-                      d->def, log);
+        ck_assert_msg(strstr(log, "WARN") == NULL, "%s's default '%s' is refused: %s", env, d->def,
+                      log);
         set_param(env, NULL);
     }
 }
