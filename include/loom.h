@@ -171,7 +171,17 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newc
 /* Completes outstanding operations; after it only loomCommDestroy is valid. */
 loomResult_t loomCommFinalize(loomComm_t comm);
 
-/* Frees the communicator and its connections. Not collective. */
+/*
+ * Frees the communicator and its connections. Not collective. The handle is invalid at once:
+ * every later call with it (destroy included) returns loomInvalidArgument, even if its memory
+ * was reused. Inside an open group (loomGroupStart without its loomGroupEnd yet), on this thread
+ * or another, destroy still succeeds; the operations queued on comm are then dropped, never run,
+ * and that thread's loomGroupEnd returns loomInvalidUsage naming comm and how many were dropped,
+ * after running the group's operations on other communicators (their failure, if any, is
+ * returned instead). comm's memory and connections are released when the last group holding
+ * operations on it ends (or its thread exits). The same holds for loomCommAbort. Destroying comm
+ * while another thread is inside a call on it is undefined, as with NCCL.
+ */
 loomResult_t loomCommDestroy(loomComm_t comm);
 
 /*

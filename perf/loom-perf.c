@@ -39,6 +39,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -1286,7 +1287,12 @@ static int write_id_file(const char *path, const void *id, size_t n)
 {
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    /* The id holds the job's secret: owner-only from creation, whatever the umask, and a fresh
+     * file (not one someone else left, or a link, under the temporary name). */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f && fd >= 0) close(fd);
     if (!f || fwrite(id, n, 1, f) != 1 || fclose(f) != 0 || rename(tmp, path)) {
         fprintf(stderr, "loom-perf: cannot write %s\n", path);
         return 2;

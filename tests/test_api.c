@@ -1199,6 +1199,127 @@ START_TEST(test_stats)
 }
 END_TEST
 
+/* ---- 11. destroy inside an open group --------------------------------------------------- */
+
+/* Two one-rank communicators (each its own job) queue an allreduce in one group; one of them
+ * is destroyed before loomGroupEnd. Its operation must be dropped, not run on freed memory, the
+ * group must say so naming it, and the other communicator's operation must still run. */
+START_TEST(test_destroy_in_group)
+{
+    loomComm_t a = NULL, b = NULL;
+    ck_assert_int_eq(loomCommInitAll(&a, 1, NULL), loomSuccess);
+    ck_assert_int_eq(loomCommInitAll(&b, 1, NULL), loomSuccess);
+    int32_t ia = 3, oa = 0, ib = 5, ob = 0;
+    ck_assert_int_eq(loomGroupStart(), loomSuccess);
+    ck_assert_int_eq(loomAllReduce(&ia, &oa, 1, loomInt32, loomSum, a, NULL), loomSuccess);
+    ck_assert_int_eq(loomAllReduce(&ib, &ob, 1, loomInt32, loomSum, b, NULL), loomSuccess);
+    ck_assert_int_eq(loomAllReduce(&ib, &ob, 1, loomInt32, loomSum, b, NULL), loomSuccess);
+    ck_assert_int_eq(loomCommDestroy(b), loomSuccess);
+    /* Once destroyed the handle is refused, even while its queued operations still hold it. */
+    int n = -1;
+    ck_assert_int_eq(loomCommCount(b, &n), loomInvalidArgument);
+    ck_assert_int_eq(loomGroupEnd(), loomInvalidUsage);
+    char want[64];
+    snprintf(want, sizeof(want), "%p", (void *)b);
+    const char *txt = loomGetLastError(NULL);
+    ck_assert_msg(strstr(txt, want) && strstr(txt, "destroyed") && strstr(txt, "2 operation"),
+                  "error text '%s' does not name %s, destroyed, and its 2 operations", txt, want);
+    ck_assert_int_eq(oa, 3);
+    ck_assert_int_eq(ob, 0);
+    /* The thread's queue is empty again: a later group runs normally. */
+    oa = 0;
+    ck_assert_int_eq(loomGroupStart(), loomSuccess);
+    ck_assert_int_eq(loomAllReduce(&ia, &oa, 1, loomInt32, loomSum, a, NULL), loomSuccess);
+    ck_assert_int_eq(loomGroupEnd(), loomSuccess);
+    ck_assert_int_eq(oa, 3);
+    ck_assert_int_eq(loomCommDestroy(a), loomSuccess);
+}
+END_TEST
+
+/* Another thread's open group holds an operation on the communicator that this thread
+ * destroys: the destroy succeeds, that thread's loomGroupEnd drops the operation and says so, and
+ * the communicator is freed then (checked for use after free and leaks under valgrind). */
+typedef struct {
+    loomComm_t c;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stage; /* 1: queued, 2: destroyed */
+    loomResult_t queued, ended;
+    char text[512];
+} other_t;
+
+static void other_wait(other_t *o, int stage)
+{
+    pthread_mutex_lock(&o->mu);
+    while (o->stage < stage)
+        pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static void other_set(other_t *o, int stage)
+{
+    pthread_mutex_lock(&o->mu);
+    o->stage = stage;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static void *other_main(void *p)
+{
+    other_t *o = p;
+    int32_t x = 1, y = 0;
+    loomGroupStart();
+    o->queued = loomAllReduce(&x, &y, 1, loomInt32, loomSum, o->c, NULL);
+    other_set(o, 1);
+    other_wait(o, 2);
+    o->ended = loomGroupEnd();
+    snprintf(o->text, sizeof(o->text), "%s", loomGetLastError(NULL));
+    return NULL;
+}
+
+START_TEST(test_destroy_other_thread_group)
+{
+    other_t o = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_int_eq(loomCommInitAll(&o.c, 1, NULL), loomSuccess);
+    pthread_t th;
+    pthread_create(&th, NULL, other_main, &o);
+    other_wait(&o, 1);
+    ck_assert_int_eq(loomCommDestroy(o.c), loomSuccess);
+    other_set(&o, 2);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(o.queued, loomSuccess);
+    ck_assert_int_eq(o.ended, loomInvalidUsage);
+    ck_assert_msg(strstr(o.text, "destroyed") != NULL, "error text '%s'", o.text);
+}
+END_TEST
+
+/* A thread that called loom frees its group queue when it ends (valgrind's leak check sees a
+ * lost block otherwise). */
+static void *one_call_main(void *p)
+{
+    int32_t x = 2, y = 0;
+    *(loomResult_t *)p = loomAllReduce(&x, &y, 1, loomInt32, loomSum, *(loomComm_t *)p, NULL);
+    return NULL;
+}
+
+START_TEST(test_thread_queue_freed)
+{
+    loomComm_t c = NULL;
+    ck_assert_int_eq(loomCommInitAll(&c, 1, NULL), loomSuccess);
+    for (int i = 0; i < 4; i++) {
+        union {
+            loomComm_t c;
+            loomResult_t r;
+        } arg = {.c = c};
+        pthread_t th;
+        pthread_create(&th, NULL, one_call_main, &arg);
+        pthread_join(th, NULL);
+        ck_assert_int_eq(arg.r, loomSuccess);
+    }
+    ck_assert_int_eq(loomCommDestroy(c), loomSuccess);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static Suite *api_suite(void)
@@ -1207,27 +1328,32 @@ static Suite *api_suite(void)
     struct {
         const char *name;
         const TTest *test;
+        const char *tags; /* "lifetime": also run under valgrind (tests/meson.build) */
     } tests[] = {
-        {"version", test_version},
-        {"config", test_config_versions},
-        {"nonblocking", test_nonblocking_init},
-        {"nonblocking_error", test_nonblocking_init_error},
-        {"split", test_split},
-        {"p2p", test_p2p_groups},
-        {"p2p_mismatch", test_p2p_count_mismatch},
-        {"p2p_self_mismatch", test_p2p_self_mismatch},
-        {"avg_premulsum", test_avg_premulsum},
-        {"last_error_threads", test_last_error_threads},
-        {"last_error_comm", test_last_error_comm},
-        {"init_all", test_init_all},
-        {"init_all_negative", test_init_all_negative_device},
-        {"finalize", test_finalize},
-        {"stats", test_stats},
+        {"version", test_version, NULL},
+        {"config", test_config_versions, NULL},
+        {"nonblocking", test_nonblocking_init, NULL},
+        {"nonblocking_error", test_nonblocking_init_error, NULL},
+        {"split", test_split, NULL},
+        {"p2p", test_p2p_groups, NULL},
+        {"p2p_mismatch", test_p2p_count_mismatch, "lifetime"},
+        {"p2p_self_mismatch", test_p2p_self_mismatch, NULL},
+        {"avg_premulsum", test_avg_premulsum, NULL},
+        {"last_error_threads", test_last_error_threads, NULL},
+        {"last_error_comm", test_last_error_comm, NULL},
+        {"init_all", test_init_all, NULL},
+        {"init_all_negative", test_init_all_negative_device, NULL},
+        {"finalize", test_finalize, NULL},
+        {"stats", test_stats, NULL},
+        {"destroy_in_group", test_destroy_in_group, "lifetime"},
+        {"destroy_other_thread", test_destroy_other_thread_group, "lifetime"},
+        {"thread_queue_freed", test_thread_queue_freed, "lifetime"},
     };
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         TCase *tc = tcase_create(tests[i].name);
         /* LOOM_TIMEOUT bounds every wait; this only catches a wedged test. */
         tcase_set_timeout(tc, 60);
+        if (tests[i].tags) tcase_set_tags(tc, tests[i].tags);
         tcase_add_test(tc, tests[i].test);
         suite_add_tcase(s, tc);
     }

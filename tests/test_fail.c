@@ -1049,6 +1049,58 @@ END_TEST
 
 /* ---- main ----------------------------------------------------------------------------------- */
 
+/* ---- 8: an application deadlock ---------------------------------------------------------- */
+
+/* Both ranks receive from each other and nobody sends: every peer is alive (heartbeats) and
+ * nothing can finish. That is the application's doing, reported as invalid usage saying what
+ * this rank waits for, not as an internal error of loom. */
+typedef struct {
+    int code[2];
+    double secs[2];
+    char text[2][1024];
+} deadlock_report_t;
+
+static int deadlock_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    deadlock_report_t *rep = p;
+    int32_t x = 0;
+    double t0 = now_s();
+    loomResult_t r = loomRecv(&x, 1, loomInt32, 1 - rank, comm, NULL);
+    rep->secs[rank] = now_s() - t0;
+    rep->code[rank] = (int)r;
+    snprintf(rep->text[rank], sizeof(rep->text[rank]), "%s", loomGetLastError(NULL));
+    return 0;
+}
+
+START_TEST(test_app_deadlock)
+{
+    setenv("LOOM_TIMEOUT", "1", 1);
+    param_reset_cache();
+    deadlock_report_t *rep = shared_map(sizeof(*rep));
+    int status[2] = {0};
+    h_run_procs(2, deadlock_rank, rep, 25, status);
+    /* The rank that gives up first tells the other, whose call then fails with the first
+     * one's text as loomRemoteError: both texts carry the cause. */
+    int usage = 0;
+    for (int r = 0; r < 2; r++) {
+        fprintf(stderr, "rank %d: %d after %.1f s: %s\n", r, rep->code[r], rep->secs[r],
+                rep->text[r]);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(rep->code[r] == loomInvalidUsage || rep->code[r] == loomRemoteError,
+                      "rank %d: code %d, neither loomInvalidUsage nor loomRemoteError", r,
+                      rep->code[r]);
+        usage += rep->code[r] == loomInvalidUsage;
+        ck_assert_msg(strstr(rep->text[r], "receive from rank") != NULL &&
+                          strstr(rep->text[r], "alive") != NULL &&
+                          strstr(rep->text[r], "please report") == NULL,
+                      "rank %d: text '%s'", r, rep->text[r]);
+        ck_assert_msg(rep->secs[r] < 10, "rank %d gave up after %.1f s", r, rep->secs[r]);
+    }
+    ck_assert_msg(usage >= 1, "no rank reported loomInvalidUsage");
+}
+END_TEST
+
 int main(void)
 {
     /* Before any loom call: parameters are read once per process, and the tests' processes are
@@ -1071,6 +1123,7 @@ int main(void)
         {"strangers", test_strangers, 60, 0},
         {"128_ranks", test_128_ranks, 90, 0},
         {"abort_other_thread", test_abort_other_thread, 20, 0},
+        {"app_deadlock", test_app_deadlock, 30, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -24,8 +24,10 @@ int main(int argc, char **argv)
         char name[64];
         snprintf(name, sizeof(name), "LOOM_%s", d->name);
         const char *val = param_text((param_id_t)i);
-        printf("  %c %-24s = %-12s %-6s %s\n", param_is_set((param_id_t)i) ? '*' : ' ', name,
-               val[0] ? val : "(unset)", d->unit, d->doc);
+        char range[160];
+        printf("  %c %-24s = %-12s %-6s %s\n  %-27s accepts %s\n",
+               param_is_set((param_id_t)i) ? '*' : ' ', name, val[0] ? val : "(unset)", d->unit,
+               d->doc, "", param_range_text((param_id_t)i, range, sizeof(range)));
     }
     printf("\nAllreduce algorithms (LOOM_ALGO; unset: chosen per call by the cost model):\n");
     for (int i = 0; i < ALGO_COUNT; i++) {

@@ -67,6 +67,9 @@ typedef enum {
 
 extern int log_level_cached; /* -1 until the environment was read */
 int log_level(void);
+/* Reads LOOM_DEBUG, LOOM_DEBUG_SUBSYS and LOOM_DEBUG_FILE again at the next log line
+ * (ncclResetDebugInit). */
+void log_reset(void);
 bool log_enabled(log_level_t level, log_subsys_t subsys);
 void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line, const char *fmt,
                ...) LOOM_PRINTF(5, 6);

@@ -65,26 +65,24 @@ int log_level(void)
 {
     int lvl = __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
     if (LOOM_LIKELY(lvl >= 0)) return lvl;
+    /* Read (and checked) before the lock: a bad value's warning comes back here. */
+    const char *d = param_str(PARAM_DEBUG);
+    const char *s = param_str(PARAM_DEBUG_SUBSYS);
+    const char *f = param_str(PARAM_DEBUG_FILE);
     pthread_mutex_lock(&log_lock);
     if (log_level_cached < 0) {
         gethostname(log_host, sizeof(log_host) - 1);
         char *dot = strchr(log_host, '.');
         if (dot) *dot = '\0';
-        const char *d = getenv("LOOM_DEBUG");
         int l = LOG_WARN; /* warnings are always printed: they explain failures */
-        if (d && d[0]) {
-            if (!strcasecmp(d, "NONE"))
-                l = LOG_NONE;
-            else if (!strcasecmp(d, "WARN"))
-                l = LOG_WARN;
-            else if (!strcasecmp(d, "INFO"))
-                l = LOG_INFO;
-            else if (!strcasecmp(d, "TRACE"))
-                l = LOG_TRACE;
-        }
-        const char *s = getenv("LOOM_DEBUG_SUBSYS");
+        if (!strcasecmp(d, "NONE"))
+            l = LOG_NONE;
+        else if (!strcasecmp(d, "INFO"))
+            l = LOG_INFO;
+        else if (!strcasecmp(d, "TRACE"))
+            l = LOG_TRACE;
         uint32_t mask = LOG_ALL;
-        if (s && s[0]) {
+        if (s[0]) {
             bool invert = s[0] == '^';
             char buf[256];
             snprintf(buf, sizeof(buf), "%s", s + (invert ? 1 : 0));
@@ -96,8 +94,7 @@ int log_level(void)
             if (invert) mask = ~mask;
         }
         log_mask = mask;
-        const char *f = getenv("LOOM_DEBUG_FILE");
-        if (f && f[0] && log_file == NULL) log_open_file(f);
+        if (f[0] && log_file == NULL) log_open_file(f);
         __atomic_store_n(&log_level_cached, l, __ATOMIC_RELEASE);
         lvl = l;
     } else {
@@ -105,6 +102,14 @@ int log_level(void)
     }
     pthread_mutex_unlock(&log_lock);
     return lvl;
+}
+
+void log_reset(void)
+{
+    param_forget(PARAM_DEBUG);
+    param_forget(PARAM_DEBUG_SUBSYS);
+    param_forget(PARAM_DEBUG_FILE);
+    __atomic_store_n(&log_level_cached, -1, __ATOMIC_RELEASE);
 }
 
 bool log_enabled(log_level_t level, log_subsys_t subsys)

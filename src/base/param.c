@@ -1,99 +1,138 @@
 #include "param.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base.h"
 
+/* The accepted values of each entry (param.h's param_desc_t). */
+#define NUM(lo, hi, how) .min = (lo), .max = (hi), .bad = PARAM_BAD_##how
+#define NAMES(list, how) .names = (list), .bad = PARAM_BAD_##how
+#define ANY .names = NULL
+
 static const param_desc_t params[PARAM_COUNT] = {
-    [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "", "",
-                     "log level: NONE, WARN (the default), INFO or TRACE"},
+    [PARAM_DEBUG] = {"DEBUG", PARAM_T_STR, "WARN", "",
+                     "log level: NONE, WARN (the default), INFO or TRACE",
+                     NAMES("NONE|WARN|INFO|TRACE", DEFAULT)},
     [PARAM_DEBUG_SUBSYS] = {"DEBUG_SUBSYS", PARAM_T_STR, "ALL", "",
                             "subsystems to log: INIT,BOOT,NET,COLL,P2P,ENV,TUNING,SHM,CUDA,SHIM "
-                            "or ALL; a leading ^ excludes the listed ones"},
+                            "or ALL; a leading ^ excludes the listed ones",
+                            .names = "INIT|BOOT|NET|COLL|P2P|ENV|TUNING|SHM|CUDA|SHIM|ALL",
+                            .list = true, .bad = PARAM_BAD_DEFAULT},
     [PARAM_DEBUG_FILE] = {"DEBUG_FILE", PARAM_T_STR, "", "",
-                          "write the log to this file instead of stderr (%h: host, %p: pid)"},
-    [PARAM_TIMEOUT] = {"TIMEOUT", PARAM_T_DOUBLE, "30", "s",
-                       "seconds without progress from a peer after which a wait fails naming it"},
-    [PARAM_HANDSHAKE_TIMEOUT] = {"HANDSHAKE_TIMEOUT", PARAM_T_DOUBLE, "5", "s",
-                                 "seconds an incoming connection may take to authenticate"},
+                          "write the log to this file instead of stderr (%h: host, %p: pid)", ANY},
+    [PARAM_TIMEOUT] =
+        {"TIMEOUT", PARAM_T_DOUBLE, "30", "s",
+         "seconds without progress from a peer after which a wait fails naming it; inf: no limit",
+         NUM(0.1, INFINITY, DEFAULT), .inf = true},
+    [PARAM_HANDSHAKE_TIMEOUT] =
+        {"HANDSHAKE_TIMEOUT", PARAM_T_DOUBLE, "5", "s",
+         "seconds an incoming connection may take to authenticate; inf: no limit",
+         NUM(0.1, INFINITY, DEFAULT), .inf = true},
     [PARAM_SOCKET_IFNAME] = {"SOCKET_IFNAME", PARAM_T_STR, "", "",
                              "interfaces to use: prefixes, '^' to exclude, '=' for exact names, "
-                             "comma-separated (default: first non-loopback interface, else lo)"},
+                             "comma-separated (default: first non-loopback interface, else lo)",
+                             ANY},
     [PARAM_SOCKET_FAMILY] = {"SOCKET_FAMILY", PARAM_T_STR, "", "",
-                             "address family: 4 or 6 (default: the first address found)"},
+                             "address family: 4 or 6 (default: the first address found)",
+                             NAMES("4|6|ipv4|ipv6|AF_INET|AF_INET6", READER)},
     [PARAM_NSOCKS_PERPEER] = {"NSOCKS_PERPEER", PARAM_T_INT, "2", "",
-                              "TCP sockets per peer connection (1-16)"},
-    [PARAM_NCHANNELS] = {"NCHANNELS", PARAM_T_INT, "2", "", "parallel rings per collective (1-16)"},
+                              "TCP sockets per peer connection (1-16)", NUM(1, 16, CLAMP)},
+    [PARAM_NCHANNELS] = {"NCHANNELS", PARAM_T_INT, "2", "", "parallel rings per collective (1-16)",
+                         NUM(1, 16, CLAMP)},
     [PARAM_SLICE_SIZE] = {"SLICE_SIZE", PARAM_T_SIZE, "256K", "bytes",
-                          "pipeline slice: the unit sent, received and reduced at once"},
+                          "pipeline slice: the unit sent, received and reduced at once",
+                          NUM(64, INFINITY, CLAMP)},
     [PARAM_SLICES_IN_FLIGHT] = {"SLICES_IN_FLIGHT", PARAM_T_INT, "8", "",
-                                "receive slices posted ahead per channel (staging buffers)"},
+                                "receive slices posted ahead per channel (staging buffers)",
+                                NUM(1, 64, CLAMP)},
     [PARAM_MAX_MESSAGE] = {"MAX_MESSAGE", PARAM_T_SIZE, "64M", "bytes",
-                           "largest frame accepted from a peer; longer headers are refused"},
+                           "largest frame accepted from a peer; longer headers are refused",
+                           NUM(4096, INFINITY, CLAMP)},
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
-         "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)"},
+         "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)",
+         NAMES("ring|rd|hier|hier_leader|ps", READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
-                         "force one transport for every peer: tcp or shm (mpi, ucx, ibv later)"},
+                         "force one transport for every peer: tcp or shm (mpi, ucx, ibv later)",
+                         NAMES("tcp|shm|mpi|ucx|ibv|cuda", READER)},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
-                             "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)"},
+                             "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)",
+                             NUM(0, INFINITY, CLAMP)},
     [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "50", "us",
-                       "how long a waiting call polls without sleeping before it blocks"},
+                       "how long a waiting call polls without sleeping before it blocks",
+                       NUM(0, 10000000, CLAMP)},
     [PARAM_NODE_ID] =
         {"NODE_ID", PARAM_T_STR, "", "",
          "override this rank's node identity (default host name + boot id + netns); a "
-         "comma-separated list gives rank r the r-th name"},
+         "comma-separated list gives rank r the r-th name",
+         ANY},
     [PARAM_JOB_SECRET] = {"JOB_SECRET", PARAM_T_STR, "", "",
-                          "job secret for launches without a unique id (any text)"},
+                          "job secret for launches without a unique id (any text)", ANY},
     [PARAM_CUDA_BLOCKS] = {"CUDA_BLOCKS", PARAM_T_INT, "128", "",
                            "thread blocks (lanes per peer) of the device kernels, 1-128; rank 0's "
-                           "value holds for the job"},
+                           "value holds for the job",
+                           NUM(1, 128, CLAMP)},
     [PARAM_CUDA_SLOT] = {"CUDA_SLOT", PARAM_T_SIZE, "64K", "bytes",
-                         "largest piece one block moves per step through a peer's GPU memory"},
+                         "largest piece one block moves per step through a peer's GPU memory",
+                         NUM(4096, 16 << 20, CLAMP)},
     [PARAM_CUDA_NSLOT] = {"CUDA_NSLOT", PARAM_T_INT, "4", "",
-                          "slots per block and peer (pieces in flight per lane), 2-16"},
+                          "slots per block and peer (pieces in flight per lane), 2-16",
+                          NUM(2, 16, CLAMP)},
     [PARAM_CUDA_THREADS] = {"CUDA_THREADS", PARAM_T_INT, "512", "",
-                            "threads per block of the device kernels (half send, half receive)"},
+                            "threads per block of the device kernels (half send, half receive)",
+                            NUM(64, 512, CLAMP)},
     [PARAM_CUDA_PUSH_THREADS] = {"CUDA_PUSH_THREADS", PARAM_T_INT, "128", "",
-                                 "threads of each block that send; the others receive"},
+                                 "threads of each block that send; the others receive",
+                                 NUM(32, 480, CLAMP)},
     [PARAM_CUDA_COUPLE] = {"CUDA_COUPLE", PARAM_T_INT, "0", "",
                            "1: a block receives round k only after it pushed round k (as in "
-                           "place), so its own input is still in L2 when it reduces"},
+                           "place), so its own input is still in L2 when it reduces",
+                           NUM(0, 1, CLAMP)},
     [PARAM_CUDA_DIRECT] = {"CUDA_DIRECT", PARAM_T_SIZE, "4M", "bytes",
                            "allreduce from this size reads the peers' buffers where they are "
                            "(CUDA IPC, mapped once per allocation) instead of through loom's "
-                           "slots; 0: never"},
+                           "slots; 0: never",
+                           NUM(0, INFINITY, CLAMP)},
     [PARAM_CUDA_EMPTY] = {"CUDA_EMPTY", PARAM_T_INT, "0", "",
                           "debugging: launch kernels that return at once, to time the host "
-                          "path alone (results are wrong)"},
+                          "path alone (results are wrong)",
+                          NUM(0, 1, CLAMP)},
     [PARAM_CUDA_ONESHOT] = {"CUDA_ONESHOT", PARAM_T_SIZE, "256K", "bytes",
                             "device allreduce up to this size reduces in one shot (every rank "
                             "reads all inputs); larger ones reduce-scatter then allgather. Two "
-                            "ranks always use one shot (the same bytes on the link)"},
+                            "ranks always use one shot (the same bytes on the link)",
+                            NUM(0, INFINITY, CLAMP)},
     [PARAM_CUDA_STAGE_CHUNK] = {"CUDA_STAGE_CHUNK", PARAM_T_SIZE, "4M", "bytes",
                                 "piece size when device data crosses nodes through pinned host "
-                                "memory (copies overlap the network piece by piece)"},
+                                "memory (copies overlap the network piece by piece)",
+                                NUM(4096, INFINITY, CLAMP)},
     [PARAM_CUDA_LL] = {"CUDA_LL", PARAM_T_SIZE, "2M", "bytes",
                        "device allreduce of at most this many bytes times (ranks on the node - 1) "
                        "goes in low-latency words (one shot, no flags or fences; twice the "
-                       "bytes on the link); 0: never. Rank 0's value holds for the job"},
+                       "bytes on the link); 0: never. Rank 0's value holds for the job",
+                       NUM(0, 64 << 20, CLAMP)},
     [PARAM_CUDA_PDL] = {"CUDA_PDL", PARAM_T_INT, "1", "",
                         "1: launch the low-latency allreduce as a programmatic dependent launch "
                         "(the GPU schedules it while the kernel before it is still running); "
-                        "0: plain launches"},
+                        "0: plain launches",
+                        NUM(0, 1, CLAMP)},
     [PARAM_CUDA_COUNTED] = {"CUDA_COUNTED", PARAM_T_SIZE, "1K", "bytes",
                             "a low-latency allreduce of at most this many bytes marks its end by "
                             "a count in device memory (its blocks add 1 after a fence; a call on "
                             "another stream waits on it) instead of an event recorded after it: "
                             "less host time per call, more GPU time (the fence) from a few KiB; "
-                            "0: always events"},
+                            "0: always events",
+                            NUM(0, INFINITY, CLAMP)},
     [PARAM_CUDA_SHARE_GPU] = {"CUDA_SHARE_GPU", PARAM_T_INT, "0", "",
                               "testing only: 1 lets ranks of one node share a GPU (their kernels "
                               "take turns, so every exchange waits for a time slice: slow); "
-                              "otherwise that is loomInvalidUsage"},
+                              "otherwise that is loomInvalidUsage",
+                              NUM(0, 1, CLAMP)},
 };
 
 typedef struct {
@@ -102,6 +141,7 @@ typedef struct {
     int64_t i;
     uint64_t size;
     double d;
+    char canon[256]; /* a string's names in the table's spelling */
 } param_value_t;
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -112,56 +152,162 @@ const param_desc_t *param_desc(param_id_t id)
     return &params[id];
 }
 
+/* "[min, max]" with the unit, or the names. */
+const char *param_range_text(param_id_t id, char *buf, size_t len)
+{
+    const param_desc_t *d = &params[id];
+    if (d->type == PARAM_T_STR) {
+        if (d->names == NULL)
+            snprintf(buf, len, "any");
+        else
+            snprintf(buf, len, "%s%s", d->names, d->list ? " (comma-separated, ^ excludes)" : "");
+        return buf;
+    }
+    char hi[32];
+    if (isinf(d->max))
+        snprintf(hi, sizeof(hi), "%s", d->inf ? "inf" : "no bound");
+    else
+        snprintf(hi, sizeof(hi), "%.15g", d->max);
+    snprintf(buf, len, "[%.15g, %s]%s%s", d->min, hi, d->unit[0] ? " " : "", d->unit);
+    return buf;
+}
+
+/* The table's spelling of `tok` (n bytes) among d->names, or NULL. */
+static const char *param_name_of(const param_desc_t *d, const char *tok, size_t n, char *out,
+                                 size_t outlen)
+{
+    for (const char *p = d->names; *p;) {
+        const char *e = strchr(p, '|');
+        size_t m = e ? (size_t)(e - p) : strlen(p);
+        if (m == n && strncasecmp(p, tok, n) == 0 && m < outlen) {
+            memcpy(out, p, m);
+            out[m] = '\0';
+            return out;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return NULL;
+}
+
+/* Checks a string against its names; writes the canonical spelling to canon (false: not one). */
+static bool param_check_names(const param_desc_t *d, const char *text, char *canon, size_t len)
+{
+    if (!d->list) return param_name_of(d, text, strlen(text), canon, len) != NULL;
+    size_t o = 0;
+    const char *p = text;
+    if (*p == '^') {
+        if (len < 2) return false;
+        canon[o++] = '^';
+        p++;
+    }
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char one[64];
+        if (!param_name_of(d, p, n, one, sizeof(one))) return false;
+        int w = snprintf(canon + o, len - o, "%s%s", one, e ? "," : "");
+        if (w < 0 || (size_t)w >= len - o) return false;
+        o += (size_t)w;
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
+/* Parses and checks one value; a bad one becomes the default or the nearest bound and is
+ * described in `why` (empty when it was good), which the caller logs once the lock is free
+ * (logging reads parameters itself). */
+static void param_parse(param_id_t id, param_value_t *v, bool from_env, char *why, size_t wlen)
+{
+    const param_desc_t *d = &params[id];
+    const char *text = v->text;
+    char range[160];
+    why[0] = '\0';
+    if (d->type == PARAM_T_STR) {
+        if (!from_env || d->names == NULL) return;
+        if (param_check_names(d, text, v->canon, sizeof(v->canon))) {
+            v->text = v->canon;
+            return;
+        }
+        if (d->bad == PARAM_BAD_READER) return;
+        snprintf(why, wlen, "LOOM_%s='%s' is not one of %s; using the default %s", d->name, text,
+                 param_range_text(id, range, sizeof(range)), d->def);
+        v->text = d->def;
+        return;
+    }
+    double x = 0;
+    bool parsed = false;
+    if (d->type == PARAM_T_SIZE) {
+        uint64_t u = 0;
+        parsed = base_parse_size(text, &u);
+        x = (double)u;
+    } else {
+        char *end = NULL;
+        x = d->type == PARAM_T_INT ? (double)strtoll(text, &end, 0) : strtod(text, &end);
+        parsed = end != text && *end == '\0' && !isnan(x);
+    }
+    const char *kind = d->type == PARAM_T_INT    ? "an integer"
+                       : d->type == PARAM_T_SIZE ? "a size (e.g. 64K, 1M)"
+                                                 : "a number";
+    bool no_limit = parsed && d->inf && isinf(x) && x > 0;
+    if (parsed && !no_limit && (x < d->min || x > d->max)) {
+        if (d->bad == PARAM_BAD_CLAMP) {
+            x = x < d->min ? d->min : d->max;
+            snprintf(why, wlen, "LOOM_%s='%s' is outside %s; using %.15g", d->name, text,
+                     param_range_text(id, range, sizeof(range)), x);
+        } else {
+            parsed = false;
+            snprintf(why, wlen, "LOOM_%s='%s' is outside %s; using the default %s", d->name, text,
+                     param_range_text(id, range, sizeof(range)), d->def);
+        }
+    } else if (!parsed && from_env) {
+        snprintf(why, wlen, "LOOM_%s='%s' is not %s in %s; using the default %s", d->name, text,
+                 kind, param_range_text(id, range, sizeof(range)), d->def);
+    }
+    if (!parsed) {
+        v->text = d->def;
+        if (d->type == PARAM_T_SIZE) {
+            uint64_t u = 0;
+            base_parse_size(d->def, &u);
+            x = (double)u;
+        } else {
+            x = strtod(d->def, NULL);
+        }
+    }
+    if (d->inf && x > PARAM_NO_LIMIT_S) x = PARAM_NO_LIMIT_S;
+    v->d = x;
+    /* x is a bound or the default unless the text itself was good: only then can it exceed
+     * what the integer types hold, and sizes are read again exactly. */
+    if (d->type == PARAM_T_SIZE) {
+        if (parsed && why[0] == '\0')
+            base_parse_size(text, &v->size);
+        else
+            v->size = (uint64_t)x;
+    } else if (d->type == PARAM_T_INT) {
+        v->i = (int64_t)x;
+    }
+}
+
 static const param_value_t *param_load(param_id_t id)
 {
     param_value_t *v = &values[id];
     if (__atomic_load_n(&v->loaded, __ATOMIC_ACQUIRE)) return v;
+    char why[512] = "";
     pthread_mutex_lock(&param_lock);
     if (!v->loaded) {
         char env[64];
         snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
         const char *text = getenv(env);
         bool from_env = text != NULL && text[0] != '\0';
-        if (!from_env) text = params[id].def;
-        v->text = text;
+        v->text = from_env ? text : params[id].def;
         v->i = 0;
         v->size = 0;
         v->d = 0;
-        switch (params[id].type) {
-        case PARAM_T_INT: {
-            char *end = NULL;
-            long long x = strtoll(text, &end, 0);
-            if (from_env && (end == text || *end != '\0')) {
-                WARN(LOG_ENV, "%s='%s' is not an integer; using the default %s", env, text,
-                     params[id].def);
-                x = strtoll(params[id].def, NULL, 0);
-            }
-            v->i = x;
-            break;
-        }
-        case PARAM_T_SIZE:
-            if (!base_parse_size(text, &v->size)) {
-                WARN(LOG_ENV, "%s='%s' is not a size (e.g. 64K, 1M); using the default %s", env,
-                     text, params[id].def);
-                base_parse_size(params[id].def, &v->size);
-            }
-            break;
-        case PARAM_T_DOUBLE: {
-            char *end = NULL;
-            double x = strtod(text, &end);
-            if (from_env && (end == text || *end != '\0')) {
-                WARN(LOG_ENV, "%s='%s' is not a number; using the default %s", env, text,
-                     params[id].def);
-                x = strtod(params[id].def, NULL);
-            }
-            v->d = x;
-            break;
-        }
-        case PARAM_T_STR: break;
-        }
+        param_parse(id, v, from_env, why, sizeof(why));
         __atomic_store_n(&v->loaded, true, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&param_lock);
+    if (why[0]) WARN(LOG_ENV, "%s", why);
     return v;
 }
 
@@ -193,6 +339,13 @@ double param_double(param_id_t id)
 const char *param_str(param_id_t id)
 {
     return param_load(id)->text;
+}
+
+void param_forget(param_id_t id)
+{
+    pthread_mutex_lock(&param_lock);
+    __atomic_store_n(&values[id].loaded, false, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&param_lock);
 }
 
 void param_reset_cache(void)

@@ -42,9 +42,109 @@ LOOM_EXPORT const char *loomGetErrorString(loomResult_t r)
     }
 }
 
+/* ---- the live communicators ---- */
+
+/* Every communicator of the process, by address, so that the liveness check looks a handle up
+ * instead of reading through it: a destroyed handle points at freed (or reused) memory, and its
+ * old magic number proves nothing. Open addressing with linear probing; deletion shifts the
+ * cluster back, so no tombstones pile up in jobs that create and destroy many communicators. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static loomComm_t *live_set;
+static size_t live_cap, live_len; /* live_cap: 0 or a power of two */
+
+static size_t live_home(loomComm_t c)
+{
+    uint64_t x = (uint64_t)(uintptr_t)c * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 32) & (live_cap - 1);
+}
+
+/* The slot holding c, or of the empty slot where it would go (lock held, live_cap > 0). */
+static size_t live_slot(loomComm_t c)
+{
+    size_t i = live_home(c);
+    while (live_set[i] != NULL && live_set[i] != c)
+        i = (i + 1) & (live_cap - 1);
+    return i;
+}
+
+static bool live_add(loomComm_t c)
+{
+    pthread_mutex_lock(&live_lock);
+    if ((live_len + 1) * 2 > live_cap) {
+        size_t ocap = live_cap, ncap = live_cap ? live_cap * 2 : 64;
+        loomComm_t *old = live_set, *n = calloc(ncap, sizeof(*n));
+        if (n == NULL) {
+            pthread_mutex_unlock(&live_lock);
+            return false;
+        }
+        live_set = n;
+        live_cap = ncap;
+        for (size_t i = 0; i < ocap; i++)
+            if (old[i]) live_set[live_slot(old[i])] = old[i];
+        free(old);
+    }
+    size_t i = live_slot(c);
+    if (live_set[i] == NULL) live_len++;
+    live_set[i] = c;
+    pthread_mutex_unlock(&live_lock);
+    return true;
+}
+
+/* Removes c; true if it was there (once per communicator: a second destroy is refused). */
+static bool live_del(loomComm_t c)
+{
+    pthread_mutex_lock(&live_lock);
+    bool was = false;
+    if (live_cap > 0) {
+        size_t i = live_slot(c);
+        if (live_set[i] == c) {
+            was = true;
+            live_set[i] = NULL;
+            live_len--;
+            /* Re-place the rest of the cluster so that lookups never stop at the hole. */
+            for (size_t j = (i + 1) & (live_cap - 1); live_set[j]; j = (j + 1) & (live_cap - 1)) {
+                loomComm_t m = live_set[j];
+                live_set[j] = NULL;
+                live_set[live_slot(m)] = m;
+            }
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    return was;
+}
+
+bool comm_live(loomComm_t comm)
+{
+    if (comm == NULL) return false;
+    pthread_mutex_lock(&live_lock);
+    bool live = live_cap > 0 && live_set[live_slot(comm)] == comm;
+    pthread_mutex_unlock(&live_lock);
+    return live;
+}
+
+void comm_ref(loomComm_t comm)
+{
+    atomic_fetch_add(&comm->st.refs, 1);
+}
+
+void comm_unref(loomComm_t comm)
+{
+    if (atomic_fetch_sub(&comm->st.refs, 1) == 1) comm_free(comm);
+}
+
+/* The end of the application's handle: refused from now on, freed once no open group holds
+ * operations on it. False if it was not live. */
+static bool comm_retire(loomComm_t comm)
+{
+    if (!live_del(comm)) return false;
+    atomic_store(&comm->st.destroyed, 1);
+    comm_unref(comm);
+    return true;
+}
+
 LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
 {
-    if (comm && comm->magic == COMM_MAGIC && atomic_load(&comm->st.async_error) != loomSuccess &&
+    if (comm_live(comm) && atomic_load(&comm->st.async_error) != loomSuccess &&
         atomic_load(&comm->st.async_error) != loomInProgress)
         return comm->st.async_text;
     return base_last_error();
@@ -53,7 +153,7 @@ LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
 loomResult_t comm_check(loomComm_t comm, const char *fn)
 {
     if (comm == NULL) return base_error(loomInvalidArgument, LOG_COLL, "%s: comm is NULL", fn);
-    if (comm->magic != COMM_MAGIC)
+    if (!comm_live(comm))
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: %p is not a live loom communicator (destroyed, or not one)", fn,
                           (void *)comm);
@@ -193,6 +293,7 @@ void comm_free(loomComm_t comm)
     free(comm->seq.p2p_recv);
     pthread_mutex_destroy(&comm->st.lock);
     comm->magic = COMM_DEAD_MAGIC;
+    live_del(comm);
     free(comm);
 }
 
@@ -209,6 +310,8 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     pthread_mutex_init(&c->st.lock, NULL);
     atomic_init(&c->st.async_error, loomSuccess);
     atomic_init(&c->st.aborting, 0);
+    atomic_init(&c->st.refs, 1);
+    atomic_init(&c->st.destroyed, 0);
     c->lay.peers = calloc((size_t)nranks, sizeof(*c->lay.peers));
     c->net.links = calloc((size_t)nranks, sizeof(*c->net.links));
     c->net.forced_tp = -1;
@@ -216,7 +319,7 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     c->seq.p2p_recv = calloc((size_t)nranks, sizeof(uint64_t));
     c->st.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!c->lay.peers || !c->net.links || !c->seq.p2p_send || !c->seq.p2p_recv ||
-        c->st.wake_fd < 0) {
+        c->st.wake_fd < 0 || !live_add(c)) {
         comm_free(c);
         return base_error(loomSystemError, LOG_INIT, "out of memory or eventfd failed (%s)",
                           strerror(errno));
@@ -687,10 +790,9 @@ LOOM_EXPORT loomResult_t loomCommFinalize(loomComm_t comm)
 LOOM_EXPORT loomResult_t loomCommDestroy(loomComm_t comm)
 {
     if (comm == NULL) return loomSuccess;
-    if (comm->magic != COMM_MAGIC)
+    if (!comm_retire(comm))
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommDestroy: %p is not a live loom communicator", (void *)comm);
-    comm_free(comm);
     return loomSuccess;
 }
 
@@ -718,7 +820,7 @@ bool comm_stop(loomComm_t comm, const char *reason)
 LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
 {
     if (comm == NULL) return loomSuccess;
-    if (comm->magic != COMM_MAGIC)
+    if (!comm_live(comm))
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommAbort: %p is not a live loom communicator", (void *)comm);
     if (!comm_stop(comm, "the communicator was aborted")) {
@@ -726,13 +828,13 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
                        "call that is still inside it");
         return loomSuccess;
     }
-    comm_free(comm);
+    comm_retire(comm);
     return loomSuccess;
 }
 
 LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *err)
 {
-    if (comm == NULL || err == NULL || comm->magic != COMM_MAGIC)
+    if (!comm_live(comm) || err == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetAsyncError: invalid communicator or NULL result pointer");
 #ifdef LOOM_HAVE_CUDA
@@ -749,7 +851,7 @@ LOOM_EXPORT loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t *er
 
 LOOM_EXPORT loomResult_t loomCommCount(const loomComm_t comm, int *count)
 {
-    if (comm == NULL || comm->magic != COMM_MAGIC || count == NULL)
+    if (!comm_live(comm) || count == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommCount: invalid communicator or NULL count");
     *count = comm->nranks;
@@ -758,7 +860,7 @@ LOOM_EXPORT loomResult_t loomCommCount(const loomComm_t comm, int *count)
 
 LOOM_EXPORT loomResult_t loomCommUserRank(const loomComm_t comm, int *rank)
 {
-    if (comm == NULL || comm->magic != COMM_MAGIC || rank == NULL)
+    if (!comm_live(comm) || rank == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommUserRank: invalid communicator or NULL rank");
     *rank = comm->rank;
@@ -767,7 +869,7 @@ LOOM_EXPORT loomResult_t loomCommUserRank(const loomComm_t comm, int *rank)
 
 LOOM_EXPORT loomResult_t loomCommCuDevice(const loomComm_t comm, int *device)
 {
-    if (comm == NULL || comm->magic != COMM_MAGIC || device == NULL)
+    if (!comm_live(comm) || device == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommCuDevice: invalid communicator or NULL device");
     *device = comm->dev.cuda_dev;
@@ -776,7 +878,7 @@ LOOM_EXPORT loomResult_t loomCommCuDevice(const loomComm_t comm, int *device)
 
 LOOM_EXPORT loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *stats)
 {
-    if (comm == NULL || comm->magic != COMM_MAGIC || stats == NULL)
+    if (!comm_live(comm) || stats == NULL)
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommGetStats: invalid communicator or NULL stats");
     *stats = comm->stats;
@@ -831,7 +933,7 @@ LOOM_EXPORT loomResult_t loomRedOpDestroy(loomRedOp_t op, loomComm_t comm)
 
 bool loom_comm_live(loomComm_t comm)
 {
-    return comm != NULL && comm->magic == COMM_MAGIC;
+    return comm_live(comm);
 }
 
 bool loom_comm_revoke(loomComm_t comm, const char *reason)

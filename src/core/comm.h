@@ -105,6 +105,10 @@ typedef struct {
     bool finalized;
     pthread_t init_thread; /* non-blocking init */
     bool init_thread_live;
+    /* The application's handle plus one per operation queued in some thread's open group: the
+     * memory outlives loomCommDestroy until the last queued operation has left its queue. */
+    atomic_int refs;
+    atomic_int destroyed; /* loomCommDestroy or loomCommAbort ran: queued operations drop */
 } comm_state_t;
 
 /* Device buffers (enqueue.c, devhost.c). */
@@ -154,6 +158,13 @@ sched_topo_t comm_topo(loomComm_t comm);
 
 /* Valid, usable communicator? Sets the error text otherwise. */
 loomResult_t comm_check(loomComm_t comm, const char *fn);
+/* Whether comm is in the process's set of live communicators; never reads *comm, so a
+ * destroyed (freed, perhaps reused) handle is refused safely. */
+bool comm_live(loomComm_t comm);
+/* A queued operation's hold on comm (enqueue.c); the last comm_unref of a destroyed
+ * communicator frees it. */
+void comm_ref(loomComm_t comm);
+void comm_unref(loomComm_t comm);
 /* Marks the communicator broken with res/text (first error wins) and tells peers. */
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
 /* The connection to a peer, created on first use over the transport chosen for the pair. */

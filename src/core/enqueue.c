@@ -7,6 +7,7 @@
  * nothing to wait for) and the host ones to core's internal entry (coll.h), which turns each
  * communicator's operations into schedules and drives them together on this thread.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,9 @@ static _Thread_local loomComm_t call_comm;
 static _Thread_local bool call_dev, call_host;
 static _Thread_local const void *call_seen; /* the buffer this call already classified */
 static _Thread_local coll_op_t *gq;
+/* The communicator each queued operation holds a reference on (gq[i].comm is cleared when an
+ * operation is taken or dropped; this is not). */
+static _Thread_local loomComm_t *gq_owner;
 static _Thread_local int gq_len, gq_cap;
 
 /* ---- argument checks ---- */
@@ -151,15 +155,55 @@ static loomResult_t check_no_partial_overlap(const char *fn, const void *s, size
 
 static loomResult_t run_group(void);
 
+/* A thread's queue is freed when the thread ends; operations of a group it left open let go
+ * of their communicators (which a destroy may be waiting on). */
+static pthread_key_t gq_key;
+static pthread_once_t gq_key_once = PTHREAD_ONCE_INIT;
+static bool gq_key_ok;
+
+static void gq_release(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < gq_len; i++)
+        if (gq_owner[i]) comm_unref(gq_owner[i]);
+    free(gq);
+    free(gq_owner);
+    gq = NULL;
+    gq_owner = NULL;
+    gq_len = gq_cap = 0;
+    group_depth = 0;
+}
+
+static void gq_key_create(void)
+{
+    gq_key_ok = pthread_key_create(&gq_key, gq_release) == 0;
+}
+
+static loomResult_t gq_grow(void)
+{
+    int ncap = gq_cap ? gq_cap * 2 : 16;
+    if (gq_cap == 0) {
+        pthread_once(&gq_key_once, gq_key_create);
+        /* the key's value only has to be non-NULL for the destructor to run */
+        if (!gq_key_ok || pthread_setspecific(gq_key, &gq_key) != 0)
+            return base_error(loomSystemError, LOG_COLL,
+                              "cannot register the thread's group queue for release at exit");
+    }
+    coll_op_t *n = realloc(gq, (size_t)ncap * sizeof(*n));
+    if (n == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    gq = n;
+    loomComm_t *o = realloc(gq_owner, (size_t)ncap * sizeof(*o));
+    if (o == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    gq_owner = o;
+    gq_cap = ncap;
+    return loomSuccess;
+}
+
 static loomResult_t enqueue(const coll_op_t *op)
 {
-    if (gq_len == gq_cap) {
-        int ncap = gq_cap ? gq_cap * 2 : 16;
-        coll_op_t *n = realloc(gq, (size_t)ncap * sizeof(*n));
-        if (n == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
-        gq = n;
-        gq_cap = ncap;
-    }
+    if (gq_len == gq_cap) LOOM_CHECK(gq_grow());
+    comm_ref(op->comm);
+    gq_owner[gq_len] = op->comm;
     gq[gq_len++] = *op;
     if (group_depth == 0) return run_group();
     return loomSuccess;
@@ -221,11 +265,35 @@ static loomResult_t run_dev_ops(loomComm_t c, int first)
     return r;
 }
 #endif
+/* Operations queued on a communicator that was destroyed (or aborted) inside the group are
+ * dropped: running them would touch what the destroy tore down. Returns how many, and the
+ * first such communicator; the other communicators' operations still run. */
+static int drop_destroyed(int n, loomComm_t *first, int *first_n)
+{
+    int dropped = 0;
+    *first = NULL;
+    *first_n = 0;
+    for (int i = 0; i < n; i++) {
+        loomComm_t c = gq[i].comm;
+        if (!atomic_load(&c->st.destroyed)) continue;
+        if (*first == NULL) *first = c;
+        if (c == *first) ++*first_n;
+        dropped++;
+        gq[i].comm = NULL;
+        gq_owner[i] = NULL;
+        comm_unref(c); /* may free it: nothing below reads it */
+    }
+    return dropped;
+}
+
 static loomResult_t run_group(void)
 {
     int n = gq_len;
     if (n == 0) return loomSuccess;
     loomResult_t res = loomSuccess;
+    loomComm_t dead;
+    int dead_n;
+    int dropped = drop_destroyed(n, &dead, &dead_n);
 #ifdef LOOM_HAVE_CUDA
     /* First device use of communicators: set them up together (one thread may drive several
      * ranks). */
@@ -233,7 +301,7 @@ static loomResult_t run_group(void)
         dev_host_t *fresh[n];
         int nf = 0;
         for (int i = 0; i < n; i++) {
-            if (!gq[i].dev || dev_ready(&gq[i].comm->dev.host)) continue;
+            if (!gq[i].comm || !gq[i].dev || dev_ready(&gq[i].comm->dev.host)) continue;
             int k = 0;
             while (k < nf && fresh[k] != &gq[i].comm->dev.host)
                 k++;
@@ -248,17 +316,29 @@ static loomResult_t run_group(void)
      * call order; nothing to drive here. */
     for (int i = 0; i < n && res == loomSuccess; i++)
         if (gq[i].dev && gq[i].comm != NULL) res = run_dev_ops(gq[i].comm, i);
-    if (res != loomSuccess) {
-        gq_len = 0;
-        return res;
-    }
 #endif
-    /* The host operations, in call order (device ones were taken: comm NULL). */
-    int m = 0;
+    if (res == loomSuccess) {
+        /* The host operations, in call order (device ones were taken, dropped ones cleared:
+         * comm NULL). */
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (gq[i].comm != NULL) gq[m++] = gq[i];
+        if (m > 0) res = coll_run(gq, m);
+    }
     for (int i = 0; i < n; i++)
-        if (gq[i].comm != NULL) gq[m++] = gq[i];
-    if (m > 0) res = coll_run(gq, m);
+        if (gq_owner[i]) comm_unref(gq_owner[i]);
     gq_len = 0;
+    if (dropped > 0 && res == loomSuccess) {
+        char more[64] = "";
+        if (dropped > dead_n)
+            snprintf(more, sizeof(more), " (and %d on other destroyed communicators)",
+                     dropped - dead_n);
+        res = base_error(loomInvalidUsage, LOG_COLL,
+                         "loomGroupEnd: %d operation%s queued on communicator %p%s dropped: it "
+                         "was destroyed (loomCommDestroy or loomCommAbort) inside the group; the "
+                         "operations on live communicators ran",
+                         dead_n, dead_n == 1 ? "" : "s", (void *)dead, more);
+    }
     return res;
 }
 

@@ -141,6 +141,17 @@ oom:
 void exec_free(exec_t *e)
 {
     if (e == NULL) return;
+    /* A run that failed leaves requests in flight. Those still queued in their transport are
+     * freed with the connection, but a receive that completed with an error (a message of
+     * another length) has left every queue, and only its test releases it. */
+    for (int k = 0; e->reqs && k < e->ninflight; k++) {
+        size_t i = e->inflight[k];
+        if (e->reqs[i] == NULL) continue;
+        int done = 0;
+        uint8_t meta[TRANSPORT_META_BYTES];
+        (void)e->h->links[e->s->steps[i].peer].ops->test(e->reqs[i], &done, meta);
+        e->reqs[i] = NULL;
+    }
     free(e->state);
     free(e->reqs);
     free(e->slot);
@@ -410,21 +421,37 @@ loomResult_t exec_check_timeout(exec_t *e)
         }
     }
     if (worst <= limit) {
-        /* Heartbeats prove the peers alive, yet nothing finishes: the ranks wait on each other
-         * (a schedule that cannot complete). Never hang silently: after twice the timeout, say
-         * what this rank waits for. */
+        /* Heartbeats prove the peers alive, yet nothing finishes: the ranks wait on each other.
+         * That is not loom's fault: point-to-point calls that do not match (both ranks
+         * receiving, say) are the application's; in a collective, a live peer that sends
+         * nothing is inside something else or has not called it. Never hang silently: after
+         * twice the timeout, say what this rank waits for. */
         uint64_t stuck = base_now_ns() - e->last_step_ns;
         if (e->ninflight == 0 || stuck <= 2 * limit) return loomSuccess;
         const sched_step_t *w = &e->s->steps[e->inflight[0]];
-        char d[160];
-        desc_str(&e->s->descs[w->desc], d, sizeof(d));
-        loomResult_t r = base_error(
-            loomInternalError, LOG_COLL,
-            "%s: no step finished for %.1f s although every peer is alive; %d steps wait, the "
-            "first %s %s: the ranks wait on each other (please report this with LOOM_DEBUG=TRACE)",
-            d, (double)stuck * 1e-9, e->ninflight,
-            w->kind == STEP_SEND ? "sending to" : "receiving from",
-            h->links[w->peer].ops->peer_name(h->links[w->peer].conn));
+        const sched_desc_t *wd = &e->s->descs[w->desc];
+        bool p2p = wd->kind == OPK_SEND || wd->kind == OPK_RECV;
+        bool sending = w->kind == STEP_SEND;
+        char d[160], more[48] = "";
+        desc_str(wd, d, sizeof(d));
+        if (e->ninflight > 1)
+            snprintf(more, sizeof(more), " (and %d more steps)", e->ninflight - 1);
+        const char *peer = h->links[w->peer].ops->peer_name(h->links[w->peer].conn);
+        loomResult_t r;
+        if (p2p)
+            r = base_error(loomInvalidUsage, LOG_COLL,
+                           "%s: nothing finished for %.1f s: this rank waits %s %s%s, which is "
+                           "alive (its heartbeats arrive) but %s: the ranks' sends and receives "
+                           "do not match (each waiting on the other, or a call missing)",
+                           d, (double)stuck * 1e-9, sending ? "to send to" : "to receive from",
+                           peer, more, sending ? "does not receive" : "does not send");
+        else
+            r = base_error(loomRemoteError, LOG_COLL,
+                           "%s: nothing finished for %.1f s: this rank waits %s %s%s, which is "
+                           "alive (its heartbeats arrive) but %s: it is busy elsewhere or has "
+                           "not called this collective",
+                           d, (double)stuck * 1e-9, sending ? "to send to" : "to receive from",
+                           peer, more, sending ? "does not receive" : "does not send");
         h->set_error(h, r, base_last_error());
         return r;
     }

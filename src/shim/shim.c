@@ -810,7 +810,7 @@ SHIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 SHIM_API void ncclResetDebugInit(void)
 {
     shim_enter();
-    __atomic_store_n(&log_level_cached, -1, __ATOMIC_RELEASE);
+    log_reset();
 }
 
 /* ---- profiling names ---- */
