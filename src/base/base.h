@@ -122,11 +122,19 @@ static inline double base_now_s(void)
 
 /* ---- random and keyed hashing ---- */
 
-/* Fills buf with bytes from the kernel's random source (getrandom). */
+/* Cryptography is libsodium's; hand-written primitives are a defect (DESIGN.md, Security). */
+#define BASE_KEY_BYTES 16
+#define BASE_MAC_BYTES 32
+/* sodium_init, as often as wanted; loomSystemError if libsodium cannot start. */
+loomResult_t base_crypto_init(void);
+/* Fills buf from libsodium's random source (randombytes_buf). */
 loomResult_t base_random(void *buf, size_t len);
-/* SipHash-2-4 with a 128-bit key, 128-bit output: the MAC of the connection handshake. */
-void base_siphash128(const uint8_t key[16], const void *data, size_t len, uint8_t out[16]);
-/* Constant-time comparison. */
+/* Keyed BLAKE2b over context (a text naming the message and direction), data, then data2. */
+loomResult_t base_mac(const uint8_t key[BASE_KEY_BYTES], const char *context, const void *data,
+                      size_t len, const void *data2, size_t len2, uint8_t out[BASE_MAC_BYTES]);
+/* The job key for a LOOM_JOB_SECRET text: deterministic, different for different texts. */
+loomResult_t base_derive_key(const char *text, uint8_t out[BASE_KEY_BYTES]);
+/* Constant-time comparison (sodium_memcmp). */
 bool base_equal_ct(const void *a, const void *b, size_t len);
 /* 64-bit FNV-1a, for identities (not for security). */
 uint64_t base_hash64(const void *data, size_t len, uint64_t seed);

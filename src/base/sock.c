@@ -19,10 +19,18 @@
 #define HS_MAGIC_CHALLENGE 0x4c4d4348u
 #define HS_MAGIC_HELLO 0x4c4d4845u
 #define HS_MAGIC_WELCOME 0x4c4d5745u
-#define HS_VERSION 1u
+/* Version 2: libsodium MACs of 32 bytes (version 1 had 16-byte SipHash MACs). Checked in the
+ * CHALLENGE, before any length depends on it, so a peer of another version is named as such. */
+#define HS_VERSION 2u
 #define HS_CHALLENGE_BYTES 24
-#define HS_HELLO_BYTES 48
-#define HS_WELCOME_BYTES 24
+#define HS_HELLO_FIELDS 32
+#define HS_HELLO_BYTES (HS_HELLO_FIELDS + BASE_MAC_BYTES)
+#define HS_WELCOME_BYTES (8 + BASE_MAC_BYTES)
+/* Each message's MAC names its purpose and direction, so none can be replayed as another. */
+#define HS_CTX_HELLO "loom-hs-v2 hello (connector to acceptor)"
+#define HS_CTX_WELCOME "loom-hs-v2 welcome (acceptor to connector)"
+/* The connector keeps its HELLO behind the WELCOME it receives, both in hs_t's buffer. */
+_Static_assert(HS_WELCOME_BYTES + HS_HELLO_BYTES <= sizeof(((hs_t *)0)->buf), "handshake buffer");
 
 const char *sock_addr_str(const sock_addr_t *a, char *buf, size_t len)
 {
@@ -320,16 +328,10 @@ static void hello_encode(const hs_hello_t *h, uint8_t out[HS_HELLO_BYTES])
     put32(out + 28, h->nchan);
 }
 
-static void hello_mac(const uint8_t secret[16], const uint8_t nonce[16], const uint8_t *msg,
-                      size_t len, const char *tag, uint8_t mac[16])
+static loomResult_t hs_mac(const hs_t *h, const char *context, const uint8_t *msg, size_t len,
+                           uint8_t mac[BASE_MAC_BYTES])
 {
-    uint8_t buf[16 + 1 + HS_HELLO_BYTES];
-    size_t o = 0;
-    memcpy(buf, nonce, 16);
-    o = 16;
-    if (tag) buf[o++] = (uint8_t)tag[0];
-    memcpy(buf + o, msg, len);
-    base_siphash128(secret, buf, o + len, mac);
+    return base_mac(h->secret, context, h->nonce, sizeof(h->nonce), msg, len, mac);
 }
 
 static void hs_fail(hs_t *h, const char *fmt, ...) LOOM_PRINTF(2, 3);
@@ -427,6 +429,13 @@ static int hs_io(hs_t *h, bool sending, bool *progressed)
 static bool hs_magic_ok(hs_t *h, uint32_t magic, const char *what)
 {
     if (get32(h->buf) == magic && get32(h->buf + 4) == HS_VERSION) return true;
+    if (get32(h->buf) == magic) {
+        hs_fail(h,
+                "loom peer speaks handshake version %u, this build speaks %u (mixed loom "
+                "versions in one job?)",
+                get32(h->buf + 4), HS_VERSION);
+        return false;
+    }
     hs_fail(h, "not a loom peer (bad %s magic 0x%08x, version %u)", what, get32(h->buf),
             get32(h->buf + 4));
     return false;
@@ -459,7 +468,11 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             if (!hs_magic_ok(h, HS_MAGIC_CHALLENGE, "challenge")) return loomRemoteError;
             memcpy(h->nonce, h->buf + 8, 16);
             hello_encode(&h->hello, h->buf);
-            hello_mac(h->secret, h->nonce, h->buf, 32, NULL, h->buf + 32);
+            if (hs_mac(h, HS_CTX_HELLO, h->buf, HS_HELLO_FIELDS, h->buf + HS_HELLO_FIELDS) !=
+                loomSuccess) {
+                hs_fail(h, "%s", base_last_error());
+                return loomSystemError;
+            }
             hs_next(h, HS_SEND_HELLO, HS_HELLO_BYTES);
             continue;
         case HS_SEND_HELLO:
@@ -473,9 +486,12 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
             if (!hs_magic_ok(h, HS_MAGIC_HELLO, "hello")) return loomRemoteError;
-            uint8_t mac[16];
-            hello_mac(h->secret, h->nonce, h->buf, 32, NULL, mac);
-            if (!base_equal_ct(mac, h->buf + 32, 16)) {
+            uint8_t mac[BASE_MAC_BYTES];
+            if (hs_mac(h, HS_CTX_HELLO, h->buf, HS_HELLO_FIELDS, mac) != loomSuccess) {
+                hs_fail(h, "%s", base_last_error());
+                return loomSystemError;
+            }
+            if (!base_equal_ct(mac, h->buf + HS_HELLO_FIELDS, BASE_MAC_BYTES)) {
                 hs_fail(h, "authentication failed (the peer does not know this job's secret)");
                 return loomRemoteError;
             }
@@ -488,7 +504,10 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             memcpy(hello, h->buf, HS_HELLO_BYTES);
             put32(h->buf, HS_MAGIC_WELCOME);
             put32(h->buf + 4, 0);
-            hello_mac(h->secret, h->nonce, hello, HS_HELLO_BYTES, "W", h->buf + 8);
+            if (hs_mac(h, HS_CTX_WELCOME, hello, HS_HELLO_BYTES, h->buf + 8) != loomSuccess) {
+                hs_fail(h, "%s", base_last_error());
+                return loomSystemError;
+            }
             hs_next(h, HS_SEND_WELCOME, HS_WELCOME_BYTES);
             continue;
         }
@@ -500,9 +519,14 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
         case HS_RECV_WELCOME: {
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
-            uint8_t mac[16];
-            hello_mac(h->secret, h->nonce, h->buf + HS_WELCOME_BYTES, HS_HELLO_BYTES, "W", mac);
-            if (get32(h->buf) != HS_MAGIC_WELCOME || !base_equal_ct(mac, h->buf + 8, 16)) {
+            uint8_t mac[BASE_MAC_BYTES];
+            if (hs_mac(h, HS_CTX_WELCOME, h->buf + HS_WELCOME_BYTES, HS_HELLO_BYTES, mac) !=
+                loomSuccess) {
+                hs_fail(h, "%s", base_last_error());
+                return loomSystemError;
+            }
+            if (get32(h->buf) != HS_MAGIC_WELCOME ||
+                !base_equal_ct(mac, h->buf + 8, BASE_MAC_BYTES)) {
                 hs_fail(h, "the listener failed to prove this job's secret (wrong job, or a port "
                            "reused by another program)");
                 return loomRemoteError;

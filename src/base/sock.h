@@ -3,10 +3,12 @@
  * connecting without blocking, and the authenticated handshake every loom connection starts with.
  *
  * Handshake (acceptor A, connector C, job secret K):
- *   A -> C  CHALLENGE  magic, version, 16-byte random nonce N
+ *   A -> C  CHALLENGE  magic, version 2, 16-byte random nonce N
  *   C -> A  HELLO      magic, version, comm id, from rank, to rank, socket index, sockets,
- *                      MAC = SipHash128(K, N || HELLO fields)
- *   A -> C  WELCOME    magic, status, MAC = SipHash128(K, N || "W" || HELLO)
+ *                      MAC = BLAKE2b-256(key K, "loom-hs-v2 hello ..." || N || HELLO fields)
+ *   A -> C  WELCOME    magic, status, MAC = BLAKE2b-256(key K, "loom-hs-v2 welcome ..." || N ||
+ *                      HELLO)
+ * (libsodium's keyed crypto_generichash; the MACs are compared with sodium_memcmp.)
  * A peer that cannot prove K, or sends anything malformed, is logged with its address and closed;
  * the secret itself never crosses the wire. A connection that does not finish within
  * LOOM_HANDSHAKE_TIMEOUT is dropped.
@@ -80,7 +82,7 @@ typedef struct {
     int fd;
     hs_state_t state;
     bool acceptor;
-    uint8_t secret[16];
+    uint8_t secret[BASE_KEY_BYTES];
     uint8_t nonce[16];
     hs_hello_t hello; /* connector: what it sends; acceptor: what it received */
     uint8_t buf[128];

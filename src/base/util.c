@@ -5,8 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
+
+#include <sodium.h>
 
 #include "base.h"
 
@@ -58,95 +59,64 @@ uint64_t base_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-loomResult_t base_random(void *buf, size_t len)
+loomResult_t base_crypto_init(void)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = getrandom(p, len, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return base_error(loomSystemError, LOG_INIT, "getrandom(%zu bytes) failed: %s", len,
-                              strerror(errno));
-        }
-        p += n;
-        len -= (size_t)n;
-    }
+    /* sodium_init is thread-safe and returns 1 once done, so every user may call it. */
+    if (sodium_init() < 0)
+        return base_error(loomSystemError, LOG_INIT,
+                          "libsodium failed to initialize (sodium_init): no usable random source "
+                          "or CPU feature detection failed");
     return loomSuccess;
 }
 
-/* SipHash-2-4 (Aumasson and Bernstein), 128-bit output variant. */
-#define SIP_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
-#define SIP_ROUND                                                                                  \
-    do {                                                                                           \
-        v0 += v1;                                                                                  \
-        v1 = SIP_ROTL(v1, 13);                                                                     \
-        v1 ^= v0;                                                                                  \
-        v0 = SIP_ROTL(v0, 32);                                                                     \
-        v2 += v3;                                                                                  \
-        v3 = SIP_ROTL(v3, 16);                                                                     \
-        v3 ^= v2;                                                                                  \
-        v0 += v3;                                                                                  \
-        v3 = SIP_ROTL(v3, 21);                                                                     \
-        v3 ^= v0;                                                                                  \
-        v2 += v1;                                                                                  \
-        v1 = SIP_ROTL(v1, 17);                                                                     \
-        v1 ^= v2;                                                                                  \
-        v2 = SIP_ROTL(v2, 32);                                                                     \
-    } while (0)
-
-static uint64_t sip_load64(const uint8_t *p)
+loomResult_t base_random(void *buf, size_t len)
 {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
+    LOOM_CHECK(base_crypto_init());
+    randombytes_buf(buf, len);
+    return loomSuccess;
 }
 
-static void sip_store64(uint8_t *p, uint64_t v)
+/* Keyed BLAKE2b rather than HMAC-SHA-512/256: BLAKE2b is a MAC by construction when keyed (no
+ * nested hashing), takes the unique id's 16-byte secret as its key as it is, and costs one pass
+ * over the input. The context and its terminating NUL come first, so no two purposes can share
+ * an input. */
+loomResult_t base_mac(const uint8_t key[BASE_KEY_BYTES], const char *context, const void *data,
+                      size_t len, const void *data2, size_t len2, uint8_t out[BASE_MAC_BYTES])
 {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    _Static_assert(BASE_KEY_BYTES >= crypto_generichash_KEYBYTES_MIN, "BLAKE2b key size");
+    _Static_assert(BASE_MAC_BYTES >= crypto_generichash_BYTES_MIN, "BLAKE2b output size");
+    LOOM_CHECK(base_crypto_init());
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, key, BASE_KEY_BYTES, BASE_MAC_BYTES);
+    crypto_generichash_update(&st, (const unsigned char *)context, strlen(context) + 1);
+    if (len) crypto_generichash_update(&st, data, len);
+    if (len2) crypto_generichash_update(&st, data2, len2);
+    crypto_generichash_final(&st, out, BASE_MAC_BYTES);
+    sodium_memzero(&st, sizeof(st));
+    return loomSuccess;
 }
 
-void base_siphash128(const uint8_t key[16], const void *data, size_t len, uint8_t out[16])
+/* The text is not a uniform key, so libsodium's crypto_kdf (which wants one) cannot take it
+ * directly; this is the same BLAKE2b construction crypto_kdf uses (a personalization naming the
+ * purpose), applied to the text. A password hash (Argon2) would only slow guessing of a weak text,
+ * and every rank of a large job would pay its time and memory at start-up; launchers are expected
+ * to export a random value. */
+loomResult_t base_derive_key(const char *text, uint8_t out[BASE_KEY_BYTES])
 {
-    const uint8_t *in = data;
-    uint64_t k0 = sip_load64(key), k1 = sip_load64(key + 8);
-    uint64_t v0 = 0x736f6d6570736575ull ^ k0, v1 = 0x646f72616e646f6dull ^ k1;
-    uint64_t v2 = 0x6c7967656e657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
-    v1 ^= 0xee;
-    const uint8_t *end = in + len - (len % 8);
-    for (; in != end; in += 8) {
-        uint64_t m = sip_load64(in);
-        v3 ^= m;
-        SIP_ROUND;
-        SIP_ROUND;
-        v0 ^= m;
-    }
-    uint64_t b = (uint64_t)len << 56;
-    for (size_t i = 0; i < len % 8; i++)
-        b |= (uint64_t)in[i] << (8 * i);
-    v3 ^= b;
-    SIP_ROUND;
-    SIP_ROUND;
-    v0 ^= b;
-    v2 ^= 0xee;
-    for (int i = 0; i < 4; i++)
-        SIP_ROUND;
-    sip_store64(out, v0 ^ v1 ^ v2 ^ v3);
-    v1 ^= 0xdd;
-    for (int i = 0; i < 4; i++)
-        SIP_ROUND;
-    sip_store64(out + 8, v0 ^ v1 ^ v2 ^ v3);
+    static const unsigned char personal[crypto_generichash_blake2b_PERSONALBYTES] =
+        "loom-job-secret";
+    LOOM_CHECK(base_crypto_init());
+    if (crypto_generichash_blake2b_salt_personal(out, BASE_KEY_BYTES, (const unsigned char *)text,
+                                                 strlen(text), NULL, 0, NULL, personal) != 0)
+        return base_error(loomSystemError, LOG_INIT,
+                          "deriving the job key from LOOM_JOB_SECRET "
+                          "failed");
+    return loomSuccess;
 }
 
 bool base_equal_ct(const void *a, const void *b, size_t len)
 {
-    const volatile uint8_t *x = a, *y = b;
-    uint8_t d = 0;
-    for (size_t i = 0; i < len; i++)
-        d |= (uint8_t)(x[i] ^ y[i]);
-    return d == 0;
+    return sodium_memcmp(a, b, len) == 0;
 }
 
 uint64_t base_hash64(const void *data, size_t len, uint64_t seed)

@@ -309,8 +309,7 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
     u.version = UID_VERSION;
     const char *secret = param_str(PARAM_JOB_SECRET);
     if (secret[0]) {
-        static const uint8_t zero[16];
-        base_siphash128(zero, secret, strlen(secret), u.secret);
+        LOOM_CHECK(base_derive_key(secret, u.secret));
     } else if (rank == 0) {
         WARN(LOG_BOOT,
              "no LOOM_JOB_SECRET: the rendezvous at %s:%s trusts whoever reaches it first; a "
@@ -319,7 +318,12 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
     }
     char ident[300];
     int n = snprintf(ident, sizeof(ident), "%s:%s/%d", maddr, mport, nranks);
-    u.job_id = base_hash64(ident, (size_t)n, base_hash64(u.secret, 16, 0x746f726368));
+    /* Keyed by the secret through a MAC, not a plain hash: the communicator id derived from the
+     * job id crosses the wire, and a plain (invertible) hash would publish a fingerprint of the
+     * secret with it. */
+    uint8_t tag[BASE_MAC_BYTES];
+    LOOM_CHECK(base_mac(u.secret, "loom job id", ident, (size_t)n, NULL, 0, tag));
+    memcpy(&u.job_id, tag, sizeof(u.job_id));
     sock_addr_pack(&root, u.root_addr);
     if (rank == 0) {
         sock_addr_t bound;
