@@ -338,7 +338,10 @@ static int env_rank_main(int nranks)
     return bad;
 }
 
-static void run_env_job(int nranks, const char *rank_var, const char *size_var)
+/* Runs nranks processes launched through rank_var/size_var, all with LOOM_JOB_SECRET "launch
+ * test" except the last, which gets last_secret (NULL: the same); returns how many failed. */
+static int run_env_job_secret(int nranks, const char *rank_var, const char *size_var,
+                              const char *last_secret)
 {
     int port = free_port();
     ck_assert_int_gt(port, 0);
@@ -358,6 +361,11 @@ static void run_env_job(int nranks, const char *rank_var, const char *size_var)
             setenv("MASTER_ADDR", "127.0.0.1", 1);
             setenv("MASTER_PORT", ps, 1);
             setenv("LOOM_JOB_SECRET", "launch test", 1);
+            if (last_secret && r == nranks - 1) {
+                setenv("LOOM_JOB_SECRET", last_secret, 1);
+            }
+            /* Ranks that cannot meet give up soon rather than at the default timeout. */
+            if (last_secret) setenv("LOOM_TIMEOUT", "5", 1);
             _exit(env_rank_main(nranks));
         }
     }
@@ -366,7 +374,12 @@ static void run_env_job(int nranks, const char *rank_var, const char *size_var)
         int st;
         if (waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
     }
-    ck_assert_int_eq(failed, 0);
+    return failed;
+}
+
+static void run_env_job(int nranks, const char *rank_var, const char *size_var)
+{
+    ck_assert_int_eq(run_env_job_secret(nranks, rank_var, size_var, NULL), 0);
 }
 
 static void clear_launch_env(void)
@@ -409,6 +422,15 @@ START_TEST(job_slurm_master)
 }
 END_TEST
 
+START_TEST(job_other_secret)
+{
+    /* A rank whose LOOM_JOB_SECRET differs by one character derives another key: the rendezvous
+     * refuses it, so neither it nor the rank waiting for it forms a communicator. */
+    clear_launch_env();
+    ck_assert_int_eq(run_env_job_secret(2, "RANK", "WORLD_SIZE", "launch tesu"), 2);
+}
+END_TEST
+
 START_TEST(job_errors)
 {
     clear_launch_env();
@@ -448,6 +470,7 @@ static Suite *launch_suite(void)
     tcase_add_test(j, job_torchrun);
     tcase_add_test(j, job_slurm_master);
     tcase_add_test(j, job_errors);
+    tcase_add_test(j, job_other_secret);
     suite_add_tcase(s, j);
     return s;
 }

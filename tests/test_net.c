@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "comm.h"
 #include "harness.h"
 #include "param.h"
@@ -401,7 +403,9 @@ END_TEST
 /* The wire constants of sock.c (private there): a fake peer has to speak them. */
 #define T_MAGIC_CHALLENGE 0x4c4d4348u
 #define T_MAGIC_WELCOME 0x4c4d5745u
-#define T_VERSION 1u
+#define T_VERSION 2u
+#define T_HELLO_BYTES 64
+#define T_WELCOME_BYTES 40
 
 /* A connected loopback pair: cfd from sock_connect_start, afd from accept. */
 static void make_pair(int *cfd, int *afd, sock_addr_t *srv, sock_addr_t *cli)
@@ -462,6 +466,7 @@ static void drive_pair(hs_t *c, hs_t *a, loomResult_t *rc, loomResult_t *ra)
 }
 
 static const uint8_t key_a[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+/* One bit away from key_a: a secret that is almost right is still refused. */
 static const uint8_t key_b[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17};
 
 START_TEST(test_handshake_ok)
@@ -524,15 +529,167 @@ START_TEST(test_handshake_wrong_secret)
         if (!prog) usleep(1000);
     }
     ck_assert_int_eq(c.state, HS_RECV_WELCOME);
-    uint8_t hello_wire[48];
+    uint8_t hello_wire[T_HELLO_BYTES];
     ck_assert_int_eq(sock_recv_all(afd, hello_wire, sizeof(hello_wire), dl, "fake hello"),
                      loomSuccess);
+    uint8_t welcome[T_WELCOME_BYTES] = {0}; /* status 0, and a MAC that proves nothing */
     v = T_MAGIC_WELCOME;
-    memcpy(msg, &v, 4);
-    memset(msg + 4, 0, 20); /* status 0, and a MAC that proves nothing */
-    ck_assert_int_eq(sock_send_all(afd, msg, sizeof(msg), dl, "fake welcome"), loomSuccess);
+    memcpy(welcome, &v, 4);
+    ck_assert_int_eq(sock_send_all(afd, welcome, sizeof(welcome), dl, "fake welcome"), loomSuccess);
     ck_assert_int_ne(hs_run_blocking(&c), loomSuccess);
     ck_assert_msg(strstr(c.err, "secret") != NULL, "connector: '%s'", c.err);
+    close(cfd);
+    close(afd);
+}
+END_TEST
+
+/* loom's MAC and key derivation are libsodium's keyed BLAKE2b: computed here with libsodium
+ * directly, so that a hand-written replacement (or a changed construction) fails. */
+START_TEST(test_crypto_known_answer)
+{
+    ck_assert_int_ge(sodium_init(), 0);
+    static const char ctx[] = "loom-test context";
+    uint8_t nonce[16], msg[37];
+    for (int i = 0; i < 16; i++)
+        nonce[i] = (uint8_t)(0xa0 + i);
+    for (int i = 0; i < 37; i++)
+        msg[i] = (uint8_t)(i * 7);
+    uint8_t want[32], got[BASE_MAC_BYTES];
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, key_a, sizeof(key_a), sizeof(want));
+    crypto_generichash_update(&st, (const unsigned char *)ctx, sizeof(ctx)); /* with its NUL */
+    crypto_generichash_update(&st, nonce, sizeof(nonce));
+    crypto_generichash_update(&st, msg, sizeof(msg));
+    crypto_generichash_final(&st, want, sizeof(want));
+    ck_assert_int_eq(BASE_MAC_BYTES, 32);
+    ck_assert_int_eq(base_mac(key_a, ctx, nonce, sizeof(nonce), msg, sizeof(msg), got),
+                     loomSuccess);
+    ck_assert_msg(memcmp(want, got, sizeof(want)) == 0, "base_mac is not keyed BLAKE2b-256");
+
+    /* Another purpose, another key, one bit of the message: another MAC. */
+    uint8_t other[BASE_MAC_BYTES];
+    ck_assert_int_eq(base_mac(key_a, "loom-test other", nonce, 16, msg, 37, other), loomSuccess);
+    ck_assert(memcmp(got, other, sizeof(got)) != 0);
+    ck_assert_int_eq(base_mac(key_b, ctx, nonce, 16, msg, 37, other), loomSuccess);
+    ck_assert(memcmp(got, other, sizeof(got)) != 0);
+    msg[20] ^= 0x04;
+    ck_assert_int_eq(base_mac(key_a, ctx, nonce, 16, msg, 37, other), loomSuccess);
+    ck_assert(memcmp(got, other, sizeof(got)) != 0);
+
+    /* LOOM_JOB_SECRET's key: BLAKE2b personalised "loom-job-secret", deterministic, and another
+     * for a text one character away. */
+    static const char text[] = "correct horse battery staple";
+    static const unsigned char personal[crypto_generichash_blake2b_PERSONALBYTES] =
+        "loom-job-secret";
+    uint8_t kw[BASE_KEY_BYTES], k1[BASE_KEY_BYTES], k2[BASE_KEY_BYTES], k3[BASE_KEY_BYTES];
+    ck_assert_int_eq(
+        crypto_generichash_blake2b_salt_personal(kw, sizeof(kw), (const unsigned char *)text,
+                                                 strlen(text), NULL, 0, NULL, personal),
+        0);
+    ck_assert_int_eq(base_derive_key(text, k1), loomSuccess);
+    ck_assert_int_eq(base_derive_key(text, k2), loomSuccess);
+    ck_assert_int_eq(base_derive_key("correct horse battery staplf", k3), loomSuccess);
+    ck_assert_msg(memcmp(kw, k1, sizeof(kw)) == 0, "the job key is not libsodium's BLAKE2b");
+    ck_assert(memcmp(k1, k2, sizeof(k1)) == 0);
+    ck_assert(memcmp(k1, k3, sizeof(k1)) != 0);
+
+    ck_assert(base_equal_ct(want, got, sizeof(want)));
+    ck_assert(!base_equal_ct(want, other, sizeof(want)));
+    /* Two random draws of 32 bytes agree only if the random source is broken. */
+    uint8_t r1[32], r2[32];
+    ck_assert_int_eq(base_random(r1, sizeof(r1)), loomSuccess);
+    ck_assert_int_eq(base_random(r2, sizeof(r2)), loomSuccess);
+    ck_assert(memcmp(r1, r2, sizeof(r1)) != 0);
+}
+END_TEST
+
+/* Advances h until it reaches `want` or fails. */
+static void pump_until(hs_t *h, hs_state_t want)
+{
+    uint64_t dl = base_now_ns() + 5000000000ull;
+    while (h->state != want && h->state != HS_FAILED && h->state != HS_DONE && base_now_ns() < dl) {
+        bool prog = false;
+        (void)hs_progress(h, &prog);
+        if (!prog) usleep(1000);
+    }
+}
+
+/* A relay between a real connector and a real acceptor flips one bit of what it forwards: of the
+ * challenge's nonce, of the HELLO's fields, of the HELLO's MAC, or of the WELCOME's MAC. Every
+ * one is refused; the untouched relay (case 0) shows that the relay itself is sound. */
+START_TEST(test_handshake_one_bit)
+{
+    static const struct {
+        int msg; /* 0: none, 1: challenge, 2: hello, 3: welcome */
+        int byte;
+    } cases[] = {{0, 0}, {1, 8 + 5}, {2, 20}, {2, 32 + 31}, {3, 8 + 3}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int cfd, xfd, yfd, afd;
+        sock_addr_t srv1, cli1, srv2, cli2;
+        make_pair(&cfd, &xfd, &srv1, &cli1);
+        make_pair(&yfd, &afd, &srv2, &cli2);
+        static hs_t c, a;
+        hs_hello_t hello = {.comm_id = 9, .from_rank = 1, .to_rank = 0, .chan = 0, .nchan = 1};
+        hs_connect_init(&c, cfd, &srv1, key_a, &hello);
+        ck_assert_int_eq(hs_accept_init(&a, afd, &cli2, key_a), loomSuccess);
+        uint64_t dl = base_now_ns() + 5000000000ull;
+        uint8_t buf[T_HELLO_BYTES];
+
+        pump_until(&a, HS_RECV_HELLO);
+        ck_assert_int_eq(sock_recv_all(yfd, buf, 24, dl, "challenge"), loomSuccess);
+        if (cases[k].msg == 1) buf[cases[k].byte] ^= 0x10;
+        ck_assert_int_eq(sock_send_all(xfd, buf, 24, dl, "challenge"), loomSuccess);
+
+        pump_until(&c, HS_RECV_WELCOME);
+        ck_assert_int_eq(c.state, HS_RECV_WELCOME);
+        ck_assert_int_eq(sock_recv_all(xfd, buf, T_HELLO_BYTES, dl, "hello"), loomSuccess);
+        if (cases[k].msg == 2) buf[cases[k].byte] ^= 0x01;
+        ck_assert_int_eq(sock_send_all(yfd, buf, T_HELLO_BYTES, dl, "hello"), loomSuccess);
+
+        pump_until(&a, HS_DONE);
+        if (cases[k].msg == 1 || cases[k].msg == 2) {
+            ck_assert_msg(a.state == HS_FAILED && strstr(a.err, "authentication"),
+                          "case %zu: acceptor state %d: '%s'", k, (int)a.state, a.err);
+        } else {
+            ck_assert_msg(a.state == HS_DONE, "case %zu: acceptor: '%s'", k, a.err);
+            ck_assert_int_eq(sock_recv_all(yfd, buf, T_WELCOME_BYTES, dl, "welcome"), loomSuccess);
+            if (cases[k].msg == 3) buf[cases[k].byte] ^= 0x80;
+            ck_assert_int_eq(sock_send_all(xfd, buf, T_WELCOME_BYTES, dl, "welcome"), loomSuccess);
+            pump_until(&c, HS_DONE);
+            if (cases[k].msg == 3)
+                ck_assert_msg(c.state == HS_FAILED && strstr(c.err, "secret"),
+                              "case %zu: connector state %d: '%s'", k, (int)c.state, c.err);
+            else
+                ck_assert_msg(c.state == HS_DONE, "case %zu: connector: '%s'", k, c.err);
+        }
+        close(cfd);
+        close(xfd);
+        close(yfd);
+        close(afd);
+    }
+}
+END_TEST
+
+/* A peer of the previous handshake version (16-byte MACs) is named as one, not taken for a
+ * wrong secret or a stranger. */
+START_TEST(test_handshake_old_version)
+{
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    static hs_t c;
+    hs_hello_t hello = {.comm_id = 7, .from_rank = 0, .to_rank = 1, .chan = 0, .nchan = 1};
+    make_pair(&cfd, &afd, &srv, &cli);
+    uint8_t msg[24];
+    uint32_t v = T_MAGIC_CHALLENGE;
+    memcpy(msg, &v, 4);
+    v = 1;
+    memcpy(msg + 4, &v, 4);
+    memset(msg + 8, 0x55, 16);
+    uint64_t dl = base_now_ns() + 5000000000ull;
+    ck_assert_int_eq(sock_send_all(afd, msg, sizeof(msg), dl, "old challenge"), loomSuccess);
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    ck_assert_int_eq(hs_run_blocking(&c), loomRemoteError);
+    ck_assert_msg(strstr(c.err, "version 1") && strstr(c.err, "speaks 2"), "'%s'", c.err);
     close(cfd);
     close(afd);
 }
@@ -767,6 +924,9 @@ static Suite *net_suite(void)
         {"bind_address", test_bind_address},
         {"handshake_ok", test_handshake_ok},
         {"handshake_wrong_secret", test_handshake_wrong_secret},
+        {"crypto_known_answer", test_crypto_known_answer},
+        {"handshake_one_bit", test_handshake_one_bit},
+        {"handshake_old_version", test_handshake_old_version},
         {"handshake_not_loom", test_handshake_not_loom},
         {"handshake_timeout", test_handshake_timeout},
         {"many_sockets", test_many_sockets},
