@@ -7,6 +7,9 @@
 #                   instead of building; otherwise build-gpu/ is built here with meson + ninja
 #   --perf          also run loom-perf on device buffers, loom then NCCL (perf_*.txt)
 #
+# A machine without libsodium's development files (the GPU machine has no package access):
+# run scripts/gpu-deps.sh where the tree comes from and carry .gpu-deps with it.
+#
 # Prints the GPUs and their topology, then runs, each with its output tee'd into $OUT/<name>.txt
 # ($OUT defaults to /tmp/loom-gpu): DIR/tests/gpu_guard, DIR/tests/gpu_coll, and every executable
 # tests/gpu/*.sh (called with DIR as $1; LOOM_BUILD_DIR and OUT are exported as well). Exit 77
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown argument '$1' (usage: scripts/gpu-check.sh [--prebuilt DIR] [--perf])" ;;
@@ -52,6 +55,21 @@ done
 mkdir -p "$out" || die "cannot create $out"
 
 # ---- the build -----------------------------------------------------------------------------
+# Libraries this machine lacks, carried as Debian packages (scripts/gpu-deps.sh, run where the
+# tree came from): unpacked into a private prefix, found by pkg-config at build time and by the
+# loader at run time. Only where pkg-config has no copy of its own.
+if ! pkg-config --exists libsodium 2>/dev/null && ls "$root"/.gpu-deps/*.deb >/dev/null 2>&1; then
+    deps=/tmp/loom-gpu-deps
+    for f in "$root"/.gpu-deps/*.deb; do dpkg-deb -x "$f" "$deps" || die "unpacking $f failed"; done
+    for pc in "$deps"/usr/lib/*/pkgconfig/*.pc; do
+        sed -i "s|^prefix=.*|prefix=$deps/usr|" "$pc"
+        export PKG_CONFIG_PATH=$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    done
+    for lib in "$deps"/usr/lib/*/; do
+        export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    done
+    echo "gpu-check: using the carried packages in .gpu-deps (unpacked in $deps)"
+fi
 if [ -n "$prebuilt" ]; then
     [ -d "$prebuilt" ] || die "--prebuilt $prebuilt: no such directory"
     dir=$(cd "$prebuilt" && pwd)
