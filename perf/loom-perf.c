@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1555,6 +1556,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     pid_t *pids = calloc((size_t)k, sizeof(pid_t));
     bool *killed = calloc((size_t)k, sizeof(bool));
+    pid_t parent = getpid();
     for (int r = 0; r < k; r++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -1562,7 +1564,10 @@ int main(int argc, char **argv)
             return 2;
         }
         if (pid == 0) {
-            /* Children die with the parent, so an interrupted run leaves nothing behind. */
+            /* Children die with the parent, so an interrupted run leaves nothing behind: even
+             * a parent killed with SIGKILL, which runs no handler. A parent that died before
+             * the request would never send the signal, so look once more after it. */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(2);
             signal(SIGINT, SIG_DFL);
             L.rank = r;
             L.quiet = r != 0;

@@ -70,6 +70,14 @@ int log_level(void);
 /* Reads LOOM_DEBUG, LOOM_DEBUG_SUBSYS and LOOM_DEBUG_FILE again at the next log line
  * (ncclResetDebugInit). */
 void log_reset(void);
+
+/* fork(2) while another thread holds one of loom's process-wide locks would leave it locked
+ * forever in the child: core's pthread_atfork handlers take them all in one fixed order
+ * (prepare), then release them in the parent and re-initialise them in the child. */
+typedef enum { BASE_FORK_PREPARE, BASE_FORK_PARENT, BASE_FORK_CHILD } base_fork_phase_t;
+void log_atfork(base_fork_phase_t phase);
+void base_error_atfork(base_fork_phase_t phase);
+void param_atfork(base_fork_phase_t phase);
 bool log_enabled(log_level_t level, log_subsys_t subsys);
 void log_write(log_level_t level, log_subsys_t subsys, const char *file, int line, const char *fmt,
                ...) LOOM_PRINTF(5, 6);

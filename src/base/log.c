@@ -104,6 +104,16 @@ int log_level(void)
     return lvl;
 }
 
+void log_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_PREPARE)
+        pthread_mutex_lock(&log_lock);
+    else if (phase == BASE_FORK_PARENT)
+        pthread_mutex_unlock(&log_lock);
+    else
+        pthread_mutex_init(&log_lock, NULL);
+}
+
 void log_reset(void)
 {
     param_forget(PARAM_DEBUG);

@@ -356,3 +356,13 @@ void param_reset_cache(void)
     pthread_mutex_unlock(&param_lock);
     log_level_cached = -1;
 }
+
+void param_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_PREPARE)
+        pthread_mutex_lock(&param_lock);
+    else if (phase == BASE_FORK_PARENT)
+        pthread_mutex_unlock(&param_lock);
+    else
+        pthread_mutex_init(&param_lock, NULL);
+}

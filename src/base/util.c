@@ -25,6 +25,16 @@ void base_set_error_text(const char *text)
     pthread_mutex_unlock(&error_lock);
 }
 
+void base_error_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_PREPARE)
+        pthread_mutex_lock(&error_lock);
+    else if (phase == BASE_FORK_PARENT)
+        pthread_mutex_unlock(&error_lock);
+    else
+        pthread_mutex_init(&error_lock, NULL);
+}
+
 loomResult_t base_error(loomResult_t res, log_subsys_t subsys, const char *fmt, ...)
 {
     char text[ERROR_TEXT_MAX];

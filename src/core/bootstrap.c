@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "fork.h"
 #include "param.h"
 
 #define UID_MAGIC 0x6c6d6964u /* "lmid" */
@@ -87,6 +88,84 @@ static void root_send_error(int fd, const char *text)
         sock_send_all(fd, buf, sizeof(buf), dl, "bootstrap root: error reply");
 }
 
+/* The sockets of the process's root threads: the listeners and their ranks' connections. They
+ * belong to the parent's threads, which a forked child does not have: left open there, a
+ * listener would accept ranks that nobody answers, and a connection would keep a rank from
+ * seeing its root leave. The child closes them all (boot_atfork). */
+static pthread_mutex_t root_fd_lock = PTHREAD_MUTEX_INITIALIZER;
+static int *root_fds;
+static int root_nfd, root_fd_cap;
+
+/* Called with root_fd_lock held. */
+static bool root_fd_add_locked(int fd)
+{
+    if (root_nfd == root_fd_cap) {
+        int cap = root_fd_cap ? root_fd_cap * 2 : 16;
+        int *n = realloc(root_fds, (size_t)cap * sizeof(*n));
+        if (n == NULL) return false;
+        root_fds = n;
+        root_fd_cap = cap;
+    }
+    root_fds[root_nfd++] = fd;
+    return true;
+}
+
+static bool root_fd_add(int fd)
+{
+    pthread_mutex_lock(&root_fd_lock);
+    bool ok = root_fd_add_locked(fd);
+    pthread_mutex_unlock(&root_fd_lock);
+    return ok;
+}
+
+/* Forgets and closes fd under the lock, so a fork never sees a number that is already reused. */
+static void root_close(int fd)
+{
+    pthread_mutex_lock(&root_fd_lock);
+    for (int i = 0; i < root_nfd; i++)
+        if (root_fds[i] == fd) {
+            root_fds[i] = root_fds[--root_nfd];
+            break;
+        }
+    close(fd);
+    pthread_mutex_unlock(&root_fd_lock);
+}
+
+/* Accepts under the lock, so that no fork falls between the accept and the bookkeeping. */
+static int root_accept(int lfd, sock_addr_t *peer)
+{
+    pthread_mutex_lock(&root_fd_lock);
+    int fd = accept4(lfd, (struct sockaddr *)&peer->sa, &peer->len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0 && !root_fd_add_locked(fd)) {
+        close(fd);
+        fd = -1;
+    }
+    pthread_mutex_unlock(&root_fd_lock);
+    return fd;
+}
+
+void boot_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_PREPARE) {
+        pthread_mutex_lock(&root_fd_lock);
+    } else if (phase == BASE_FORK_PARENT) {
+        pthread_mutex_unlock(&root_fd_lock);
+    } else {
+        for (int i = 0; i < root_nfd; i++)
+            close(root_fds[i]);
+        root_nfd = 0;
+        pthread_mutex_init(&root_fd_lock, NULL);
+    }
+}
+
+int boot_root_fd_count(void)
+{
+    pthread_mutex_lock(&root_fd_lock);
+    int n = root_nfd;
+    pthread_mutex_unlock(&root_fd_lock);
+    return n;
+}
+
 static void *root_main(void *arg)
 {
     boot_root_args_t a = *(boot_root_args_t *)arg;
@@ -114,21 +193,20 @@ static void *root_main(void *arg)
         free(fds);
         for (;;) {
             sock_addr_t peer = {.len = sizeof(peer.sa)};
-            int fd = accept4(a.listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
-                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+            int fd = root_accept(a.listen_fd, &peer);
             if (fd < 0) break;
             if (ncl == cap) {
                 cap = cap ? cap * 2 : 16;
                 boot_client_t *n = realloc(cl, (size_t)cap * sizeof(*cl));
                 if (n == NULL) {
-                    close(fd);
+                    root_close(fd);
                     break;
                 }
                 cl = n;
             }
             memset(&cl[ncl], 0, sizeof(cl[ncl]));
             if (hs_accept_init(&cl[ncl].hs, fd, &peer, a.secret) != loomSuccess) {
-                close(fd);
+                root_close(fd);
                 continue;
             }
             ncl++;
@@ -139,7 +217,7 @@ static void *root_main(void *arg)
             if (c->state == 0) {
                 if (hs_progress(&c->hs, &prog) != loomSuccess) {
                     WARN(LOG_BOOT, "bootstrap root %s refused a connection from %s", as, c->hs.err);
-                    close(c->hs.fd);
+                    root_close(c->hs.fd);
                     c->state = 3;
                     continue;
                 }
@@ -162,7 +240,7 @@ static void *root_main(void *arg)
                              nranks >= 0 ? " (other ranks said nranks differently)" : "");
                     WARN(LOG_BOOT, "%s", text);
                     root_send_error(c->hs.fd, text);
-                    close(c->hs.fd);
+                    root_close(c->hs.fd);
                     c->state = 3;
                     continue;
                 }
@@ -182,7 +260,7 @@ static void *root_main(void *arg)
                 if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
                     WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address", as,
                          c->hs.hello.from_rank);
-                    close(c->hs.fd);
+                    root_close(c->hs.fd);
                     c->state = 3;
                     continue;
                 }
@@ -194,7 +272,7 @@ static void *root_main(void *arg)
                     snprintf(text, sizeof(text), "bootstrap root %s: rank %d joined twice", as, r);
                     WARN(LOG_BOOT, "%s", text);
                     root_send_error(c->hs.fd, text);
-                    close(c->hs.fd);
+                    root_close(c->hs.fd);
                     c->state = 3;
                     continue;
                 }
@@ -233,11 +311,11 @@ static void *root_main(void *arg)
     }
 out:
     for (int i = 0; i < ncl; i++)
-        if (cl[i].state != 3) close(cl[i].hs.fd);
+        if (cl[i].state != 3) root_close(cl[i].hs.fd);
     free(cl);
     free(table);
     free(fd_of);
-    close(a.listen_fd);
+    root_close(a.listen_fd);
     return NULL;
 }
 
@@ -246,9 +324,11 @@ static loomResult_t boot_root_start(const sock_addr_t *addr, const uint8_t secre
                                     uint64_t job_id, sock_addr_t *bound)
 {
     int fd;
+    core_fork_init();
     LOOM_CHECK(sock_listen(addr, 4096, &fd, bound));
     boot_root_args_t *a = malloc(sizeof(*a));
-    if (a == NULL) {
+    if (a == NULL || !root_fd_add(fd)) {
+        free(a);
         close(fd);
         return base_error(loomSystemError, LOG_BOOT, "out of memory");
     }
@@ -263,7 +343,7 @@ static loomResult_t boot_root_start(const sock_addr_t *addr, const uint8_t secre
     int e = pthread_create(&t, &attr, root_main, a);
     pthread_attr_destroy(&attr);
     if (e != 0) {
-        close(fd);
+        root_close(fd);
         free(a);
         return base_error(loomSystemError, LOG_BOOT, "pthread_create (bootstrap root): %s",
                           strerror(e));

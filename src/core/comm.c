@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "fork.h"
 #include "loom_internal.h"
 #include "memtype.h"
 #include "param.h"
@@ -52,6 +53,16 @@ static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static loomComm_t *live_set;
 static size_t live_cap, live_len; /* live_cap: 0 or a power of two */
 
+void comm_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_PREPARE)
+        pthread_mutex_lock(&live_lock);
+    else if (phase == BASE_FORK_PARENT)
+        pthread_mutex_unlock(&live_lock);
+    else
+        pthread_mutex_init(&live_lock, NULL);
+}
+
 static size_t live_home(loomComm_t c)
 {
     uint64_t x = (uint64_t)(uintptr_t)c * 0x9E3779B97F4A7C15ull;
@@ -69,6 +80,7 @@ static size_t live_slot(loomComm_t c)
 
 static bool live_add(loomComm_t c)
 {
+    core_fork_init();
     pthread_mutex_lock(&live_lock);
     if ((live_len + 1) * 2 > live_cap) {
         size_t ocap = live_cap, ncap = live_cap ? live_cap * 2 : 64;
@@ -776,6 +788,7 @@ LOOM_EXPORT loomResult_t loomGetUniqueId(loomUniqueId *id)
     base_clear_error();
     if (id == NULL)
         return base_error(loomInvalidArgument, LOG_INIT, "loomGetUniqueId: uniqueId is NULL");
+    core_fork_init();
     return boot_uid_create(id);
 }
 

@@ -98,7 +98,12 @@ typedef struct {
 typedef struct {
     atomic_int aborting;
     atomic_int active_calls; /* API calls inside this communicator now */
-    int wake_fd;             /* eventfd: written by abort to wake a blocked poll */
+    /* The thread whose call (or open group) uses the communicator now, 0 when none: one thread
+     * at a time, NCCL's rule. Its call's name and thread id are for the other thread's error. */
+    atomic_uintptr_t owner;
+    _Atomic(const char *) owner_call;
+    atomic_int owner_tid;
+    int wake_fd; /* eventfd: written by abort to wake a blocked poll */
     pthread_mutex_t lock;
     atomic_int async_error; /* loomResult_t */
     char async_text[ERR_TEXT_MAX];

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "coll.h"
 #include "comm.h"
@@ -22,6 +24,7 @@
 static _Thread_local int group_depth;
 /* The memory kinds the current call's buffers were found to be (check_buf). */
 static _Thread_local loomComm_t call_comm;
+static _Thread_local const char *call_fn; /* the public call now checked, for the claim */
 static _Thread_local bool call_dev, call_host;
 static _Thread_local const void *call_seen; /* the buffer this call already classified */
 static _Thread_local coll_op_t *gq;
@@ -66,6 +69,7 @@ static loomResult_t check_common(loomComm_t comm, const char *fn, loomDataType_t
     LOOM_CHECK(comm_check(comm, fn));
     log_set_rank(comm->rank);
     call_comm = comm;
+    call_fn = fn;
     call_dev = call_host = false;
     call_seen = NULL;
     if ((int)type < 0 || type >= loomNumTypes)
@@ -151,6 +155,44 @@ static loomResult_t check_no_partial_overlap(const char *fn, const void *s, size
                           "%s: send and receive buffers overlap without being in place", fn);
     return loomSuccess;
 }
+/* ---- one thread per communicator ---- */
+
+/* The claim's token: the address of a thread-local byte, distinct among live threads. */
+static _Thread_local char claim_self;
+static _Thread_local int claim_tid;
+
+static int self_tid(void)
+{
+    if (claim_tid == 0) claim_tid = (int)syscall(SYS_gettid);
+    return claim_tid;
+}
+
+/* Claims c for the calling thread until its call (or group) has run: one compare-exchange, no
+ * lock. The same thread may claim again (several calls in one group). The public entry points
+ * claim; loom's own threads (progress, device staging) enter below them, through coll.h. */
+static loomResult_t comm_claim(loomComm_t c, const char *fn)
+{
+    uintptr_t me = (uintptr_t)&claim_self, cur = 0;
+    if (atomic_compare_exchange_strong(&c->st.owner, &cur, me) || cur == me) {
+        atomic_store_explicit(&c->st.owner_call, fn, memory_order_relaxed);
+        atomic_store_explicit(&c->st.owner_tid, self_tid(), memory_order_relaxed);
+        return loomSuccess;
+    }
+    const char *other = atomic_load_explicit(&c->st.owner_call, memory_order_relaxed);
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "%s on thread %d while %s runs on thread %d (communicator %p): a "
+                      "communicator is used by one thread at a time; give each thread its own "
+                      "communicator (loomCommSplit)",
+                      fn, self_tid(), other ? other : "another call",
+                      atomic_load_explicit(&c->st.owner_tid, memory_order_relaxed), (void *)c);
+}
+
+static void comm_release(loomComm_t c)
+{
+    uintptr_t me = (uintptr_t)&claim_self;
+    atomic_compare_exchange_strong(&c->st.owner, &me, 0);
+}
+
 /* ---- the queue ---- */
 
 static loomResult_t run_group(void);
@@ -165,7 +207,10 @@ static void gq_release(void *unused)
 {
     (void)unused;
     for (int i = 0; i < gq_len; i++)
-        if (gq_owner[i]) comm_unref(gq_owner[i]);
+        if (gq_owner[i]) {
+            comm_release(gq_owner[i]);
+            comm_unref(gq_owner[i]);
+        }
     free(gq);
     free(gq_owner);
     gq = NULL;
@@ -201,7 +246,18 @@ static loomResult_t gq_grow(void)
 
 static loomResult_t enqueue(const coll_op_t *op)
 {
-    if (gq_len == gq_cap) LOOM_CHECK(gq_grow());
+    /* A thread's first operation on a communicator claims it: for the call outside a group,
+     * for the group inside one. A failed claim queues nothing and leaves the owner alone. */
+    bool mine =
+        atomic_load_explicit(&op->comm->st.owner, memory_order_relaxed) == (uintptr_t)&claim_self;
+    LOOM_CHECK(comm_claim(op->comm, call_fn));
+    if (gq_len == gq_cap) {
+        loomResult_t r = gq_grow();
+        if (r != loomSuccess) {
+            if (!mine) comm_release(op->comm);
+            return r;
+        }
+    }
     comm_ref(op->comm);
     gq_owner[gq_len] = op->comm;
     gq[gq_len++] = *op;
@@ -281,6 +337,7 @@ static int drop_destroyed(int n, loomComm_t *first, int *first_n)
         dropped++;
         gq[i].comm = NULL;
         gq_owner[i] = NULL;
+        comm_release(c);
         comm_unref(c); /* may free it: nothing below reads it */
     }
     return dropped;
@@ -326,7 +383,10 @@ static loomResult_t run_group(void)
         if (m > 0) res = coll_run(gq, m);
     }
     for (int i = 0; i < n; i++)
-        if (gq_owner[i]) comm_unref(gq_owner[i]);
+        if (gq_owner[i]) {
+            comm_release(gq_owner[i]);
+            comm_unref(gq_owner[i]);
+        }
     gq_len = 0;
     if (dropped > 0 && res == loomSuccess) {
         char more[64] = "";

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "fork.h"
 #include "launch.h"
 #include "param.h"
 
@@ -256,6 +257,14 @@ static bool launch_pmix_up;
 static pid_t launch_pmix_pid;
 static pmix_proc_t launch_pmix_me;
 static unsigned launch_pmix_gen;
+
+/* Not taken before a fork: it is held across PMIx fences, which may wait for other processes.
+ * The child cannot use its parent's PMIx connection anyway (launch_pmix_pid says whose it is),
+ * so it only needs a lock that nobody holds. */
+void launch_atfork(base_fork_phase_t phase)
+{
+    if (phase == BASE_FORK_CHILD) pthread_mutex_init(&launch_pmix_lock, NULL);
+}
 
 __attribute__((destructor)) static void launch_pmix_fini(void)
 {

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "fork.h"
 #include "progress.h"
 
 #define PROGRESS_MAX_FDS 256
@@ -174,22 +175,24 @@ static void *thread_main(void *arg)
 }
 
 /* A forked child has no progress thread and none of its parent's attachments. */
-static void atfork_child(void)
+void progress_atfork(base_fork_phase_t phase)
 {
-    pthread_mutex_init(&pe.lock, NULL);
-    pthread_cond_init(&pe.idle, NULL);
-    pe.started = false;
-    pe.nsrc = pe.nwatch = 0;
-    pe.busy = NULL;
+    if (phase == BASE_FORK_PREPARE) {
+        pthread_mutex_lock(&pe.lock);
+    } else if (phase == BASE_FORK_PARENT) {
+        pthread_mutex_unlock(&pe.lock);
+    } else {
+        pthread_mutex_init(&pe.lock, NULL);
+        pthread_cond_init(&pe.idle, NULL);
+        pe.started = false;
+        pe.nsrc = pe.nwatch = 0;
+        pe.busy = NULL;
+    }
 }
 
 static loomResult_t thread_start(void)
 {
-    static bool atfork_done;
-    if (!atfork_done) {
-        pthread_atfork(NULL, NULL, atfork_child);
-        atfork_done = true;
-    }
+    core_fork_init();
     if (pe.wake_fd < 0) {
         pe.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (pe.wake_fd < 0)
