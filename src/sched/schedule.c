@@ -91,9 +91,11 @@ static void add_step(sched_t *s, sched_step_t st, bool reads, bool writes)
     s->steps[s->nsteps++] = st;
 }
 
-void sched_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
+/* A send reads its region, a receive writes it; both name one buffer and offset. */
+static void add_transfer(sched_t *s, uint8_t kind, uint16_t desc, int peer, uint32_t buf,
+                         uint64_t off, uint64_t count)
 {
-    sched_step_t st = {.kind = STEP_SEND,
+    sched_step_t st = {.kind = kind,
                        .desc = desc,
                        .peer = peer,
                        .src_buf = buf,
@@ -101,20 +103,17 @@ void sched_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off,
                        .dst_buf = buf,
                        .dst_off = off,
                        .count = count};
-    add_step(s, st, true, false);
+    add_step(s, st, kind == STEP_SEND, kind == STEP_RECV);
+}
+
+void sched_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
+{
+    add_transfer(s, STEP_SEND, desc, peer, buf, off, count);
 }
 
 void sched_recv(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off, uint64_t count)
 {
-    sched_step_t st = {.kind = STEP_RECV,
-                       .desc = desc,
-                       .peer = peer,
-                       .src_buf = buf,
-                       .src_off = off,
-                       .dst_buf = buf,
-                       .dst_off = off,
-                       .count = count};
-    add_step(s, st, false, true);
+    add_transfer(s, STEP_RECV, desc, peer, buf, off, count);
 }
 
 void sched_recv_reduce(sched_t *s, uint16_t desc, int peer, uint32_t src_buf, uint64_t src_off,
