@@ -128,3 +128,27 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
         if (status[r] != 0) bad++;
     return bad;
 }
+
+void h_add_cases(Suite *s, const h_case_t *cases, size_t n, int default_timeout_s)
+{
+    for (size_t i = 0; i < n; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, cases[i].timeout_s ? cases[i].timeout_s : default_timeout_s);
+        if (cases[i].tags) tcase_set_tags(tc, cases[i].tags);
+        if (cases[i].loops)
+            tcase_add_loop_test(tc, cases[i].test, 0, cases[i].loops);
+        else
+            tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+}
+
+int h_check_main(Suite *s, bool fork_each, enum print_output mode)
+{
+    SRunner *sr = srunner_create(s);
+    if (fork_each) srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, mode);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

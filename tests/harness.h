@@ -3,6 +3,9 @@
 #ifndef LOOM_TEST_HARNESS_H
 #define LOOM_TEST_HARNESS_H
 
+#include <check.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -26,5 +29,21 @@ const loomUniqueId *h_job_id(void);
 
 /* pids of the children of the current h_run_procs call (for killing one from another). */
 pid_t h_child_pid(int rank);
+
+/* One Check test case per row: its name, its test, optional tags (tests/meson.build runs some tags
+ * again under valgrind), its timeout (0: the table's default) and, for a loop test, the loop
+ * count (0: a plain test). */
+typedef struct {
+    const char *name;
+    const TTest *test;
+    const char *tags;
+    int timeout_s;
+    int loops;
+} h_case_t;
+void h_add_cases(Suite *s, const h_case_t *cases, size_t n, int default_timeout_s);
+
+/* Runs the suite (fork_each: every test in a process of its own even where CK_FORK=no) and
+ * returns main's exit status. */
+int h_check_main(Suite *s, bool fork_each, enum print_output mode);
 
 #endif

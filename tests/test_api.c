@@ -912,16 +912,18 @@ END_TEST
 
 /* ---- 7. last error ------------------------------------------------------------------------- */
 
+/* Two threads taking turns: one waits until the other has reached a stage. */
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int stage;
-    char a_text[1024];
-    char seen[1024];
-    int rc;
-} lasterr_t;
+} stage_t;
+#define STAGE_INITIALIZER                                                                          \
+    {                                                                                              \
+        PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0                                     \
+    }
 
-static void stage_wait(lasterr_t *s, int stage)
+static void stage_wait(stage_t *s, int stage)
 {
     pthread_mutex_lock(&s->lock);
     while (s->stage < stage)
@@ -929,13 +931,20 @@ static void stage_wait(lasterr_t *s, int stage)
     pthread_mutex_unlock(&s->lock);
 }
 
-static void stage_set(lasterr_t *s, int stage)
+static void stage_set(stage_t *s, int stage)
 {
     pthread_mutex_lock(&s->lock);
     s->stage = stage;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
 }
+
+typedef struct {
+    stage_t st;
+    char a_text[1024];
+    char seen[1024];
+    int rc;
+} lasterr_t;
 
 /* Thread A: a bad call, then (after B made another one) its own text must be unchanged. */
 static void *lasterr_a(void *p)
@@ -944,8 +953,8 @@ static void *lasterr_a(void *p)
     loomResult_t r = loomAllReduce(NULL, NULL, 1, loomFloat, loomSum, NULL, NULL);
     if (r != loomInvalidArgument) s->rc |= 1;
     snprintf(s->a_text, sizeof(s->a_text), "%s", loomGetLastError(NULL));
-    stage_set(s, 1);
-    stage_wait(s, 2);
+    stage_set(&s->st, 1);
+    stage_wait(&s->st, 2);
     if (strcmp(loomGetLastError(NULL), s->a_text) != 0) s->rc |= 2;
     return NULL;
 }
@@ -969,10 +978,10 @@ static void *lasterr_c(void *p)
 
 START_TEST(test_last_error_threads)
 {
-    lasterr_t s = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    lasterr_t s = {.st = STAGE_INITIALIZER};
     pthread_t a, b, c;
     pthread_create(&a, NULL, lasterr_a, &s);
-    stage_wait(&s, 1);
+    stage_wait(&s.st, 1);
     ck_assert_msg(strstr(s.a_text, "loomAllReduce") != NULL,
                   "thread A's last error does not name the function: '%s'", s.a_text);
     pthread_create(&b, NULL, lasterr_b, &s);
@@ -980,7 +989,7 @@ START_TEST(test_last_error_threads)
     ck_assert_msg(s.seen[0] != '\0', "a fresh thread sees no last error");
     ck_assert_msg(strcmp(s.seen, s.a_text) == 0,
                   "a fresh thread sees '%s', not the process's last error '%s'", s.seen, s.a_text);
-    stage_set(&s, 2);
+    stage_set(&s.st, 2);
     pthread_join(a, NULL);
     pthread_create(&c, NULL, lasterr_c, &s);
     pthread_join(c, NULL);
@@ -1241,28 +1250,10 @@ END_TEST
  * the communicator is freed then (checked for use after free and leaks under valgrind). */
 typedef struct {
     loomComm_t c;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stage; /* 1: queued, 2: destroyed */
+    stage_t st; /* 1: queued, 2: destroyed */
     loomResult_t queued, ended;
     char text[512];
 } other_t;
-
-static void other_wait(other_t *o, int stage)
-{
-    pthread_mutex_lock(&o->mu);
-    while (o->stage < stage)
-        pthread_cond_wait(&o->cv, &o->mu);
-    pthread_mutex_unlock(&o->mu);
-}
-
-static void other_set(other_t *o, int stage)
-{
-    pthread_mutex_lock(&o->mu);
-    o->stage = stage;
-    pthread_cond_broadcast(&o->cv);
-    pthread_mutex_unlock(&o->mu);
-}
 
 static void *other_main(void *p)
 {
@@ -1270,8 +1261,8 @@ static void *other_main(void *p)
     int32_t x = 1, y = 0;
     loomGroupStart();
     o->queued = loomAllReduce(&x, &y, 1, loomInt32, loomSum, o->c, NULL);
-    other_set(o, 1);
-    other_wait(o, 2);
+    stage_set(&o->st, 1);
+    stage_wait(&o->st, 2);
     o->ended = loomGroupEnd();
     snprintf(o->text, sizeof(o->text), "%s", loomGetLastError(NULL));
     return NULL;
@@ -1279,13 +1270,13 @@ static void *other_main(void *p)
 
 START_TEST(test_destroy_other_thread_group)
 {
-    other_t o = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    other_t o = {.st = STAGE_INITIALIZER};
     ck_assert_int_eq(loomCommInitAll(&o.c, 1, NULL), loomSuccess);
     pthread_t th;
     pthread_create(&th, NULL, other_main, &o);
-    other_wait(&o, 1);
+    stage_wait(&o.st, 1);
     ck_assert_int_eq(loomCommDestroy(o.c), loomSuccess);
-    other_set(&o, 2);
+    stage_set(&o.st, 2);
     pthread_join(th, NULL);
     ck_assert_int_eq(o.queued, loomSuccess);
     ck_assert_int_eq(o.ended, loomInvalidUsage);
@@ -1325,38 +1316,31 @@ END_TEST
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
-    struct {
-        const char *name;
-        const TTest *test;
-        const char *tags; /* "lifetime": also run under valgrind (tests/meson.build) */
-    } tests[] = {
-        {"version", test_version, NULL},
-        {"config", test_config_versions, NULL},
-        {"nonblocking", test_nonblocking_init, NULL},
-        {"nonblocking_error", test_nonblocking_init_error, NULL},
-        {"split", test_split, NULL},
-        {"p2p", test_p2p_groups, NULL},
-        {"p2p_mismatch", test_p2p_count_mismatch, "lifetime"},
-        {"p2p_self_mismatch", test_p2p_self_mismatch, NULL},
-        {"avg_premulsum", test_avg_premulsum, NULL},
-        {"last_error_threads", test_last_error_threads, NULL},
-        {"last_error_comm", test_last_error_comm, NULL},
-        {"init_all", test_init_all, NULL},
-        {"init_all_negative", test_init_all_negative_device, NULL},
-        {"finalize", test_finalize, NULL},
-        {"stats", test_stats, NULL},
-        {"destroy_in_group", test_destroy_in_group, "lifetime"},
-        {"destroy_other_thread", test_destroy_other_thread_group, "lifetime"},
-        {"thread_queue_freed", test_thread_queue_freed, "lifetime"},
+    /* tags "lifetime": also run under valgrind (tests/meson.build) */
+    const h_case_t tests[] = {
+        {.name = "version", .test = test_version},
+        {.name = "config", .test = test_config_versions},
+        {.name = "nonblocking", .test = test_nonblocking_init},
+        {.name = "nonblocking_error", .test = test_nonblocking_init_error},
+        {.name = "split", .test = test_split},
+        {.name = "p2p", .test = test_p2p_groups},
+        {.name = "p2p_mismatch", .test = test_p2p_count_mismatch, .tags = "lifetime"},
+        {.name = "p2p_self_mismatch", .test = test_p2p_self_mismatch},
+        {.name = "avg_premulsum", .test = test_avg_premulsum},
+        {.name = "last_error_threads", .test = test_last_error_threads},
+        {.name = "last_error_comm", .test = test_last_error_comm},
+        {.name = "init_all", .test = test_init_all},
+        {.name = "init_all_negative", .test = test_init_all_negative_device},
+        {.name = "finalize", .test = test_finalize},
+        {.name = "stats", .test = test_stats},
+        {.name = "destroy_in_group", .test = test_destroy_in_group, .tags = "lifetime"},
+        {.name = "destroy_other_thread",
+         .test = test_destroy_other_thread_group,
+         .tags = "lifetime"},
+        {.name = "thread_queue_freed", .test = test_thread_queue_freed, .tags = "lifetime"},
     };
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        TCase *tc = tcase_create(tests[i].name);
-        /* LOOM_TIMEOUT bounds every wait; this only catches a wedged test. */
-        tcase_set_timeout(tc, 60);
-        if (tests[i].tags) tcase_set_tags(tc, tests[i].tags);
-        tcase_add_test(tc, tests[i].test);
-        suite_add_tcase(s, tc);
-    }
+    /* LOOM_TIMEOUT bounds every wait; this only catches a wedged test. */
+    h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;
 }
 
@@ -1366,9 +1350,5 @@ int main(void)
     setenv("LOOM_SOCKET_IFNAME", "lo", 1);
     setenv("LOOM_TIMEOUT", "10", 1);
     unsetenv("LOOM_SOCKET_FAMILY");
-    SRunner *sr = srunner_create(api_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(api_suite(), false, CK_NORMAL);
 }

@@ -360,9 +360,5 @@ int main(void)
     tcase_add_test(tc, mixed_sequence);
     tcase_add_loop_test(tc, hier_algos, 0, 5);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_check_main(s, false, CK_NORMAL);
 }

@@ -9,6 +9,7 @@
 #include <check.h>
 #include <stdlib.h>
 
+#include "harness.h"
 #include "kernels.h"
 
 typedef unsigned long long u64;
@@ -144,9 +145,5 @@ int main(void)
     tcase_add_test(tc, test_stream_cut);
     tcase_add_test(tc, test_lla_cover);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return h_check_main(s, false, CK_NORMAL);
 }

@@ -1110,35 +1110,17 @@ int main(void)
     setenv("LOOM_HANDSHAKE_TIMEOUT", "1", 1);
 
     Suite *s = suite_create("fail");
-    struct {
-        const char *name;
-        const TTest *test;
-        int timeout_s;
-        int loops; /* 0: a plain test */
-    } cases[] = {
-        {"killed_rank", test_killed_rank, 40, 0},
-        {"stalled_rank", test_stalled_rank, 40, 0},
-        {"mismatch", test_mismatch, 30, MM_NKINDS},
-        {"bad_arguments", test_bad_arguments, 30, 0},
-        {"strangers", test_strangers, 60, 0},
-        {"128_ranks", test_128_ranks, 90, 0},
-        {"abort_other_thread", test_abort_other_thread, 20, 0},
-        {"app_deadlock", test_app_deadlock, 30, 0},
+    const h_case_t cases[] = {
+        {.name = "killed_rank", .test = test_killed_rank, .timeout_s = 40},
+        {.name = "stalled_rank", .test = test_stalled_rank, .timeout_s = 40},
+        {.name = "mismatch", .test = test_mismatch, .timeout_s = 30, .loops = MM_NKINDS},
+        {.name = "bad_arguments", .test = test_bad_arguments, .timeout_s = 30},
+        {.name = "strangers", .test = test_strangers, .timeout_s = 60},
+        {.name = "128_ranks", .test = test_128_ranks, .timeout_s = 90},
+        {.name = "abort_other_thread", .test = test_abort_other_thread, .timeout_s = 20},
+        {.name = "app_deadlock", .test = test_app_deadlock, .timeout_s = 30},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, cases[i].timeout_s);
-        if (cases[i].loops)
-            tcase_add_loop_test(tc, cases[i].test, 0, cases[i].loops);
-        else
-            tcase_add_test(tc, cases[i].test);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
+    h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     /* Each test in its own process: tests kill and stop children, and set parameters. */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_VERBOSE);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return h_check_main(s, true, CK_VERBOSE);
 }

@@ -18,6 +18,7 @@
 
 #include "base.h"
 #include "comm.h"
+#include "harness.h"
 #include "loom.h"
 #include "param.h"
 
@@ -145,9 +146,5 @@ int main(void)
     tcase_add_test(tc, fork_while_locks_are_held);
     tcase_add_test(tc, child_keeps_no_root_listener);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_check_main(s, false, CK_NORMAL);
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "harness.h"
 #include "launch.h"
 #include "loom.h"
 
@@ -479,11 +480,6 @@ int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 1);
     setenv("LOOM_TIMEOUT", "10", 1);
-    SRunner *sr = srunner_create(launch_suite());
     /* each test in its own process: the jobs set the process environment */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(launch_suite(), true, CK_NORMAL);
 }

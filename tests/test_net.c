@@ -915,29 +915,21 @@ END_TEST
 static Suite *net_suite(void)
 {
     Suite *s = suite_create("net");
-    struct {
-        const char *name;
-        const TTest *test;
-    } tests[] = {
-        {"ifname", test_ifname},
-        {"ipv6", test_ipv6},
-        {"bind_address", test_bind_address},
-        {"handshake_ok", test_handshake_ok},
-        {"handshake_wrong_secret", test_handshake_wrong_secret},
-        {"crypto_known_answer", test_crypto_known_answer},
-        {"handshake_one_bit", test_handshake_one_bit},
-        {"handshake_old_version", test_handshake_old_version},
-        {"handshake_not_loom", test_handshake_not_loom},
-        {"handshake_timeout", test_handshake_timeout},
-        {"many_sockets", test_many_sockets},
-        {"shm_modes", test_shm_modes},
+    const h_case_t tests[] = {
+        {.name = "ifname", .test = test_ifname},
+        {.name = "ipv6", .test = test_ipv6},
+        {.name = "bind_address", .test = test_bind_address},
+        {.name = "handshake_ok", .test = test_handshake_ok},
+        {.name = "handshake_wrong_secret", .test = test_handshake_wrong_secret},
+        {.name = "crypto_known_answer", .test = test_crypto_known_answer},
+        {.name = "handshake_one_bit", .test = test_handshake_one_bit},
+        {.name = "handshake_old_version", .test = test_handshake_old_version},
+        {.name = "handshake_not_loom", .test = test_handshake_not_loom},
+        {.name = "handshake_timeout", .test = test_handshake_timeout},
+        {.name = "many_sockets", .test = test_many_sockets},
+        {.name = "shm_modes", .test = test_shm_modes},
     };
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        TCase *tc = tcase_create(tests[i].name);
-        tcase_set_timeout(tc, 60);
-        tcase_add_test(tc, tests[i].test);
-        suite_add_tcase(s, tc);
-    }
+    h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;
 }
 
@@ -949,9 +941,5 @@ int main(void)
     unsetenv("LOOM_NSOCKS_PERPEER");
     unsetenv("LOOM_NCHANNELS");
     unsetenv("LOOM_HANDSHAKE_TIMEOUT");
-    SRunner *sr = srunner_create(net_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(net_suite(), false, CK_NORMAL);
 }

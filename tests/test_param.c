@@ -281,26 +281,18 @@ END_TEST
 static Suite *param_suite(void)
 {
     Suite *s = suite_create("param");
-    struct {
-        const char *name;
-        const TTest *test;
-    } tests[] = {
-        {"timeout_negative", test_timeout_negative},
-        {"timeout_nan", test_timeout_nan},
-        {"timeout_inf", test_timeout_inf},
-        {"handshake_zero", test_handshake_zero},
-        {"nchannels_clamped", test_nchannels_clamped},
-        {"max_message_tiny", test_max_message_tiny},
-        {"debug_names", test_debug_names},
-        {"names_any_case", test_names_any_case},
-        {"table_defaults", test_table_defaults_in_range},
+    const h_case_t tests[] = {
+        {.name = "timeout_negative", .test = test_timeout_negative},
+        {.name = "timeout_nan", .test = test_timeout_nan},
+        {.name = "timeout_inf", .test = test_timeout_inf},
+        {.name = "handshake_zero", .test = test_handshake_zero},
+        {.name = "nchannels_clamped", .test = test_nchannels_clamped},
+        {.name = "max_message_tiny", .test = test_max_message_tiny},
+        {.name = "debug_names", .test = test_debug_names},
+        {.name = "names_any_case", .test = test_names_any_case},
+        {.name = "table_defaults", .test = test_table_defaults_in_range},
     };
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        TCase *tc = tcase_create(tests[i].name);
-        tcase_set_timeout(tc, 60);
-        tcase_add_test(tc, tests[i].test);
-        suite_add_tcase(s, tc);
-    }
+    h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;
 }
 
@@ -308,9 +300,5 @@ int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 1);
     setenv("LOOM_TIMEOUT", "10", 1);
-    SRunner *sr = srunner_create(param_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(param_suite(), false, CK_NORMAL);
 }

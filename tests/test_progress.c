@@ -365,9 +365,5 @@ int main(void)
     tcase_add_test(c, async_broken_comm);
     tcase_set_timeout(c, 120);
     suite_add_tcase(s, c);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_check_main(s, false, CK_NORMAL);
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h"
 #include "reduce.h"
 
 #define BIG_N 1000003
@@ -771,9 +772,5 @@ static Suite *reduce_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(reduce_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(reduce_suite(), false, CK_NORMAL);
 }

@@ -33,6 +33,7 @@
 
 #include "algo.h"
 #include "exec.h" /* EXEC_LOOKAHEAD: the window the simulated executor scans, as exec.c does */
+#include "harness.h"
 #include "plan.h"
 #include "registry.h"
 #include "schedule.h"
@@ -2051,9 +2052,5 @@ static Suite *sched_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(sched_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_check_main(sched_suite(), false, CK_NORMAL);
 }

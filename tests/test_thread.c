@@ -133,9 +133,5 @@ int main(void)
     tcase_add_test(tc, two_threads_on_one_communicator);
     tcase_add_test(tc, one_thread_per_communicator);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_check_main(s, false, CK_NORMAL);
 }
