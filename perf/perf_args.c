@@ -18,15 +18,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-const char *const perf_coll_names[C_NUM] = {"allreduce",     "broadcast", "reduce",
-                                            "allgather",     "reducescatter", "alltoall",
-                                            "sendrecv",      "gather",    "scatter"};
+const char *const perf_coll_names[C_NUM] = {"allreduce", "broadcast",     "reduce",
+                                            "allgather", "reducescatter", "alltoall",
+                                            "sendrecv",  "gather",        "scatter"};
 const char *const perf_prog_names[C_NUM] = {
     "all_reduce_perf", "broadcast_perf", "reduce_perf", "all_gather_perf", "reduce_scatter_perf",
     "alltoall_perf",   "sendrecv_perf",  "gather_perf", "scatter_perf"};
-const char *const perf_type_names[loomNumTypes] = {"int8",   "uint8", "int32", "uint32",
-                                                   "int64",  "uint64", "half", "float",
-                                                   "double", "bfloat16"};
+const char *const perf_type_names[loomNumTypes] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
 const size_t perf_type_sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 const char *const perf_op_names[loomNumOps] = {"sum", "prod", "max", "min", "avg"};
 
@@ -193,43 +192,42 @@ enum {
     OPT_GPU_TIME,
 };
 
-static const struct option long_opts[] = {
-    {"nthreads", required_argument, 0, 't'},
-    {"ngpus", required_argument, 0, 'g'},
-    {"minbytes", required_argument, 0, 'b'},
-    {"maxbytes", required_argument, 0, 'e'},
-    {"stepbytes", required_argument, 0, 'i'},
-    {"stepfactor", required_argument, 0, 'f'},
-    {"iters", required_argument, 0, 'n'},
-    {"agg_iters", required_argument, 0, 'm'},
-    {"warmup_iters", required_argument, 0, 'w'},
-    {"run_cycles", required_argument, 0, 'N'},
-    {"parallel_init", required_argument, 0, 'p'},
-    {"check", required_argument, 0, 'c'},
-    {"op", required_argument, 0, 'o'},
-    {"datatype", required_argument, 0, 'd'},
-    {"root", required_argument, 0, 'r'},
-    {"blocking", required_argument, 0, 'z'},
-    {"stream_null", required_argument, 0, 'y'},
-    {"timeout", required_argument, 0, 'T'},
-    {"cudagraph", required_argument, 0, 'G'},
-    {"report_cputime", required_argument, 0, 'C'},
-    {"average", required_argument, 0, 'a'},
-    {"local_register", required_argument, 0, 'R'},
-    {"output_file", required_argument, 0, 'J'},
-    {"cumask", required_argument, 0, 'u'},
-    {"cta_policy", required_argument, 0, 'x'},
-    {"local-ranks", required_argument, 0, 'P'},
-    {"collective", required_argument, 0, OPT_COLL},
-    {"mem", required_argument, 0, OPT_MEM},
-    {"backend", required_argument, 0, OPT_BACKEND},
-    {"nccl-lib", required_argument, 0, OPT_NCCL_LIB},
-    {"csv", required_argument, 0, OPT_CSV},
-    {"json", required_argument, 0, OPT_JSON},
-    {"host-time", no_argument, 0, OPT_HOST_TIME},
-    {"gpu-time", no_argument, 0, OPT_GPU_TIME},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0}};
+static const struct option long_opts[] = {{"nthreads", required_argument, 0, 't'},
+                                          {"ngpus", required_argument, 0, 'g'},
+                                          {"minbytes", required_argument, 0, 'b'},
+                                          {"maxbytes", required_argument, 0, 'e'},
+                                          {"stepbytes", required_argument, 0, 'i'},
+                                          {"stepfactor", required_argument, 0, 'f'},
+                                          {"iters", required_argument, 0, 'n'},
+                                          {"agg_iters", required_argument, 0, 'm'},
+                                          {"warmup_iters", required_argument, 0, 'w'},
+                                          {"run_cycles", required_argument, 0, 'N'},
+                                          {"parallel_init", required_argument, 0, 'p'},
+                                          {"check", required_argument, 0, 'c'},
+                                          {"op", required_argument, 0, 'o'},
+                                          {"datatype", required_argument, 0, 'd'},
+                                          {"root", required_argument, 0, 'r'},
+                                          {"blocking", required_argument, 0, 'z'},
+                                          {"stream_null", required_argument, 0, 'y'},
+                                          {"timeout", required_argument, 0, 'T'},
+                                          {"cudagraph", required_argument, 0, 'G'},
+                                          {"report_cputime", required_argument, 0, 'C'},
+                                          {"average", required_argument, 0, 'a'},
+                                          {"local_register", required_argument, 0, 'R'},
+                                          {"output_file", required_argument, 0, 'J'},
+                                          {"cumask", required_argument, 0, 'u'},
+                                          {"cta_policy", required_argument, 0, 'x'},
+                                          {"local-ranks", required_argument, 0, 'P'},
+                                          {"collective", required_argument, 0, OPT_COLL},
+                                          {"mem", required_argument, 0, OPT_MEM},
+                                          {"backend", required_argument, 0, OPT_BACKEND},
+                                          {"nccl-lib", required_argument, 0, OPT_NCCL_LIB},
+                                          {"csv", required_argument, 0, OPT_CSV},
+                                          {"json", required_argument, 0, OPT_JSON},
+                                          {"host-time", no_argument, 0, OPT_HOST_TIME},
+                                          {"gpu-time", no_argument, 0, OPT_GPU_TIME},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
 
 static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:J:u:x:P:h";
 
@@ -452,7 +450,9 @@ void perf_parse(int argc, char **argv, opts_t *o)
                 bad(optarg, "CUDA graph launches are not supported by loom-perf (0 only)");
             break;
         case 'C': o->cputime = (int)parse_int(optarg, 0, 1, "0 or 1"); break;
-        case 'a': o->average = (average_t)parse_int(optarg, 0, 3, "0 rank 0, 1 mean, 2 min, 3 max"); break;
+        case 'a':
+            o->average = (average_t)parse_int(optarg, 0, 3, "0 rank 0, 1 mean, 2 min, 3 max");
+            break;
         case 'R':
             o->local_register = (int)parse_int(optarg, 0, 2, "0 none, 1 local, 2 symmetric");
             if (o->local_register == 2)
@@ -464,8 +464,7 @@ void perf_parse(int argc, char **argv, opts_t *o)
         case 'u':
             bad(optarg, "a CU mask (RCCL's --cumask) has no meaning for loom, which launches "
                         "no kernels onto chosen compute units");
-        case 'x':
-            bad(optarg, "the CTA policy is NCCL's (ncclConfig_t.CTAPolicy); loom has none");
+        case 'x': bad(optarg, "the CTA policy is NCCL's (ncclConfig_t.CTAPolicy); loom has none");
         case 'P': {
             snprintf(why, sizeof(why), "local ranks to fork");
             o->nranks_local = (int)parse_int(optarg, 1, PERF_MAX_LOCAL_RANKS, why);
@@ -479,8 +478,9 @@ void perf_parse(int argc, char **argv, opts_t *o)
                 bad(optarg, "unknown collective (allreduce broadcast reduce allgather "
                             "reducescatter alltoall sendrecv gather scatter)");
             if (prog_coll >= 0 && f != prog_coll) {
-                snprintf(why, sizeof(why), "this program measures %s (%s); run loom-perf "
-                                           "--collective %s, or %s",
+                snprintf(why, sizeof(why),
+                         "this program measures %s (%s); run loom-perf "
+                         "--collective %s, or %s",
                          perf_coll_names[prog_coll], g_prog, optarg, perf_prog_names[f]);
                 bad(optarg, why);
             }

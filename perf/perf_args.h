@@ -37,30 +37,30 @@ typedef enum { AVG_RANK0 = 0, AVG_MEAN = 1, AVG_MIN = 2, AVG_MAX = 3 } average_t
 
 typedef struct {
     /* nccl-tests' flags */
-    int nthreads, ngpus;   /* -t, -g: 1 (one rank per process) */
-    uint64_t minb, maxb;   /* -b, -e */
-    uint64_t step;         /* -i: bytes added per step when the factor is 1 */
-    uint64_t factor;       /* -f: sizes multiplied by this when above 1 */
-    int iters, warmup;     /* -n, -w */
-    int agg;               /* -m: calls per iteration, grouped */
-    int cycles;            /* -N: sweeps (0: until killed) */
-    int parallel_init;     /* -p (one rank per process: no effect) */
-    int check;             /* -c: checked runs per size and placement */
+    int nthreads, ngpus;             /* -t, -g: 1 (one rank per process) */
+    uint64_t minb, maxb;             /* -b, -e */
+    uint64_t step;                   /* -i: bytes added per step when the factor is 1 */
+    uint64_t factor;                 /* -f: sizes multiplied by this when above 1 */
+    int iters, warmup;               /* -n, -w */
+    int agg;                         /* -m: calls per iteration, grouped */
+    int cycles;                      /* -N: sweeps (0: until killed) */
+    int parallel_init;               /* -p (one rank per process: no effect) */
+    int check;                       /* -c: checked runs per size and placement */
     int types[loomNumTypes], ntypes; /* -d */
     int ops[loomNumOps], nops;       /* -o */
-    int root;              /* -r */
-    int blocking;          /* -z: synchronise and meet after every call */
-    int stream_null;       /* -y */
-    int timeout_s;         /* -T: a wait longer than this is fatal (0: none) */
-    int graphs;            /* -G (0 only) */
-    int cputime;           /* -C: report the time to enqueue, not to complete */
-    average_t average;     /* -a */
-    int local_register;    /* -R: register the device buffers with the communicator */
-    const char *json;      /* -J */
+    int root;                        /* -r */
+    int blocking;                    /* -z: synchronise and meet after every call */
+    int stream_null;                 /* -y */
+    int timeout_s;                   /* -T: a wait longer than this is fatal (0: none) */
+    int graphs;                      /* -G (0 only) */
+    int cputime;                     /* -C: report the time to enqueue, not to complete */
+    average_t average;               /* -a */
+    int local_register;              /* -R: register the device buffers with the communicator */
+    const char *json;                /* -J */
     /* loom's own */
-    coll_t coll;           /* --collective, or the program's name */
-    int nranks_local;      /* -P */
-    int mem_device;        /* --mem */
+    coll_t coll;      /* --collective, or the program's name */
+    int nranks_local; /* -P */
+    int mem_device;   /* --mem */
     int host_time, gpu_time;
     backend_t backend;
     const char *nccl_lib, *csv;
