@@ -215,8 +215,21 @@ static double load(int type, const void *buf, size_t i)
 }
 
 /* What element i must hold after a reduction over p ranks (inputs of input_value). */
+/* -o mulsum: rank r's inputs are multiplied by 1 + r % 2 before the sum (exact: small
+ * integers in every type). */
+static double premul_scalar(int r)
+{
+    return 1.0 + (double)(r % 2);
+}
+
 static double expected_reduced(int type, int op, size_t i, int p)
 {
+    if (op == PERF_OP_MULSUM) {
+        double acc = 0;
+        for (int r = 0; r < p; r++)
+            acc += premul_scalar(r) * input_value(type, op, r, i, p);
+        return acc;
+    }
     double acc = input_value(type, op, 0, i, p);
     for (int r = 1; r < p; r++) {
         double v = input_value(type, op, r, i, p);
@@ -281,6 +294,9 @@ typedef struct {
     int (*GroupEnd)(void);
     const char *(*GetLastError)(nccl_comm_t);
     int (*CommRegister)(nccl_comm_t, void *, size_t, void **);
+    /* ncclRedOpCreatePreMulSum(op, scalar, type, residence, comm), ncclRedOpDestroy */
+    int (*RedOpCreatePreMulSum)(int *, void *, int, int, nccl_comm_t);
+    int (*RedOpDestroy)(int, nccl_comm_t);
     int (*CommDeregister)(nccl_comm_t, void *);
     int version;
     char path[4096]; /* the file dlopen found */
@@ -326,6 +342,8 @@ static const nccl_t *nccl_load(const char *lib, char *why, size_t whylen)
     NCCL_SYM(GroupEnd, "ncclGroupEnd", 0);
     NCCL_SYM(GetLastError, "ncclGetLastError", 0);
     NCCL_SYM(CommRegister, "ncclCommRegister", 0);
+    NCCL_SYM(RedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", 0);
+    NCCL_SYM(RedOpDestroy, "ncclRedOpDestroy", 0);
     NCCL_SYM(CommDeregister, "ncclCommDeregister", 0);
 #undef NCCL_SYM
     Dl_info di;
@@ -492,6 +510,11 @@ static size_t count_for_bytes(coll_t c, uint64_t bytes, size_t es, int p)
     return n;
 }
 
+static bool coll_reduces(coll_t c)
+{
+    return c == C_ALLREDUCE || c == C_REDUCE || c == C_REDUCESCATTER;
+}
+
 /* nccl-tests' bus bandwidth factors */
 static double bus_factor(coll_t c, int p)
 {
@@ -607,7 +630,36 @@ static void run_p2p(ctx_t *x, coll_t c, const void *s, void *r, size_t count, in
 
 /* Runs collective c (host memory), or enqueues it on the rank's stream (device memory), with the
  * chosen backend; dies on an error. */
+static void run_coll_op(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op);
+
+/* -o mulsum as nccl-tests runs it: this rank's pre-multiplied sum is created (the scalar read
+ * from host memory at once), used for the one call and destroyed. */
 static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op)
+{
+    if (op != PERF_OP_MULSUM || !coll_reduces(c)) {
+        run_coll_op(x, c, s, r, count, type, op == PERF_OP_MULSUM ? loomSum : op);
+        return;
+    }
+    uint8_t scalar[8];
+    store(type, scalar, 0, premul_scalar(x->rank));
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int nop = 0, res = x->nccl->RedOpCreatePreMulSum(&nop, scalar, type, 1, x->ncomm);
+        if (res != 0) nccl_fail(x, "ncclRedOpCreatePreMulSum", res);
+        run_coll_op(x, c, s, r, count, type, nop);
+        res = x->nccl->RedOpDestroy(nop, x->ncomm);
+        if (res != 0) nccl_fail(x, "ncclRedOpDestroy", res);
+        return;
+    }
+#endif
+    loomRedOp_t lop;
+    CHECK(x->rank, x->comm,
+          loomRedOpCreatePreMulSum(&lop, scalar, type, loomScalarHostImmediate, x->comm));
+    run_coll_op(x, c, s, r, count, type, (int)lop);
+    CHECK(x->rank, x->comm, loomRedOpDestroy(lop, x->comm));
+}
+
+static void run_coll_op(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op)
 {
     const opts_t *o = x->o;
     if (c == C_SENDRECV || c == C_GATHER || c == C_SCATTER) {
@@ -1005,11 +1057,6 @@ static void fmt_num(double v, int width, char *out, size_t n)
         snprintf(out, n, "%*.0f", width, v);
     else
         snprintf(out, n, "%*.1e", width, v);
-}
-
-static bool coll_reduces(coll_t c)
-{
-    return c == C_ALLREDUCE || c == C_REDUCE || c == C_REDUCESCATTER;
 }
 
 static bool coll_rooted(coll_t c)
@@ -1632,6 +1679,17 @@ static int dev_open(ctx_t *x, const launch_t *L)
                         "loom-perf: --backend nccl: %s has no "
                         "ncclSend/ncclRecv/ncclGroupStart/ncclGroupEnd (%s needs them)\n",
                         n->path, p2p ? perf_coll_names[o->coll] : "-m");
+            return 2;
+        }
+        bool mulsum = false;
+        for (int i = 0; i < o->nops; i++)
+            mulsum = mulsum || o->ops[i] == PERF_OP_MULSUM;
+        if (mulsum && coll_reduces(o->coll) && !(n->RedOpCreatePreMulSum && n->RedOpDestroy)) {
+            if (!L->quiet)
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: -o mulsum: %s has no ncclRedOpCreatePreMulSum "
+                        "(NCCL 2.11)\n",
+                        n->path);
             return 2;
         }
         if (o->local_register && !(n->CommRegister && n->CommDeregister)) {

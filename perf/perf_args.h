@@ -35,6 +35,10 @@ typedef enum { AVG_RANK0 = 0, AVG_MEAN = 1, AVG_MIN = 2, AVG_MAX = 3 } average_t
 
 #define PERF_MAX_LOCAL_RANKS 4096
 
+/* -o mulsum: loom's pre-multiplied sum (loomRedOpCreatePreMulSum), after loom's own ops */
+#define PERF_OP_MULSUM loomNumOps
+#define PERF_NUM_OPS (loomNumOps + 1)
+
 typedef struct {
     /* nccl-tests' flags */
     int nthreads, ngpus;             /* -t, -g: 1 (one rank per process) */
@@ -47,7 +51,7 @@ typedef struct {
     int parallel_init;               /* -p (one rank per process: no effect) */
     int check;                       /* -c: checked runs per size and placement */
     int types[loomNumTypes], ntypes; /* -d */
-    int ops[loomNumOps], nops;       /* -o */
+    int ops[PERF_NUM_OPS], nops;     /* -o */
     int root;                        /* -r */
     int blocking;                    /* -z: synchronise and meet after every call */
     int stream_null;                 /* -y */
@@ -80,6 +84,6 @@ int perf_check_job(const opts_t *o, int nranks, int quiet);
 /* The benchmark's names of loom's types and ops */
 extern const char *const perf_type_names[loomNumTypes];
 extern const size_t perf_type_sizes[loomNumTypes];
-extern const char *const perf_op_names[loomNumOps];
+extern const char *const perf_op_names[PERF_NUM_OPS];
 
 #endif

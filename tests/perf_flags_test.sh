@@ -71,9 +71,7 @@ kernels onto chosen compute units" -u 0xff
 refuse "$p: -x 1: the CTA policy is NCCL's (ncclConfig_t.CTAPolicy); loom has none" -x 1
 refuse "$p: -R 1: registration is for device buffers (--mem device); host buffers need none" -R 1
 refuse "$p: -R 2: symmetric registration (NCCL windows) is not supported by loom (0 or 1)" -R 2
-refuse "$p: -o mulsum: the pre-multiplied sum is not measured by loom-perf (sum prod max min \
-avg, or all)" -o mulsum
-refuse "$p: -o add: unknown op (sum prod max min avg, or all)" -o add
+refuse "$p: -o add: unknown op (sum prod max min avg mulsum, or all)" -o add
 refuse "$p: -d quad: unknown type (int8 uint8 int32 uint32 int64 uint64 half float double \
 bfloat16, or all)" -d quad
 refuse "$p: -P abc: not a whole number (local ranks to fork: 1 to 4096)" -P abc
@@ -191,6 +189,21 @@ rc=0
 "$bin/broadcast_perf" -P 2 -r 5 -b 8 -e 8 >/dev/null 2>"$tmp/err" || rc=$?
 [ "$rc" = 2 ] && [ "$(cat "$tmp/err")" = "broadcast_perf: -r 5: not a rank of this job (0 to 1: 2 ranks)" ] ||
     fail "broadcast_perf -r 5 on 2 ranks: exit $rc, '$(cat "$tmp/err")'"
+
+# Every op, the pre-multiplied sum too, on every type: exact.
+if run ops "$bin/reduce_scatter_perf" -P 3 -b 96 -e 96 -n 1 -w 1 -d all -o all; then
+    [ "$(rows "$tmp/ops" | wc -l)" = 60 ] || fail "-d all -o all: $(rows "$tmp/ops" | wc -l) rows, expected 10 types x 6 ops"
+    [ "$(rows "$tmp/ops" | awk '$4 == "mulsum"' | wc -l)" = 10 ] || fail "-o all: no mulsum rows"
+    rows "$tmp/ops" | awk '$9 != 0 || $13 != 0 { bad = 1 } END { exit bad }' ||
+        fail "-d all -o all: wrong elements"
+fi
+
+# -T: a wait longer than the timeout ends every rank, naming what it waited for.
+rc=0
+timeout 120 "$perf" -P 2 -b 16M -e 16M -n 100000 -w 0 -c 0 -T 1 >"$tmp/slow" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "-T 1: exit $rc, expected 2"
+grep -q "^$p: rank [01]: -T 1: allreduce timed loop of 16777216 bytes (float) did not complete \
+within 1 s$" "$tmp/slow" || fail "-T 1: no timeout line: $(tail -3 "$tmp/slow")"
 
 # -J: nccl-tests' layout, loom's version, the arguments and the LOOM_*/NCCL_* variables; an
 # existing file is never overwritten (FILE.0 next); the job secret's value is not written.
