@@ -367,7 +367,6 @@ void perf_parse(int argc, char **argv, opts_t *o)
     o->backend = BE_LOOM;
     o->nccl_lib = "libnccl.so.2";
     const char *mem = NULL, *backend = NULL;
-    int saw_i = 0, saw_f = 0;
 
     opterr = 0;
     optind = 1;
@@ -401,13 +400,9 @@ void perf_parse(int argc, char **argv, opts_t *o)
             break;
         case 'b': o->minb = parse_size(optarg, "the smallest size"); break;
         case 'e': o->maxb = parse_size(optarg, "the largest size"); break;
-        case 'i':
-            o->step = parse_size(optarg, "bytes added per step");
-            saw_i = 1;
-            break;
+        case 'i': o->step = parse_size(optarg, "bytes added per step"); break;
         case 'f':
             o->factor = (uint64_t)parse_int(optarg, 1, 1L << 32, "size factor per step");
-            saw_f = 1;
             break;
         case 'n': o->iters = (int)parse_int(optarg, 1, INT_MAX, "timed iterations"); break;
         case 'm': o->agg = (int)parse_int(optarg, 1, 1 << 20, "calls per iteration"); break;
@@ -506,8 +501,6 @@ void perf_parse(int argc, char **argv, opts_t *o)
         snprintf(g_flag, sizeof(g_flag), "%.60s", argv[optind]);
         bad(NULL, "not an option (every value follows its flag; see --help)");
     }
-    (void)saw_i;
-    (void)saw_f;
     if (o->minb > o->maxb) {
         snprintf(g_flag, sizeof(g_flag), "-b");
         char v[32], why[128];
