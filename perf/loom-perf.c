@@ -1074,7 +1074,7 @@ static void now_str(char *buf, size_t n)
 
 /* -J FILE: created new (never over a file there: FILE.0, FILE.1, ... are tried, as nccl-tests
  * does); NULL with a line on stderr if it cannot be. */
-static FILE *json_open(const char *path, char *used, size_t n)
+static FILE *json_open(const char *prog, const char *path, char *used, size_t n)
 {
     snprintf(used, n, "%s", path);
     for (int i = 0; i < 1000; i++) {
@@ -1087,7 +1087,7 @@ static FILE *json_open(const char *path, char *used, size_t n)
         if (errno != EEXIST) break;
         snprintf(used, n, "%s.%d", path, i);
     }
-    fprintf(stderr, "loom-perf: -J %s: cannot create %s: %s\n", path, used, strerror(errno));
+    fprintf(stderr, "%s: -J %s: cannot create %s: %s\n", prog, path, used, strerror(errno));
     return NULL;
 }
 
@@ -1377,21 +1377,32 @@ static int run_rank(ctx_t *x)
     if (perf_check_job(o, p, x->rank != 0)) return 2;
     FILE *csv = NULL;
     jw_t jw = {0};
+    /* rank 0's files; a failure there ends every rank at once (not after LOOM_TIMEOUT) */
+    double cannot = 0;
     if (x->rank == 0) {
         if (o->csv && !(csv = fopen(o->csv, "w"))) {
-            fprintf(stderr, "loom-perf: --csv %s: cannot write: %s\n", o->csv, strerror(errno));
-            return 2;
+            fprintf(stderr, "%s: --csv %s: cannot write: %s\n", o->prog, o->csv, strerror(errno));
+            cannot = 1;
         }
         if (csv)
             fprintf(csv, "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
                          "ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
-        if (o->json) {
+        if (o->json && !cannot) {
             char used[4200];
-            jw.f = json_open(o->json, used, sizeof(used));
-            if (!jw.f) return 2;
-            printf("# Writing JSON output to %s\n", used);
-            json_start(x, &jw);
+            jw.f = json_open(o->prog, o->json, used, sizeof(used));
+            if (jw.f) {
+                printf("# Writing JSON output to %s\n", used);
+                json_start(x, &jw);
+            } else {
+                cannot = 1;
+            }
         }
+    }
+    allreduce_doubles(x, &cannot, 1);
+    if (cannot) {
+        if (csv) fclose(csv);
+        if (jw.f) fclose(jw.f);
+        return 2;
     }
     if (o->timeout_s > 0) {
         struct sigaction sa;

@@ -94,6 +94,24 @@ timeout 20 "$perf" -P 4096 -e 1G >"$tmp/out" 2>"$tmp/err" || rc=$?
     grep -q "^$p: -P 4096: more ranks than this machine can hold: " "$tmp/err" ||
     fail "-P 4096 -e 1G: said '$(cat "$tmp/err")'"
 
+# ... the rank's processes and threads against RLIMIT_NPROC, descriptors against RLIMIT_NOFILE
+rc=0
+(ulimit -u 40 && exec timeout 20 "$perf" -P 20 -b 8 -e 8) >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" = 2 ] && [ "$(cat "$tmp/err")" = "$p: -P 20: more ranks than this machine can hold: \
+RLIMIT_NPROC allows 40 processes and threads for this user, and each rank needs about 4 (at most \
+10 ranks)" ] || fail "-P 20 under ulimit -u 40: exit $rc, '$(cat "$tmp/err")'"
+rc=0
+(ulimit -n 64 && exec timeout 20 "$bin/alltoall_perf" -P 8 -b 8 -e 64) >"$tmp/out" 2>"$tmp/err" ||
+    rc=$?
+[ "$rc" = 2 ] && [ "$(cat "$tmp/err")" = "alltoall_perf: -P 8: more ranks than this machine can \
+hold: alltoall reaches every peer, about 85 descriptors per rank, and RLIMIT_NOFILE is 64 (ulimit \
+-n)" ] || fail "alltoall_perf -P 8 under ulimit -n 64: exit $rc, '$(cat "$tmp/err")'"
+# A file rank 0 cannot write ends every rank at once, in one line.
+rc=0
+timeout 20 "$perf" -P 2 -b 8 -e 8 -J "$tmp/no/such/dir.json" >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" = 2 ] && [ "$(cat "$tmp/err")" = "$p: -J $tmp/no/such/dir.json: cannot create \
+$tmp/no/such/dir.json: No such file or directory" ] || fail "-J into no directory: exit $rc, '$(cat "$tmp/err")'"
+
 # Long forms: the same refusal as the short form, naming the long flag.
 while read -r s l v; do
     timeout 20 "$perf" "$s" "$v" >/dev/null 2>"$tmp/short"
