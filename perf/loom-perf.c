@@ -1,11 +1,15 @@
 /*
- * loom-perf: collective benchmarks with the table of nccl-tests, so results read beside NCCL's.
+ * loom-perf: collective benchmarks that speak nccl-tests: its flags (perf_args.c), its header,
+ * table and summary lines, its JSON (-J), and its program names (all_reduce_perf, ... are links
+ * to this program; argv[0] picks the collective), so results read beside NCCL's.
  *
- * time   mean per iteration of the timed loop, in microseconds, averaged over ranks
+ * time   per call of the timed loop (-n iterations of -m calls), in microseconds: the mean over
+ *        ranks (-a: rank 0's, min or max); -C 1: the host's time to issue the calls
  * algbw  bytes / time, bytes being the size column (GB/s = 1e9 bytes/s)
- * busbw  algbw scaled to what each link carries: allreduce 2(p-1)/p, reduce-scatter and
- *        allgather (p-1)/p, broadcast, reduce and alltoall (p-1)/p for alltoall, 1 otherwise
- * #wrong elements differing from the exact expected result, summed over ranks (-c 1)
+ * busbw  algbw scaled to what each link carries: allreduce 2(p-1)/p; reduce-scatter, allgather,
+ *        alltoall, gather, scatter (p-1)/p; broadcast, reduce, sendrecv 1
+ * #wrong elements differing from the exact expected result, summed over ranks, after the timed
+ *        loop (-c N checked runs from fresh inputs; the first with any wrong element ends them)
  *
  * Ranks: `-P k` forks k local ranks as children of this process (no launcher needed); otherwise
  * one rank per process from the launcher's environment (mpirun, srun, torchrun, or
