@@ -70,7 +70,8 @@ fi
 
 if run "loom-perf under mpirun -np 4" 0 "${mpi[@]}" -np 4 "$perf" -b 8 -e 64K -f 4 -n 3 -w 1 -c 1
 then
-    grep -q "^# loom-perf allreduce: 4 ranks" "$out" || fail "loom-perf: no table headed 4 ranks"
+    grep -q "^# Collective test starting: .* (allreduce, 4 ranks)" "$out" ||
+        fail "loom-perf: no table headed 4 ranks"
     [ "$(grep -c '^# loom-perf' "$out")" = 1 ] || fail "loom-perf: more than one table"
     rows=$(grep -cE '^ +[0-9]+ ' "$out")
     [ "$rows" = 7 ] || fail "loom-perf: $rows rows, expected 7 (8 B to 64 KiB by 4)"
