@@ -62,6 +62,7 @@
 #include "loom_internal.h"
 #include "perf_args.h"
 #include "perf_json.h"
+#include "reduce.h"
 
 static const char *const loom_fn[C_NUM] = {"loomAllReduce",
                                            "loomBroadcast",
@@ -121,44 +122,6 @@ _Noreturn static void die(int rank, const char *what, loomResult_t r, loomComm_t
 
 /* ---- exact inputs ---- */
 
-static uint16_t f2h(float f)
-{
-    /* values are small integers: exact in half */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    if (f == 0) return (uint16_t)sign;
-    int e = (int)((x >> 23) & 0xff) - 127 + 15;
-    return (uint16_t)(sign | ((uint32_t)e << 10) | ((x >> 13) & 0x3ff));
-}
-static float h2f(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0 && m == 0)
-        x = sign;
-    else if (e == 0) {
-        float v = ldexpf((float)m, -24);
-        return (h & 0x8000) ? -v : v;
-    } else
-        x = sign | ((e - 15 + 127) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-static uint16_t f2bf(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    return (uint16_t)(x >> 16);
-}
-static float bf2f(uint16_t b)
-{
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
 /* Rank r's value at element i for op: chosen so that any order of the reduction is exact. */
 static double input_value(int type, int op, int r, size_t i, int p)
 {
@@ -174,10 +137,10 @@ static double input_value(int type, int op, int r, size_t i, int p)
         return is_unsigned ? v : v - 15;
     }
     default: {
-        int span =
-            (type == loomHalf || type == loomBfloat16 || type == loomInt8 || type == loomUint8)
-                ? 3
-                : 17;
+        int span = (type == loomHalf || type == loomBfloat16 || type == loomInt8 ||
+                    type == loomUint8 || type == loomFloat8e4m3 || type == loomFloat8e5m2)
+                       ? 3
+                       : 17;
         int v = (int)((i * 5 + (size_t)r * 3) % (size_t)span);
         bool is_unsigned = type == loomUint8 || type == loomUint32 || type == loomUint64;
         return is_unsigned ? v : v - span / 2;
@@ -194,10 +157,12 @@ static void store(int type, void *buf, size_t i, double v)
     case loomUint32: ((uint32_t *)buf)[i] = (uint32_t)(int64_t)v; break;
     case loomInt64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case loomUint64: ((uint64_t *)buf)[i] = (uint64_t)(int64_t)v; break;
-    case loomHalf: ((uint16_t *)buf)[i] = f2h((float)v); break;
+    case loomHalf: ((uint16_t *)buf)[i] = red_float_to_half((float)v); break;
     case loomFloat: ((float *)buf)[i] = (float)v; break;
     case loomDouble: ((double *)buf)[i] = v; break;
-    case loomBfloat16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
+    case loomBfloat16: ((uint16_t *)buf)[i] = red_float_to_bf16((float)v); break;
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: ((uint8_t *)buf)[i] = red_float_to_fp8(type, (float)v); break;
     }
 }
 
@@ -210,10 +175,12 @@ static double load(int type, const void *buf, size_t i)
     case loomUint32: return ((const uint32_t *)buf)[i];
     case loomInt64: return (double)((const int64_t *)buf)[i];
     case loomUint64: return (double)((const uint64_t *)buf)[i];
-    case loomHalf: return h2f(((const uint16_t *)buf)[i]);
+    case loomHalf: return red_half_to_float(((const uint16_t *)buf)[i]);
     case loomFloat: return ((const float *)buf)[i];
     case loomDouble: return ((const double *)buf)[i];
-    case loomBfloat16: return bf2f(((const uint16_t *)buf)[i]);
+    case loomBfloat16: return red_bf16_to_float(((const uint16_t *)buf)[i]);
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: return red_fp8_to_float(type, ((const uint8_t *)buf)[i]);
     }
     return 0;
 }
@@ -248,20 +215,16 @@ static double expected_reduced(int type, int op, size_t i, int p)
         bool integer = type <= loomUint64;
         if (integer)
             acc = trunc(acc / p);
-        else if (type == loomFloat)
-            acc = (double)((float)acc / (float)p);
-        else if (type == loomHalf)
-            acc = (double)((float)acc / (float)p);
-        else if (type == loomBfloat16)
-            acc = (double)((float)acc / (float)p);
-        else
+        else if (type == loomDouble)
             acc = acc / p;
+        else /* float32 arithmetic for float and the narrower floats */
+            acc = (double)((float)acc / (float)p);
     }
     return acc;
 }
 
 /* The value the type holds for v (inputs and exact results are small integers, so this is
- * exact; avg of float16/bfloat16 is compared with a tolerance below). */
+ * exact; avg of float16/bfloat16 and the 8-bit floats are compared with a tolerance below). */
 static double as_type(int type, double v)
 {
     uint8_t tmp[8];
@@ -912,6 +875,11 @@ static long check_range(ctx_t *x, const void *buf, size_t i0, size_t m, size_t c
         double tol = 0;
         if (op == loomAvg && (type == loomHalf || type == loomBfloat16))
             tol = fabs(want) * (type == loomHalf ? 1e-3 : 8e-3);
+        /* the 8-bit floats hold integers exactly only up to 8 (E5M2) or 16 (E4M3): past that a
+         * partial sum rounds, wherever the algorithm's order puts it; one unit in the last
+         * place of the result is allowed */
+        if (type == loomFloat8e4m3 || type == loomFloat8e5m2)
+            tol = fabs(want) * (type == loomFloat8e4m3 ? 0.125 : 0.25);
         if (fabs(got - want) > tol) wrong++;
     }
     return wrong;

@@ -24,9 +24,11 @@ const char *const perf_coll_names[C_NUM] = {"allreduce", "broadcast",     "reduc
 const char *const perf_prog_names[C_NUM] = {
     "all_reduce_perf", "broadcast_perf", "reduce_perf", "all_gather_perf", "reduce_scatter_perf",
     "alltoall_perf",   "sendrecv_perf",  "gather_perf", "scatter_perf"};
-const char *const perf_type_names[loomNumTypes] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
-const size_t perf_type_sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+/* nccl-tests' names, the 8-bit floats included */
+const char *const perf_type_names[loomNumTypes] = {"int8",   "uint8",    "int32",  "uint32",
+                                                   "int64",  "uint64",   "half",   "float",
+                                                   "double", "bfloat16", "f8e4m3", "f8e5m2"};
+const size_t perf_type_sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 const char *const perf_op_names[PERF_NUM_OPS] = {"sum", "prod", "max", "min", "avg", "mulsum"};
 
 static const char *g_prog = "loom-perf";
@@ -133,7 +135,8 @@ static void usage(void)
         "                          (exact inputs, every element compared; 0: none) [1]\n"
         "  -o, --op OP             sum prod max min avg mulsum (pre-multiplied sum), or all [sum]\n"
         "  -d, --datatype TYPE     int8 uint8 int32 uint32 int64 uint64 half float double\n"
-        "                          bfloat16 (also float16 float32 float64 bf16), or all [float]\n"
+        "                          bfloat16 f8e4m3 f8e5m2 (also float16 float32 float64 bf16),\n"
+        "                          or all [float]\n"
         "  -r, --root R            root of broadcast, reduce, gather, scatter [0]\n"
         "  -z, --blocking 0|1      wait for each call to complete and meet after it [0]\n"
         "  -y, --stream_null 0|1   the NULL stream instead of a created one [0] (host memory "
@@ -429,7 +432,7 @@ void perf_parse(int argc, char **argv, opts_t *o)
                     o->types[o->ntypes++] = t;
             if (o->ntypes == 0)
                 bad(optarg, "unknown type (int8 uint8 int32 uint32 int64 uint64 half float "
-                            "double bfloat16, or all)");
+                            "double bfloat16 f8e4m3 f8e5m2, or all)");
             break;
         }
         case 'r': o->root = (int)parse_int(optarg, 0, INT_MAX, "a rank"); break;

@@ -73,7 +73,7 @@ refuse "$p: -R 1: registration is for device buffers (--mem device); host buffer
 refuse "$p: -R 2: symmetric registration (NCCL windows) is not supported by loom (0 or 1)" -R 2
 refuse "$p: -o add: unknown op (sum prod max min avg mulsum, or all)" -o add
 refuse "$p: -d quad: unknown type (int8 uint8 int32 uint32 int64 uint64 half float double \
-bfloat16, or all)" -d quad
+bfloat16 f8e4m3 f8e5m2, or all)" -d quad
 refuse "$p: -P abc: not a whole number (local ranks to fork: 1 to 4096)" -P abc
 refuse "$p: -P 0: out of range (local ranks to fork: 1 to 4096)" -P 0
 refuse "$p: -P 100000: out of range (local ranks to fork: 1 to 4096)" -P 100000
@@ -190,7 +190,7 @@ for pair in all_reduce_perf:allreduce all_gather_perf:allgather reduce_scatter_p
     if run "$name" "$bin/$name" -P 3 -b 96 -e 96K -f 32 -n 1 -w 1 -r 2 -d all; then
         grep -q "^# Collective test starting: $name ($coll, 3 ranks)$" "$tmp/$name" ||
             fail "$name: header does not say $coll on 3 ranks"
-        [ "$(rows "$tmp/$name" | wc -l)" = 30 ] || fail "$name: $(rows "$tmp/$name" | wc -l) rows, expected 3 sizes x 10 types"
+        [ "$(rows "$tmp/$name" | wc -l)" = 36 ] || fail "$name: $(rows "$tmp/$name" | wc -l) rows, expected 3 sizes x 12 types"
         rows "$tmp/$name" | awk '$9 != 0 || ($13 != 0 && $13 != "N/A") { bad = 1 } END { exit bad }' ||
             fail "$name: wrong elements"
         grep -q "^# Out of bounds values : 0 OK$" "$tmp/$name" || fail "$name: no '0 OK' line"
@@ -210,8 +210,8 @@ rc=0
 
 # Every op, the pre-multiplied sum too, on every type: exact.
 if run ops "$bin/reduce_scatter_perf" -P 3 -b 96 -e 96 -n 1 -w 1 -d all -o all; then
-    [ "$(rows "$tmp/ops" | wc -l)" = 60 ] || fail "-d all -o all: $(rows "$tmp/ops" | wc -l) rows, expected 10 types x 6 ops"
-    [ "$(rows "$tmp/ops" | awk '$4 == "mulsum"' | wc -l)" = 10 ] || fail "-o all: no mulsum rows"
+    [ "$(rows "$tmp/ops" | wc -l)" = 72 ] || fail "-d all -o all: $(rows "$tmp/ops" | wc -l) rows, expected 12 types x 6 ops"
+    [ "$(rows "$tmp/ops" | awk '$4 == "mulsum"' | wc -l)" = 12 ] || fail "-o all: no mulsum rows"
     rows "$tmp/ops" | awk '$9 != 0 || $13 != 0 { bad = 1 } END { exit bad }' ||
         fail "-d all -o all: wrong elements"
 fi
