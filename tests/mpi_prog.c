@@ -9,8 +9,10 @@
  *   mpi_prog stall       the last rank is stopped (SIGSTOP, by rank 0) while the others allreduce:
  *                        each of them must fail naming it ("no progress from rank N-1"); then it
  *                        is continued and fails too (its peers aborted)
- *   mpi_prog kill        the last rank leaves (_exit) in the middle of the job: the others must
- *                        fail naming it
+ *   mpi_prog mismatch    rank 0 sends 10 int32 where rank 1 receives 12: rank 1's error names both
+ *                        calls (the length in the header, the metadata tell which), as over tcp
+ *   mpi_prog kill        the last rank is killed (SIGKILL) in the middle of the job: the others
+ *                        must fail naming it (mpirun --enable-recovery lets them run on)
  *
  * Prints "mpi_prog: rank R of N: <mode> ok (K checks)" on success, or the error with "mpi_prog:
  * rank R: ..." and exits 1. The inputs are small integers, so every sum, product, maximum and
@@ -59,8 +61,8 @@ static size_t type_size(loomDataType_t t)
 
 static const char *type_name(loomDataType_t t)
 {
-    static const char *n[] = {"int8",    "uint8",   "int32",   "uint32",  "int64",
-                              "uint64",  "float16", "float32", "float64", "bfloat16"};
+    static const char *n[] = {"int8",   "uint8",   "int32",   "uint32",  "int64",
+                              "uint64", "float16", "float32", "float64", "bfloat16"};
     return n[t];
 }
 
@@ -223,8 +225,8 @@ static void grid(loomComm_t comm, size_t large)
                     put(ty, want, i, input(root, n, i, 0));
                 }
                 dst = inplace ? send : recv;
-                snprintf(what, sizeof(what), "broadcast %s count %zu root %d %s", type_name(ty),
-                         c, root, ip);
+                snprintf(what, sizeof(what), "broadcast %s count %zu root %d %s", type_name(ty), c,
+                         root, ip);
                 ok(loomBroadcast(send, dst, c, ty, root, comm, NULL), comm, what);
                 check_bytes(what, dst, want, c * es);
             }
@@ -269,8 +271,8 @@ static int fault(loomComm_t comm, bool stop, int n)
     ok(loomAllReduce(v, v, COUNT, loomFloat32, loomSum, comm, NULL), comm, "the first allreduce");
     MPI_Barrier(MPI_COMM_WORLD);
     if (me == victim && !stop) {
-        fprintf(stderr, "mpi_prog: rank %d leaves\n", me);
-        _exit(0); /* without MPI_Finalize: dead to its peers */
+        fprintf(stderr, "mpi_prog: rank %d kills itself\n", me);
+        kill(getpid(), SIGKILL);
     }
     if (me == 0 && stop && kill(pids[victim], SIGSTOP) != 0) DIE("kill(SIGSTOP)");
     loomResult_t r = loomAllReduce(v, v, COUNT, loomFloat32, loomSum, comm, NULL);
@@ -282,8 +284,8 @@ static int fault(loomComm_t comm, bool stop, int n)
         printf("mpi_prog: rank %d of %d: stalled rank failed too: %s\n", me, n, err);
         return 0;
     }
-    if (r == loomSuccess) DIE("the allreduce succeeded while rank %d was %s", victim,
-                              stop ? "stopped" : "gone");
+    if (r == loomSuccess)
+        DIE("the allreduce succeeded while rank %d was %s", victim, stop ? "stopped" : "gone");
     char want[64];
     snprintf(want, sizeof(want), "rank %d (MPI rank %d", victim, victim);
     if (strstr(err, want) == NULL) DIE("the error does not name the rank (%s): %s", want, err);
@@ -305,8 +307,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     loomComm_t comm;
-    size_t large = (size_t)strtoul(getenv("MPI_PROG_LARGE") ? getenv("MPI_PROG_LARGE") : "65539",
-                                   NULL, 10);
+    size_t large =
+        (size_t)strtoul(getenv("MPI_PROG_LARGE") ? getenv("MPI_PROG_LARGE") : "65539", NULL, 10);
     if (strcmp(mode, "split") == 0) {
         MPI_Comm half;
         MPI_Comm_split(MPI_COMM_WORLD, me % 2, me, &half);
@@ -316,7 +318,8 @@ int main(int argc, char **argv)
         loomCommCount(comm, &ln);
         MPI_Comm_rank(half, &mr);
         MPI_Comm_size(half, &mn);
-        if (lr != mr || ln != mn) DIE("loom says rank %d of %d, the MPI half %d of %d", lr, ln, mr, mn);
+        if (lr != mr || ln != mn)
+            DIE("loom says rank %d of %d, the MPI half %d of %d", lr, ln, mr, mn);
         MPI_Comm_free(&half); /* loom keeps its own duplicate */
         grid(comm, large);
     } else {
@@ -326,12 +329,25 @@ int main(int argc, char **argv)
             ok(loomCommInitMpi(&comm, MPI_COMM_WORLD), NULL, "loomCommInitMpi");
         if (strcmp(mode, "grid") == 0)
             grid(comm, large);
-        else if (strcmp(mode, "stall") == 0 || strcmp(mode, "kill") == 0) {
-            fault(comm, strcmp(mode, "stall") == 0, n);
-            loomCommAbort(comm);
+        else if (strcmp(mode, "mismatch") == 0) {
+            /* rank 0 sends 10 int32, rank 1 expects 12: rank 1 names the lengths */
+            int32_t buf[16] = {0};
+            if (me == 0) loomSend(buf, 10, loomInt32, 1, comm, NULL);
+            if (me == 1) {
+                if (loomRecv(buf, 12, loomInt32, 0, comm, NULL) == loomSuccess)
+                    DIE("a receive of 12 int32 took a message of 10");
+                const char *err = loomGetLastError(comm);
+                if (!strstr(err, "rank 0 called point-to-point #0 (count 10, int32") ||
+                    !strstr(err, "rank 1 called point-to-point #0 (count 12, int32"))
+                    DIE("the error does not name the lengths: %s", err);
+                printf("mpi_prog: rank 1: mismatch reported: %s\n", err);
+            }
+        } else if (strcmp(mode, "stall") == 0 || strcmp(mode, "kill") == 0) {
+            bool stop = strcmp(mode, "stall") == 0;
+            fault(comm, stop, n);
             fflush(stdout);
-            /* a peer is gone or was stopped: MPI_Finalize could wait for it */
-            _exit(0);
+            /* a departed peer never reaches MPI_Finalize, which would wait for it */
+            if (!stop) _exit(0);
         } else
             DIE("unknown mode %s", mode);
     }

@@ -12,8 +12,7 @@
 
 /* The unique id of the ranks of c: made by rank 0, broadcast with its result so that a failure
  * there fails every rank instead of leaving them waiting. */
-static loomResult_t mpi_meet(MPI_Comm c, const char *what, loomUniqueId *id, int *rank,
-                             int *size)
+static loomResult_t mpi_meet(MPI_Comm c, const char *what, loomUniqueId *id, int *rank, int *size)
 {
     LOOM_CHECK(mpi_lib_up());
     LOOM_CHECK(mpi_lib_thread_ok(what));
@@ -56,7 +55,8 @@ LOOM_EXPORT loomResult_t loomCommInitMpiConfig(loomComm_t *comm, MPI_Comm mpiCom
                           "loomCommInitMpi: MPI is not initialised (call MPI_Init or "
                           "MPI_Init_thread first), or already finalised");
     if (mpiComm == MPI_COMM_NULL)
-        return base_error(loomInvalidArgument, LOG_INIT, "loomCommInitMpi: mpiComm is MPI_COMM_NULL");
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommInitMpi: mpiComm is MPI_COMM_NULL");
     loomUniqueId id;
     int rank, size;
     LOOM_CHECK(mpi_meet(mpiComm, "loomCommInitMpi", &id, &rank, &size));
@@ -74,8 +74,8 @@ bool launch_mpi_running(void)
     return mpi_lib_running();
 }
 
-loomResult_t launch_mpi_meet(const char *launcher, const char *vars, int want_rank,
-                             int want_size, loomUniqueId *id, int *nranks)
+loomResult_t launch_mpi_meet(const char *launcher, const char *vars, int want_rank, int want_size,
+                             loomUniqueId *id, int *nranks)
 {
     int rank, size;
     LOOM_CHECK(mpi_meet(MPI_COMM_WORLD, "loomCommInitFromEnv", id, &rank, &size));

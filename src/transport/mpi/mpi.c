@@ -297,9 +297,9 @@ struct transport_conn {
     transport_conn_head_t head; /* first: the shared ops read it */
     transport_ctx_t *ctx;
     int peer;
-    MPI_Comm comm; /* the base both ranks share */
-    int mrank;     /* the peer's rank there */
-    uint64_t send_seq, recv_seq; /* messages posted each way */
+    MPI_Comm comm;                     /* the base both ranks share */
+    int mrank;                         /* the peer's rank there */
+    uint64_t send_seq, recv_seq;       /* messages posted each way */
     transport_req_t *reqs, *reqs_tail; /* outstanding, in posting order */
     MPI_Request ctrl_rreq, ping_sreq, abort_sreq;
     mt_ctrl_t ctrl_in;
@@ -557,8 +557,9 @@ static bool header_ok(transport_conn_t *c, transport_req_t *r)
 {
     const mt_hdr_t *h = &r->hdr;
     if (h->magic != MT_MAGIC || h->type != MT_DATA) {
-        conn_fail(c, loomRemoteError, "malformed message from %s: magic 0x%08x type %u (message %llu)",
-                  c->head.name, h->magic, h->type, (unsigned long long)r->seq);
+        conn_fail(c, loomRemoteError,
+                  "malformed message from %s: magic 0x%08x type %u (message %llu)", c->head.name,
+                  h->magic, h->type, (unsigned long long)r->seq);
         return false;
     }
     if (h->comm_id != c->ctx->setup.comm_id) {
@@ -570,8 +571,9 @@ static bool header_ok(transport_conn_t *c, transport_req_t *r)
         return false;
     }
     if (h->seq != r->seq) {
-        conn_fail(c, loomRemoteError, "malformed message from %s: sequence %llu where %llu was expected",
-                  c->head.name, (unsigned long long)h->seq, (unsigned long long)r->seq);
+        conn_fail(c, loomRemoteError,
+                  "malformed message from %s: sequence %llu where %llu was expected", c->head.name,
+                  (unsigned long long)h->seq, (unsigned long long)r->seq);
         return false;
     }
     if (h->len != r->len) {
@@ -675,8 +677,8 @@ static void ctrl_progress(transport_conn_t *c, bool *progressed)
             return;
         }
         *progressed = true;
-        int erc = MPI_Irecv(&c->ctrl_in, sizeof(c->ctrl_in), MPI_BYTE, c->mrank,
-                            c->ctx->ctrl_tag, c->comm, &c->ctrl_rreq);
+        int erc = MPI_Irecv(&c->ctrl_in, sizeof(c->ctrl_in), MPI_BYTE, c->mrank, c->ctx->ctrl_tag,
+                            c->comm, &c->ctrl_rreq);
         if (erc != MPI_SUCCESS) {
             c->ctrl_rreq = MPI_REQUEST_NULL;
             mt_mpi_failed(c, "MPI_Irecv", "of heartbeats from", erc);
@@ -792,7 +794,8 @@ static void mpi_abort(transport_ctx_t *ctx, const char *reason)
 static void mpi_fini(transport_ctx_t *ctx)
 {
     if (ctx == NULL) return;
-    bool may_call = mpi_lib_running() && mpi_lib_thread_ok("freeing the mpi transport") == loomSuccess;
+    bool may_call =
+        mpi_lib_running() && mpi_lib_thread_ok("freeing the mpi transport") == loomSuccess;
     if (!may_call) base_clear_error();
     if (may_call) mpi_lib_lock();
     for (int i = 0; i < ctx->nactive; i++) {
