@@ -179,8 +179,19 @@ START_TEST(precedence)
     ck_assert_int_eq(e.nranks, 4);
 #ifdef LOOM_HAVE_PMIX
     ck_assert_int_eq(e.meet, LAUNCH_MEET_PMIX);
+#elif defined(LOOM_HAVE_MPI)
+    ck_assert_int_eq(e.meet, LAUNCH_MEET_MPI); /* loom starts MPI, which finds the server */
 #else
     ck_assert_int_eq(e.meet, LAUNCH_MEET_MASTER);
+#endif
+    /* MPICH's Hydra: MPI_Init finds it through PMI_PORT; loom with MPI starts MPI there */
+    tenv_t h = {{{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"PMI_PORT", "host:1234"}}};
+#ifdef LOOM_HAVE_MPI
+    e = detect_ok(&h);
+    ck_assert_str_eq(e.name, "MPICH/Hydra");
+    ck_assert_int_eq(e.meet, LAUNCH_MEET_MPI);
+#else
+    (void)h;
 #endif
     /* mpirun inside a batch script: the script's own SLURM_PROCID=0 (no job step) is ignored */
     tenv_t d = {{{"OMPI_COMM_WORLD_RANK", "3"},
