@@ -58,8 +58,7 @@ static double median(double *v, int n)
 }
 
 /* Seconds per call of iters calls of one kind (which: 0 MPI, 1 loom), the slowest rank's. */
-static double timed(int which, bool p2p, void *a, void *b, size_t bytes, int iters,
-                    loomComm_t comm)
+static double timed(int which, bool p2p, void *a, void *b, size_t bytes, int iters, loomComm_t comm)
 {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
@@ -77,11 +76,15 @@ static double timed(int which, bool p2p, void *a, void *b, size_t bytes, int ite
                     MPI_Send(a, (int)bytes, MPI_BYTE, peer, 7, MPI_COMM_WORLD);
                 }
             } else if (rank == 0) {
-                if (loomSend(a, bytes, loomUint8, peer, comm, NULL) != loomSuccess) die("send", comm);
-                if (loomRecv(b, bytes, loomUint8, peer, comm, NULL) != loomSuccess) die("recv", comm);
+                if (loomSend(a, bytes, loomUint8, peer, comm, NULL) != loomSuccess)
+                    die("send", comm);
+                if (loomRecv(b, bytes, loomUint8, peer, comm, NULL) != loomSuccess)
+                    die("recv", comm);
             } else {
-                if (loomRecv(b, bytes, loomUint8, peer, comm, NULL) != loomSuccess) die("recv", comm);
-                if (loomSend(a, bytes, loomUint8, peer, comm, NULL) != loomSuccess) die("send", comm);
+                if (loomRecv(b, bytes, loomUint8, peer, comm, NULL) != loomSuccess)
+                    die("recv", comm);
+                if (loomSend(a, bytes, loomUint8, peer, comm, NULL) != loomSuccess)
+                    die("send", comm);
             }
         } else if (which == 0) {
             MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -102,7 +105,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     bool p2p = argc > 1 && strcmp(argv[1], "p2p") == 0;
     if (argc < 2 || (!p2p && strcmp(argv[1], "allreduce") != 0)) {
-        if (rank == 0) fprintf(stderr, "usage: mpi_vs_loom p2p|allreduce [bytes] [rounds] [iters]\n");
+        if (rank == 0)
+            fprintf(stderr, "usage: mpi_vs_loom p2p|allreduce [bytes] [rounds] [iters]\n");
         MPI_Finalize();
         return 2;
     }
@@ -129,7 +133,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < count; i++)
         a[i] = (float)((rank + i) % 8);
     memset(b, 0, bytes);
-    double *tm = calloc((size_t)rounds, sizeof(double)), *tl = calloc((size_t)rounds, sizeof(double));
+    double *tm = calloc((size_t)rounds, sizeof(double)),
+           *tl = calloc((size_t)rounds, sizeof(double));
     for (int r = 0; r < rounds; r++) {
         int first = r % 2;
         double t1 = timed(first, p2p, a, b, bytes, iters, comm);

@@ -386,6 +386,12 @@ static loomResult_t launch_pmix_meet(const launch_env_t *e, loomUniqueId *id, in
     pthread_mutex_unlock(&launch_pmix_lock);
     return r;
 }
+#else
+/* Without PMIx there is nothing to reset in a child (fork.c calls this in every build). */
+void launch_atfork(base_fork_phase_t phase)
+{
+    (void)phase;
+}
 #endif
 
 loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks)

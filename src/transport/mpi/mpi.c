@@ -164,10 +164,9 @@ loomResult_t mpi_lib_up(void)
     cuda = MPIX_Query_cuda_support();
 #endif
     INFO(LOG_NET,
-         "mpi: MPI %s by %s at %s, tag bound %d, CUDA-aware: %s (device buffers are staged "
-         "through host memory)",
-         init ? "initialised" : "initialised", init ? "the application" : "loom",
-         mpi_lib_level_name(), ml.tag_ub, cuda ? "yes" : "no");
+         "mpi: MPI initialised by %s, %s granted, tag bound %d, CUDA-aware: %s (device buffers "
+         "are staged through host memory)",
+         init ? "the application" : "loom", mpi_lib_level_name(), ml.tag_ub, cuda ? "yes" : "no");
 out:
     pthread_mutex_unlock(&ml.state);
     return r;
