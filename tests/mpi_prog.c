@@ -4,15 +4,16 @@
  *
  *   mpi_prog grid [env]  loomCommInitMpi(MPI_COMM_WORLD) (env: loomCommInitFromEnv, which meets
  *                        over MPI since MPI runs), then every collective over every type, the
- *                        exact operations, counts 0, 1, odd and large, in place and out of place
- *   mpi_prog split       loomCommInitMpi on MPI_Comm_split(world, rank % 2): the grid on each half
- *   mpi_prog stall       the last rank is stopped (SIGSTOP, by rank 0) while the others allreduce:
- *                        each of them must fail naming it ("no progress from rank N-1"); then it
- *                        is continued and fails too (its peers aborted)
- *   mpi_prog mismatch    rank 0 sends 10 int32 where rank 1 receives 12: rank 1's error names both
- *                        calls (the length in the header, the metadata tell which), as over tcp
- *   mpi_prog kill        the last rank is killed (SIGKILL) in the middle of the job: the others
- *                        must fail naming it (mpirun --enable-recovery lets them run on)
+ *                        exact operations, counts 0, 1, odd and large, in place and out of place,
+ *                        then an allreduce on each half of a loomCommSplit
+ *   mpi_prog thread      (with MPI_PROG_LEVEL=funneled) a loom call from a second thread is
+ * refused, naming the thread level mpi_prog split       loomCommInitMpi on MPI_Comm_split(world,
+ * rank % 2): the grid on each half mpi_prog stall       the last rank is stopped (SIGSTOP, by rank
+ * 0) while the others allreduce: each of them must fail naming it ("no progress from rank N-1");
+ * then it is continued and fails too (its peers aborted) mpi_prog mismatch    rank 0 sends 10 int32
+ * where rank 1 receives 12: rank 1's error names both calls (the length in the header, the metadata
+ * tell which), as over tcp mpi_prog kill        the last rank is killed (SIGKILL) in the middle of
+ * the job: the others must fail naming it (mpirun --enable-recovery lets them run on)
  *
  * Prints "mpi_prog: rank R of N: <mode> ok (K checks)" on success, or the error with "mpi_prog:
  * rank R: ..." and exits 1. The inputs are small integers, so every sum, product, maximum and
@@ -20,6 +21,7 @@
  * (integers, and floating point over a power-of-two number of ranks).
  */
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -259,6 +261,53 @@ static void grid(loomComm_t comm, size_t large)
     free(want);
 }
 
+/* loomCommSplit of comm (halves by parity, ranks reversed): an exact allreduce on each half. */
+static void split_child(loomComm_t comm)
+{
+    int r, n;
+    loomCommUserRank(comm, &r);
+    loomCommCount(comm, &n);
+    loomComm_t child;
+    ok(loomCommSplit(comm, r % 2, -r, &child, NULL), comm, "loomCommSplit");
+    int cr, cn;
+    loomCommUserRank(child, &cr);
+    loomCommCount(child, &cn);
+    /* keys -r: the half's ranks in reverse order */
+    int want_n = 0, want_r = 0;
+    for (int q = r % 2; q < n; q += 2) {
+        want_n++;
+        if (q > r) want_r++;
+    }
+    if (cn != want_n || cr != want_r)
+        DIE("split: rank %d of %d in my half, expected %d of %d", cr, cn, want_r, want_n);
+    enum { COUNT = 4097 };
+    static int32_t v[COUNT], want[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        v[i] = r * 1000 + i;
+        want[i] = 0;
+        for (int q = r % 2; q < n; q += 2)
+            want[i] += q * 1000 + i;
+    }
+    ok(loomAllReduce(v, v, COUNT, loomInt32, loomSum, child, NULL), child, "allreduce on a split");
+    check_bytes("allreduce on a split half", v, want, sizeof(v));
+    ok(loomCommDestroy(child), NULL, "loomCommDestroy (split)");
+}
+
+/* Under MPI_THREAD_FUNNELED, a loom call from another thread is refused with the reason. */
+static void *other_thread(void *arg)
+{
+    loomComm_t comm = arg;
+    int32_t v[4] = {0};
+    loomResult_t r = loomAllReduce(v, v, 4, loomInt32, loomSum, comm, NULL);
+    const char *err = loomGetLastError(comm);
+    if (r == loomSuccess) DIE("an allreduce from a second thread succeeded under FUNNELED");
+    if (!strstr(err, "from a thread that did not initialise MPI") ||
+        !strstr(err, "MPI_THREAD_FUNNELED"))
+        DIE("the error does not say why: %s", err);
+    printf("mpi_prog: rank %d: second thread refused: %s\n", me, err);
+    return NULL;
+}
+
 /* A rank stops or leaves while the others allreduce: each of them must name it. */
 static int fault(loomComm_t comm, bool stop, int n)
 {
@@ -327,9 +376,14 @@ int main(int argc, char **argv)
             ok(loomCommInitFromEnv(&comm, NULL), NULL, "loomCommInitFromEnv");
         else
             ok(loomCommInitMpi(&comm, MPI_COMM_WORLD), NULL, "loomCommInitMpi");
-        if (strcmp(mode, "grid") == 0)
+        if (strcmp(mode, "grid") == 0) {
             grid(comm, large);
-        else if (strcmp(mode, "mismatch") == 0) {
+            split_child(comm);
+        } else if (strcmp(mode, "thread") == 0) {
+            pthread_t t;
+            pthread_create(&t, NULL, other_thread, comm);
+            pthread_join(t, NULL);
+        } else if (strcmp(mode, "mismatch") == 0) {
             /* rank 0 sends 10 int32, rank 1 expects 12: rank 1 names the lengths */
             int32_t buf[16] = {0};
             if (me == 0) loomSend(buf, 10, loomInt32, 1, comm, NULL);

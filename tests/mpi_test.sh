@@ -54,6 +54,10 @@ for level in single funneled serialized; do
         "$prog" grid
 done
 
+want="^mpi_prog: rank [0-2]: second thread refused: .*MPI_THREAD_FUNNELED" \
+    run "MPI_THREAD_FUNNELED: a loom call from a second thread is refused" 120 3 \
+    "${mpi[@]}" -np 3 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=10 -x MPI_PROG_LEVEL=funneled \
+    "$prog" thread
 want="^mpi_prog: rank 1: mismatch reported" run "length mismatch over mpi" 120 1 \
     "${mpi[@]}" -np 2 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=10 "$prog" mismatch
 for np in 3 4; do

@@ -440,6 +440,15 @@ static loomResult_t conn_check(transport_conn_t *c)
     return transport_conn_check(&c->head, &c->ctx->abort);
 }
 
+/* This thread may call MPI for c, else c fails with the reason (the executor names it). */
+static loomResult_t conn_thread_ok(transport_conn_t *c, const char *what)
+{
+    loomResult_t r = mpi_lib_thread_ok(what);
+    if (r == loomSuccess) return loomSuccess;
+    conn_fail(c, r, "%s", base_last_error());
+    return c->head.fail.code;
+}
+
 static void req_link(transport_conn_t *c, transport_req_t *r)
 {
     r->prev = c->reqs_tail;
@@ -470,7 +479,7 @@ static loomResult_t mpi_isend(transport_conn_t *c, const void *buf, size_t len,
                               const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **out)
 {
     LOOM_CHECK(conn_check(c));
-    LOOM_CHECK(mpi_lib_thread_ok("a send"));
+    LOOM_CHECK(conn_thread_ok(c, "a send"));
     if (len > INT32_MAX)
         return base_error(loomInternalError, LOG_NET, "mpi: message of %zu bytes to %s", len,
                           c->head.name);
@@ -505,7 +514,7 @@ static loomResult_t mpi_isend(transport_conn_t *c, const void *buf, size_t len,
 static loomResult_t mpi_irecv(transport_conn_t *c, void *buf, size_t len, transport_req_t **out)
 {
     LOOM_CHECK(conn_check(c));
-    LOOM_CHECK(mpi_lib_thread_ok("a receive"));
+    LOOM_CHECK(conn_thread_ok(c, "a receive"));
     if (len > INT32_MAX)
         return base_error(loomInternalError, LOG_NET, "mpi: message of %zu bytes from %s", len,
                           c->head.name);
