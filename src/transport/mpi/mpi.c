@@ -172,6 +172,16 @@ out:
     return r;
 }
 
+/* Whether this thread may call MPI now (mpi_lib_thread_ok without the error text). */
+static bool thread_may_call(void)
+{
+    if (ml.multiple) return true;
+    if (progress_on_thread()) return false;
+    int main_thread = 1;
+    if (ml.level < MPI_THREAD_SERIALIZED) MPI_Is_thread_main(&main_thread);
+    return main_thread != 0;
+}
+
 loomResult_t mpi_lib_thread_ok(const char *what)
 {
     if (ml.multiple) return loomSuccess;
@@ -780,10 +790,7 @@ static void mpi_abort(transport_ctx_t *ctx, const char *reason)
     transport_abort_set(&ctx->abort, reason);
     /* Below MPI_THREAD_MULTIPLE, an abort from a thread that may not call MPI (loomCommAbort
      * from another thread) only marks the context: the peers learn it by their timeout. */
-    if (mpi_lib_thread_ok("an abort") != loomSuccess) {
-        base_clear_error();
-        return;
-    }
+    if (!thread_may_call()) return;
     size_t rl = LOOM_MIN(strlen(reason), sizeof(ctx->active[0]->abort_out.text));
     mpi_lib_lock();
     for (int i = 0; i < ctx->nactive; i++) {
@@ -802,9 +809,7 @@ static void mpi_abort(transport_ctx_t *ctx, const char *reason)
 static void mpi_fini(transport_ctx_t *ctx)
 {
     if (ctx == NULL) return;
-    bool may_call =
-        mpi_lib_running() && mpi_lib_thread_ok("freeing the mpi transport") == loomSuccess;
-    if (!may_call) base_clear_error();
+    bool may_call = mpi_lib_running() && thread_may_call();
     if (may_call) mpi_lib_lock();
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
