@@ -84,7 +84,7 @@ static uint8_t fp8_encode(const fp8_fmt_t *m, float f)
     } else {
         /* subnormal (or zero): the value in units of the smallest subnormal, rounded */
         int shift = shift_man + 1 - e; /* >= shift_man + 1 */
-        if (shift > 31) return sign; /* below half the smallest subnormal (float32 ones too) */
+        if (shift > 31) return sign;   /* below half the smallest subnormal (float32 ones too) */
         uint32_t mant = (a & 0x7fffffu) | 0x800000u;
         code = mant >> shift;
         uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
