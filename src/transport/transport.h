@@ -79,6 +79,14 @@ typedef struct {
     const char *(*peer_name)(transport_conn_t *conn);
     /* The text of the connection's last error. */
     const char *(*conn_error)(transport_conn_t *conn);
+    /* Transports whose peers need more than a handle to reach them (UCX's worker address is
+     * hundreds of bytes) publish that address here after init, valid until fini; core carries it
+     * to every peer through the bootstrap (comm.h: comm_peer_addr) and then calls connect_addr
+     * with the peer's instead of connect. Both NULL for the others. */
+    loomResult_t (*address)(transport_ctx_t *ctx, const void **addr, size_t *len);
+    loomResult_t (*connect_addr)(transport_ctx_t *ctx, int peer,
+                                 const uint8_t handle[TRANSPORT_HANDLE_BYTES], const void *addr,
+                                 size_t len, transport_conn_t **conn);
     /* Registers memory (transports that need it); may be NULL. */
     loomResult_t (*reg_mr)(transport_ctx_t *ctx, void *buf, size_t len, void **mr);
     /* Frees everything. Pending requests are dropped. */
@@ -166,6 +174,12 @@ void transport_abort_set(transport_abort_t *a, const char *reason);
 
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
+#ifdef LOOM_HAVE_UCX
+extern const transport_ops_t transport_ucx;
+/* Whether UCX sees an RDMA transport (InfiniBand/RoCE: rc, dc, ud) on this machine, which tcp
+ * and shm cannot use; found once per process from UCX's own resource list. *what names them. */
+bool ucx_has_rdma(const char **what);
+#endif
 
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
 bool shm_conn_uses_cma(const transport_conn_t *conn);
