@@ -60,6 +60,7 @@ static int run_rank(int rank, loomUniqueId id, size_t size, int iters, int windo
     if (!bad && rank == 1)
         printf("p2p_bw size %zu window %d iters %d: %.3f GB/s\n", size, window, iters,
                (double)size * window * iters / dt / 1e9);
+    fflush(stdout); /* rank 1 leaves through _exit */
     free(buf);
     loomCommDestroy(comm);
     return bad;

@@ -53,6 +53,9 @@
 #define UCX_CTRL_PING 'P'
 #define UCX_CTRL_ABORT 'A'
 #define UCX_CTRL_MAX (1 + TRANSPORT_ABORT_TEXT_MAX)
+/* A peer that aborts tells why, then leaves; its leaving may reach us (the endpoint's error)
+ * before its reason does. Errors of an endpoint wait this long for a reason to arrive. */
+#define UCX_ERR_GRACE_NS 300000000ull
 
 /* The handle: what names the peer; the worker address itself comes through ops->address. */
 typedef struct {
@@ -102,6 +105,9 @@ struct transport_conn {
     ucs_status_t ctrl_status;
     ucp_tag_recv_info_t ctrl_info;
     uint8_t ctrl_buf[UCX_CTRL_MAX];
+    bool err_waits; /* an endpoint error, recorded once UCX_ERR_GRACE_NS passed */
+    uint64_t err_ns;
+    char err_text[256];
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -202,6 +208,15 @@ static void req_free(transport_ctx_t *ctx, transport_req_t *r)
     free(r);
 }
 
+/* An endpoint's failure, recorded after the grace (unless the peer's reason came first). */
+static void err_later(transport_conn_t *c, const char *fmt, const char *what)
+{
+    if (c->err_waits) return;
+    c->err_waits = true;
+    c->err_ns = base_now_ns();
+    snprintf(c->err_text, sizeof(c->err_text), fmt, c->head.name, what);
+}
+
 /* A part finished (status: UCX's verdict; info: what arrived, for receives). */
 static void part_done(transport_req_t *r, int part, ucs_status_t status,
                       const ucp_tag_recv_info_t *info)
@@ -233,8 +248,10 @@ static void part_done(transport_req_t *r, int part, ucs_status_t status,
     if (status == UCS_OK) return;
     if (r->status == UCS_OK) r->status = status;
     if (status != UCS_ERR_CANCELED)
-        conn_fail(c, loomRemoteError, "%s %s failed: UCX: %s (the peer died?)",
-                  r->send ? "send to" : "receive from", c->head.name, ucs_status_string(status));
+        err_later(c,
+                  r->send ? "send to %s failed: UCX: %s (the peer died?)"
+                          : "receive from %s failed: UCX: %s (the peer died?)",
+                  ucs_status_string(status));
 }
 
 static void send_cb(void *request, ucs_status_t status, void *user_data)
@@ -277,8 +294,8 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     transport_conn_t *c = arg;
     c->ctx->moved = true;
-    conn_fail(c, loomRemoteError, "connection to %s failed: UCX: %s (the peer exited or died)",
-              c->head.name, ucs_status_string(status));
+    err_later(c, "connection to %s failed: UCX: %s (the peer exited or died)",
+              ucs_status_string(status));
 }
 
 static void ctx_free(transport_ctx_t *ctx)
@@ -321,6 +338,14 @@ static loomResult_t ucx_init(const transport_setup_t *setup, transport_ctx_t **o
                           "ucx: ucp_config_read failed: %s (check the UCX_* variables)",
                           ucs_status_string(st));
     }
+    /* One default differs, and only where the user did not choose: UCX 1.13's registration
+     * cache installs memory hooks at ucp_init, which here hung now and then in ucm's event
+     * lock (ucm_event_enter_exclusive, ranks forked from one process: about 1 init in 20 on a
+     * loaded machine). Shared memory, CMA and TCP register nothing, so the cache is off unless
+     * an RDMA device is there (registration is what it caches) or UCX_RCACHE_ENABLE says. */
+    const char *rdma;
+    if (getenv("UCX_RCACHE_ENABLE") == NULL && !ucx_has_rdma(&rdma))
+        (void)ucp_config_modify(cfg, "RCACHE_ENABLE", "n");
     ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                                      UCP_PARAM_FIELD_ESTIMATED_NUM_EPS,
                        .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
@@ -450,8 +475,7 @@ static loomResult_t ucx_connect_addr(transport_ctx_t *ctx, int peer,
     ucs_status_t st = ucp_ep_create(ctx->worker, &ep, &c->ep);
     if (st != UCS_OK) {
         c->ep = NULL;
-        conn_fail(c, loomRemoteError, "cannot reach %s: ucp_ep_create: %s", c->head.name,
-                  ucs_status_string(st));
+        err_later(c, "cannot reach %s: ucp_ep_create: %s", ucs_status_string(st));
     }
     ctx->conns[peer] = c;
     ctx->active[ctx->nactive++] = c;
@@ -505,6 +529,8 @@ static loomResult_t ucx_isend(transport_conn_t *c, const void *buf, size_t len,
     transport_req_t *r = req_new(c, true, len, seq);
     if (r == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (send request)");
     memcpy(r->meta, meta, TRANSPORT_META_BYTES);
+    *out = r;
+    if (c->ep == NULL) return loomSuccess; /* never sent: the connection fails after its grace */
     uint64_t tag = ((uint64_t)c->ctx->setup.rank << UCX_RANK_SHIFT) | (seq & UCX_SEQ_MASK);
     ucp_request_param_t p = {.op_attr_mask =
                                  UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -564,8 +590,8 @@ static void ctrl_handle(transport_conn_t *c)
     c->ctrl_arrived = false;
     if (c->ctrl_status != UCS_OK && c->ctrl_status != UCS_ERR_MESSAGE_TRUNCATED) {
         if (c->ctrl_status != UCS_ERR_CANCELED)
-            conn_fail(c, loomRemoteError, "receive from %s failed: UCX: %s (the peer died?)",
-                      c->head.name, ucs_status_string(c->ctrl_status));
+            err_later(c, "receive from %s failed: UCX: %s (the peer died?)",
+                      ucs_status_string(c->ctrl_status));
         return;
     }
     c->head.last_activity_ns = base_now_ns();
@@ -590,8 +616,7 @@ static void ctrl_send_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
     c->ctx->moved = true;
     if (status != UCS_OK && status != UCS_ERR_CANCELED)
-        conn_fail(c, loomRemoteError, "send to %s failed: UCX: %s (the peer died?)", c->head.name,
-                  ucs_status_string(status));
+        err_later(c, "send to %s failed: UCX: %s (the peer died?)", ucs_status_string(status));
 }
 
 /* Sends a control message; returns the running request (NULL: done or failed). */
@@ -604,7 +629,7 @@ static void *ctrl_send(transport_conn_t *c, const void *msg, size_t len)
     uint64_t tag = UCX_TAG_CTRL | ((uint64_t)c->ctx->setup.rank << UCX_RANK_SHIFT);
     ucs_status_ptr_t s = ucp_tag_send_nbx(c->ep, msg, len, tag, &p);
     if (UCS_PTR_IS_ERR(s)) {
-        conn_fail(c, loomRemoteError, "send to %s failed: UCX: %s (the peer died?)", c->head.name,
+        err_later(c, "send to %s failed: UCX: %s (the peer died?)",
                   ucs_status_string(UCS_PTR_STATUS(s)));
         return NULL;
     }
@@ -614,6 +639,9 @@ static void *ctrl_send(transport_conn_t *c, const void *msg, size_t len)
 static void conn_progress(transport_conn_t *c, uint64_t now)
 {
     if (c->ctrl_arrived) ctrl_handle(c);
+    if (c->err_waits && now - c->err_ns > UCX_ERR_GRACE_NS && !c->head.fail.failed)
+        conn_fail(c, loomRemoteError, "%s", c->err_text);
+    if (c->ep == NULL || c->err_waits) return;
     if (c->head.fail.failed || c->ping || now - c->last_send_ns < c->ctx->ping_ns) return;
     c->last_send_ns = now;
     c->ping = ctrl_send(c, ping_msg, sizeof(ping_msg));
@@ -628,7 +656,7 @@ static loomResult_t ucx_progress(transport_ctx_t *ctx, bool *progressed)
     uint64_t now = base_now_ns();
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (!c->head.fail.failed && c->ep) conn_progress(c, now);
+        if (!c->head.fail.failed) conn_progress(c, now);
     }
     if (ctx->moved) *progressed = true;
     return loomSuccess;
