@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # loom's UCX transport against its references on this machine, interleaved round by round:
-#   p2p        one-way bandwidth at SIZE (default 4 MiB): ucx_perftest -t tag_bw against
-#              loom's p2p_bw (loomSend/loomRecv over LOOM_TRANSPORT=ucx), once with UCX's
+#   p2p        one-way bandwidth at SIZE (default 4 MiB): ucx_perftest -t tag_bw, plain and with
+#              -e (endpoints with error handling, as loom makes them: UCX 1.13's shared-memory
+#              transports have no peer-failure support, so both then leave them out), against
+#              loom's p2p_bw (loomSend/loomRecv over LOOM_TRANSPORT=ucx); once with UCX's
 #              default transports and once with UCX_TLS=tcp (UCX_TLS as given by the caller,
 #              if set, replaces the default run)
 #   allreduce  loom-perf over LOOM_TRANSPORT=ucx against LOOM_TRANSPORT=tcp, 8 B to 64 MiB
 #
 # usage: perf/ucx-compare.sh [-r ROUNDS] [-s SIZE] [-P RANKS] [-b MIN] [-e MAX] [-f FACTOR]
-#                            [-n ITERS] [-w WARMUP] [--build DIR] [--only p2p|allreduce]
+#                            [-n ITERS] [-w WARMUP] [-m MESSAGES] [--build DIR]
+#                            [--only p2p|allreduce]
 #   -r ROUNDS   rounds (default 5); the tables show medians
 #   -s SIZE     p2p message size in bytes (default 4194304)
+#   -m MESSAGES p2p messages per run (default 400; loom's in groups of 16)
 #   -P RANKS    allreduce ranks, forked locally (default 2)
 #   -b/-e/-f    allreduce sizes (default 8, 64M, 8)
 #   -n/-w       allreduce timed/warm-up iterations (default 20/5)
@@ -18,12 +22,13 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-rounds=5 size=4194304 ranks=2 bmin=8 bmax=64M factor=8 iters=20 warmup=5
+rounds=5 size=4194304 msgs=400 ranks=2 bmin=8 bmax=64M factor=8 iters=20 warmup=5
 build=$root/build only=
 while [ $# -gt 0 ]; do
     case $1 in
     -r) rounds=$2; shift 2 ;;
     -s) size=$2; shift 2 ;;
+    -m) msgs=$2; shift 2 ;;
     -P) ranks=$2; shift 2 ;;
     -b) bmin=$2; shift 2 ;;
     -e) bmax=$2; shift 2 ;;
@@ -32,35 +37,41 @@ while [ $# -gt 0 ]; do
     -w) warmup=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ucx-compare.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
 case $rounds in '' | *[!0-9]* | 0) echo "ucx-compare.sh: -r needs a positive number" >&2; exit 2 ;; esac
 case $size in '' | *[!0-9]* | 0) echo "ucx-compare.sh: -s needs a size in bytes" >&2; exit 2 ;; esac
+case $msgs in '' | *[!0-9]* | 0) echo "ucx-compare.sh: -m needs a positive number" >&2; exit 2 ;; esac
+window=16
+loom_iters=$(((msgs + window - 1) / window))
 export LOOM_SOCKET_IFNAME=lo
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/loom-ucx-compare.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
-# ucx_perftest's one-way bandwidth in GB/s (1e9 bytes; it prints MB/s of 2^20 bytes).
+# ucx_perftest's one-way bandwidth in GB/s (1e9 bytes; it prints MB/s of 2^20 bytes, the
+# overall figure of its Final line); $1: extra options (-e).
 perftest() {
     command -v ucx_perftest >/dev/null || { echo nan; return; }
     local port=$((20000 + RANDOM % 20000))
-    timeout 120 ucx_perftest -p "$port" >/dev/null 2>&1 &
+    # shellcheck disable=SC2086
+    timeout 120 ucx_perftest -p "$port" $1 >/dev/null 2>&1 &
     local srv=$!
     sleep 0.5
     local mbs
-    mbs=$(timeout 120 ucx_perftest 127.0.0.1 -p "$port" -t tag_bw -s "$size" -n 200 -w 20 2>/dev/null |
-        awk '/^Final:/ {print $6}')
+    # shellcheck disable=SC2086
+    mbs=$(timeout 120 ucx_perftest 127.0.0.1 -p "$port" $1 -t tag_bw -s "$size" -n "$msgs" -w 20 2>/dev/null |
+        awk '/^Final:/ {print $7}')
     wait "$srv" 2>/dev/null || true
     [ -n "$mbs" ] && awk -v m="$mbs" 'BEGIN {printf "%.3f\n", m * 1048576 / 1e9}' || echo nan
 }
 
 loom_p2p() {
     local out
-    out=$(LOOM_TRANSPORT=ucx timeout 120 "$build/p2p_bw" "$size" 200 16 20 2>"$tmp/p2p.err") ||
+    out=$(LOOM_TRANSPORT=ucx timeout 120 "$build/p2p_bw" "$size" "$loom_iters" "$window" 2 2>"$tmp/p2p.err") ||
         { echo "ucx-compare.sh: p2p_bw failed: $(tail -1 "$tmp/p2p.err")" >&2; echo nan; return; }
     echo "$out" | awk '{print $(NF-1)}'
 }
@@ -70,18 +81,20 @@ if [ -z "$only" ] || [ "$only" = p2p ]; then
     for r in $(seq 1 "$rounds"); do
         for tls in "${tls_runs[@]}"; do
             if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-            perftest >>"$tmp/perftest.$tls"
+            perftest "" >>"$tmp/perftest.$tls"
+            perftest -e >>"$tmp/perftest_e.$tls"
             loom_p2p >>"$tmp/loom.$tls"
         done
         echo "ucx-compare.sh: p2p round $r of $rounds done" >&2
     done
     unset UCX_TLS
     echo "# point-to-point, $size bytes, one way, GB/s (median of $rounds interleaved rounds)"
-    printf "%-10s %14s %14s %8s\n" UCX_TLS ucx_perftest loom-ucx ratio
+    printf "%-10s %14s %16s %10s %8s %8s\n" UCX_TLS ucx_perftest "ucx_perftest -e" loom-ucx ratio ratio-e
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0) printf "%.2f", b / a; else print "-"}'; }
     for tls in "${tls_runs[@]}"; do
-        a=$(median <"$tmp/perftest.$tls") b=$(median <"$tmp/loom.$tls")
-        printf "%-10s %14s %14s %8s\n" "$tls" "$a" "$b" \
-            "$(awk -v a="$a" -v b="$b" 'BEGIN {if (a > 0) printf "%.2f", b / a; else print "-"}')"
+        a=$(median <"$tmp/perftest.$tls") e=$(median <"$tmp/perftest_e.$tls")
+        b=$(median <"$tmp/loom.$tls")
+        printf "%-10s %14s %16s %10s %8s %8s\n" "$tls" "$a" "$e" "$b" "$(ratio "$a" "$b")" "$(ratio "$e" "$b")"
     done
     echo
 fi

@@ -242,10 +242,11 @@ loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
         const transport_ops_t *ops = comm->net.tp[tp].ops;
         if (ops->connect_addr) {
-            size_t alen;
-            const uint8_t *addr = comm_peer_addr(comm, peer, tp, &alen);
-            LOOM_CHECK(ops->connect_addr(comm->net.tp[tp].ctx, peer,
-                                         comm->lay.peers[peer].handle[tp], addr, alen, &l->conn));
+            transport_peer_t pi = {.handle = comm->lay.peers[peer].handle[tp],
+                                   .same_node = comm->lay.peers[peer].node_hash ==
+                                                comm->lay.peers[comm->rank].node_hash};
+            pi.addr = comm_peer_addr(comm, peer, tp, &pi.addr_len);
+            LOOM_CHECK(ops->connect_addr(comm->net.tp[tp].ctx, peer, &pi, &l->conn));
         } else {
             LOOM_CHECK(ops->connect(comm->net.tp[tp].ctx, peer, comm->lay.peers[peer].handle[tp],
                                     &l->conn));

@@ -46,6 +46,15 @@ typedef struct {
     size_t max_message; /* the largest message this communicator will post */
 } transport_setup_t;
 
+/* What connect_addr learns of a peer: its handle, its large address, and whether core's node
+ * layout puts it on this rank's node. */
+typedef struct {
+    const uint8_t *handle; /* TRANSPORT_HANDLE_BYTES */
+    const void *addr;
+    size_t addr_len;
+    bool same_node;
+} transport_peer_t;
+
 typedef struct {
     const char *name;
     uint32_t caps, reach, mem_types;
@@ -84,9 +93,8 @@ typedef struct {
      * to every peer through the bootstrap (comm.h: comm_peer_addr) and then calls connect_addr
      * with the peer's instead of connect. Both NULL for the others. */
     loomResult_t (*address)(transport_ctx_t *ctx, const void **addr, size_t *len);
-    loomResult_t (*connect_addr)(transport_ctx_t *ctx, int peer,
-                                 const uint8_t handle[TRANSPORT_HANDLE_BYTES], const void *addr,
-                                 size_t len, transport_conn_t **conn);
+    loomResult_t (*connect_addr)(transport_ctx_t *ctx, int peer, const transport_peer_t *info,
+                                 transport_conn_t **conn);
     /* Registers memory (transports that need it); may be NULL. */
     loomResult_t (*reg_mr)(transport_ctx_t *ctx, void *buf, size_t len, void **mr);
     /* Frees everything. Pending requests are dropped. */

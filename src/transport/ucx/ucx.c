@@ -442,16 +442,17 @@ static void ctrl_post(transport_conn_t *c)
     }
 }
 
-static loomResult_t ucx_connect_addr(transport_ctx_t *ctx, int peer,
-                                     const uint8_t handle[TRANSPORT_HANDLE_BYTES], const void *addr,
-                                     size_t len, transport_conn_t **out)
+static loomResult_t ucx_connect_addr(transport_ctx_t *ctx, int peer, const transport_peer_t *pi,
+                                     transport_conn_t **out)
 {
+    const void *addr = pi->addr;
+    size_t len = pi->addr_len;
     if (ctx->conns[peer]) {
         *out = ctx->conns[peer];
         return loomSuccess;
     }
     ucx_handle_t h;
-    memcpy(&h, handle, sizeof(h));
+    memcpy(&h, pi->handle, sizeof(h));
     if (h.magic != UCX_HANDLE_MAGIC || addr == NULL || len != h.addr_len)
         return base_error(loomInternalError, LOG_NET,
                           "ucx: rank %d's worker address is missing or %zu bytes where its handle "
@@ -466,12 +467,18 @@ static loomResult_t ucx_connect_addr(transport_ctx_t *ctx, int peer,
     char where[80];
     snprintf(where, sizeof(where), "%s:%u", h.host, h.pid);
     transport_conn_name(&c->head, peer, where);
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                          .address = addr,
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                          .err_handler = {.cb = ep_error_cb, .arg = c}};
+    /* Peer error handling, for peers on other nodes: a dead peer becomes this connection's
+     * error (the handler below) instead of a hang. Not for peers on this node: UCX 1.13's
+     * posix and sysv shared memory have no peer-failure support, and asking for it would make
+     * UCX carry same-node messages over its tcp instead (half of ucx_perftest's bandwidth
+     * here). A same-node peer that dies is found by the heartbeats (LOOM_TIMEOUT), and still
+     * by the handler where UCX reports it anyway (its tcp does). */
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = addr,
+        .err_mode = pi->same_node ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ep_error_cb, .arg = c}};
     ucs_status_t st = ucp_ep_create(ctx->worker, &ep, &c->ep);
     if (st != UCS_OK) {
         c->ep = NULL;
