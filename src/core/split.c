@@ -22,6 +22,18 @@ typedef struct {
     uint32_t pad;
 } split_rec_t;
 
+/* The child's rank of parent rank q: its place in the order of (key, parent rank) among the
+ * ranks of its colour. */
+static int child_rank(const split_rec_t *all, int n, int q)
+{
+    int qr = 0;
+    for (int o = 0; o < n; o++)
+        if (all[o].color == all[q].color &&
+            (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
+            qr++;
+    return qr;
+}
+
 LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
                                        loomConfig_t *config)
 {
@@ -82,23 +94,27 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
         free(pad);
         size_t total = 0;
         uint8_t *buf = NULL;
+        int *of_child = NULL; /* parent rank by child rank */
         if (r == loomSuccess && child) {
             for (int q = 0; q < comm->nranks; q++)
                 if (all[q].color == color) total += all[q].addr_bytes;
             buf = malloc(total ? total : 1);
-            if (buf == NULL) r = base_error(loomSystemError, LOG_INIT, "out of memory");
+            of_child = malloc((size_t)child->nranks * sizeof(int));
+            if (buf == NULL || of_child == NULL)
+                r = base_error(loomSystemError, LOG_INIT, "out of memory");
         }
-        /* In the child's rank order, which is the order of (key, parent rank). */
-        for (size_t off = 0; r == loomSuccess && child && off < total;) {
-            int best = -1;
-            for (int q = 0; q < comm->nranks; q++) {
-                if (all[q].color != color || all[q].addr_bytes == 0 || all[q].pad) continue;
-                if (best < 0 || all[q].key < all[best].key) best = q;
+        if (r == loomSuccess && child) {
+            for (int q = 0; q < comm->nranks; q++)
+                if (all[q].color == color) of_child[child_rank(all, comm->nranks, q)] = q;
+            /* Concatenated in the child's rank order (comm_set_peer_addrs). */
+            size_t off = 0;
+            for (int cr = 0; cr < child->nranks; cr++) {
+                int q = of_child[cr];
+                memcpy(buf + off, every + (size_t)q * amax, all[q].addr_bytes);
+                off += all[q].addr_bytes;
             }
-            all[best].pad = 1; /* taken */
-            memcpy(buf + off, every + (size_t)best * amax, all[best].addr_bytes);
-            off += all[best].addr_bytes;
         }
+        free(of_child);
         free(every);
         if (r != loomSuccess) {
             free(buf);
@@ -109,11 +125,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
     if (child) {
         for (int q = 0; q < comm->nranks; q++) {
             if (all[q].color != color) continue;
-            int qr = 0;
-            for (int o = 0; o < comm->nranks; o++)
-                if (all[o].color == color &&
-                    (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
-                    qr++;
+            int qr = child_rank(all, comm->nranks, q);
             child->lay.peers[qr] = comm->lay.peers[q];
             child->lay.peers[qr].rank = qr;
             memcpy(child->lay.peers[qr].handle, all[q].handle, sizeof(all[q].handle));
