@@ -506,7 +506,8 @@ static registry_model_t comm_model(loomComm_t comm)
                           .b_net = 1.0 / (net->bw_GBps * 1e9),
                           .a_loc = loc->latency_us * 1e-6,
                           .b_loc = 1.0 / (loc->bw_GBps * 1e9),
-                          .shared_mem = loc != net};
+                          .shared_mem = loc != net,
+                          .oversubscribed = comm->tune.oversubscribed};
     return m;
 }
 
@@ -544,6 +545,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
         if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
+    comm->tune.oversubscribed = any;
     int mine = comm->lay.peers[comm->rank].cores;
     if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
         comm->tune.spin_ns = 0;
