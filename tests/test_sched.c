@@ -20,7 +20,8 @@
  * once and the right index, or the right rank's element at the right place).
  *
  * Knobs: SCHED_TIMES=1 prints each grid test's time; SCHED_EXTRA_SEEDS=n adds n random orders
- * per grid case for a deeper search by hand.
+ * per grid case for a deeper search by hand; SCHED_ONLY=rd,tree runs the grid of those
+ * generators alone.
  */
 #include <check.h>
 #include <stdarg.h>
@@ -1485,10 +1486,22 @@ static void run_case(const cfg_t *c, tally_t *t)
     free(s);
 }
 
+/* SCHED_ONLY=name,name: the grid of those generators alone (by hand, while working on one). */
+static bool grid_selected(alg_t alg)
+{
+    const char *only = getenv("SCHED_ONLY");
+    if (only == NULL || *only == '\0') return true;
+    size_t n = strlen(alg_names[alg]);
+    for (const char *p = only; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, alg_names[alg], n) == 0 && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
 START_TEST(test_grid)
 {
     alg_t alg = (alg_t)(_i / NGRID_P);
     int p = grid_ps[_i % NGRID_P];
+    if (!grid_selected(alg)) return;
     uint64_t counts[] = {0, 1, (uint64_t)p - 1, (uint64_t)p, (uint64_t)p + 1, 37, 1000};
     static const uint64_t slices[] = {1, 3, 64};
     tally_t t = {0};
