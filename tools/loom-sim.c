@@ -228,6 +228,8 @@ int main(int argc, char **argv)
             return 2;
         }
         int g = m.per_node > 0 && m.per_node < m.ranks ? m.per_node : m.ranks;
+        /* as comm.c does: nodes with more ranks than cores get 4x slices job-wide */
+        if (m.cores > 0 && g > m.cores && ov.slice_bytes == 0) m.slice_bytes *= 4;
         int nn = (m.ranks + g - 1) / g;
         registry_model_t model = {.nranks = m.ranks,
                                   .nnodes = nn,

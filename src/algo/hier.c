@@ -6,7 +6,7 @@
  *   1. node-local reduce-scatter: local rank j ends with its node's sum of shards j, j+g_node...
  *   2. each shard allreduced across nodes by the ranks that own it, all shards at once, so every
  *      local rank (and every NIC) carries traffic; by a ring (hier), or by any region allreduce
- *      (hier_allreduce_with: tree, rabenseifner or rd, so that 128 nodes cost 2·8 tree hops or
+ *      (hier_allreduce_with: tree, rabenseifner or rd, so that 128 nodes cost 2·7 tree hops or
  *      2·7 halving/doubling steps instead of 2·127 ring steps)
  *   3. node-local allgather
  *   steps 2(g-1) + 2(n-1) with a ring across nodes; bytes across each node's link 2(n-1)/n of
