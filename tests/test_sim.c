@@ -25,7 +25,8 @@ static sim_machine_t plain(int ranks, int per_node)
                        .oversub = 1,
                        .red_bw = 1e30,
                        .slice_bytes = 1ull << 40,
-                       .nchannels = 1};
+                       .nchannels = 1,
+                       .slices_in_flight = 8};
     return m;
 }
 

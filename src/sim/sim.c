@@ -18,6 +18,7 @@ bool sim_machine_preset(const char *name, sim_machine_t *m)
     m->oversub = 1;
     m->slice_bytes = 256 << 10;
     m->nchannels = 2;
+    m->slices_in_flight = 8;
     if (strcmp(name, "h200") == 0) {
         /* NVLink 4 through NVSwitch: 450 GB/s a direction nominal; 360 is what two H200s
          * reach with loom and NCCL at 8 GiB (perf/RESULTS.md, /work/shared/baselines), the
@@ -66,6 +67,12 @@ typedef struct {
     bool oom;
 } heap_t;
 
+/* Earlier time first; at one time, the earlier step (the executor scans in schedule order). */
+static inline bool ev_before(const ev_t *a, const ev_t *b)
+{
+    return a->t < b->t || (a->t == b->t && a->gid < b->gid);
+}
+
 static void heap_push(heap_t *q, double t, uint32_t gid, uint8_t type)
 {
     if (q->n == q->cap) {
@@ -82,7 +89,7 @@ static void heap_push(heap_t *q, double t, uint32_t gid, uint8_t type)
     ev_t e = {t, gid, type};
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (q->h[p].t <= t) break;
+        if (!ev_before(&e, &q->h[p])) break;
         q->h[i] = q->h[p];
         i = p;
     }
@@ -96,8 +103,8 @@ static ev_t heap_pop(heap_t *q)
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= q->n) break;
-        if (c + 1 < q->n && q->h[c + 1].t < q->h[c].t) c++;
-        if (q->h[c].t >= last.t) break;
+        if (c + 1 < q->n && ev_before(&q->h[c + 1], &q->h[c])) c++;
+        if (!ev_before(&q->h[c], &last)) break;
         q->h[i] = q->h[c];
         i = c;
     }
@@ -107,12 +114,14 @@ static ev_t heap_pop(heap_t *q)
 
 /* ---- the run ----------------------------------------------------------------------------- */
 
-enum { S_DEPS = 1, S_POSTED = 2, S_DONE = 4, S_DEFER = 8 };
+enum { S_DEPS = 1, S_POSTED = 2, S_DONE = 4, S_DEFER = 8, S_WANT = 16 };
 
 typedef struct {
     int from, to;
     uint32_t nsend, nrecv, sposted, rposted, started;
     uint32_t *send, *recv; /* global step ids by ordinal */
+    int32_t wnext;         /* in its receiver's queue of pairs waiting for a staging slot */
+    bool waiting;
 } pair_t;
 
 typedef struct {
@@ -128,7 +137,9 @@ typedef struct {
     int32_t *pair;           /* pair of a send or receive */
     pair_t *pairs;
     size_t npairs;
-    uint32_t *cursor; /* first unfinished step per rank */
+    uint32_t *cursor;       /* first step not yet issued, per rank (the executor's window start) */
+    int *free_slots;        /* staging slots for receive-reduce, per rank */
+    int32_t *whead, *wtail; /* pairs waiting for a slot, a FIFO per receiving rank */
     /* link and engine free times */
     double *loc_tx, *loc_rx, *nic_tx, *nic_rx, *engine;
     double *up, *down, *core; /* per node; cores: [node * cores + k] */
@@ -269,6 +280,17 @@ static void issue(run_t *r, uint32_t gid, double now)
     heap_push(&r->q, now + step_cost(r, (int)r->rank_of[gid]), gid, EV_POST);
 }
 
+/* The window moves past every issued step; steps it reaches that wait for it go. */
+static void advance_window(run_t *r, int rk, double now)
+{
+    uint32_t n = r->off[rk + 1] - r->off[rk], old = r->cursor[rk];
+    while (r->cursor[rk] < n && (r->state[r->off[rk] + r->cursor[rk]] & S_POSTED))
+        r->cursor[rk]++;
+    uint64_t lo = (uint64_t)old + EXEC_LOOKAHEAD, hi = (uint64_t)r->cursor[rk] + EXEC_LOOKAHEAD;
+    for (uint64_t i = lo; i < hi && i < n; i++)
+        if (r->state[r->off[rk] + i] & S_DEFER) issue(r, r->off[rk] + (uint32_t)i, now);
+}
+
 /* Dependencies done at `now`: issue within the window, else wait for it. */
 static void deps_done(run_t *r, uint32_t gid, double now)
 {
@@ -280,12 +302,38 @@ static void deps_done(run_t *r, uint32_t gid, double now)
         r->state[gid] |= S_DEFER;
 }
 
+/* Sends and receives of one pair are issued in schedule order, as the executor issues them (an
+ * earlier step to a peer that cannot go holds the later ones): a receive-reduce takes a staging
+ * slot or the pair waits in its receiver's queue for one. Then every send and receive matched
+ * on both sides starts its transfer. */
 static void pair_progress(run_t *r, pair_t *pr, double now)
 {
-    while (pr->sposted < pr->nsend && (r->state[pr->send[pr->sposted]] & S_POSTED))
-        pr->sposted++;
-    while (pr->rposted < pr->nrecv && (r->state[pr->recv[pr->rposted]] & S_POSTED))
+    while (pr->sposted < pr->nsend && (r->state[pr->send[pr->sposted]] & S_WANT)) {
+        r->state[pr->send[pr->sposted++]] |= S_POSTED;
+        advance_window(r, pr->from, now);
+    }
+    while (pr->rposted < pr->nrecv && (r->state[pr->recv[pr->rposted]] & S_WANT)) {
+        uint32_t g = pr->recv[pr->rposted];
+        if (step_of(r, g)->kind == STEP_RECV_REDUCE) {
+            if (r->free_slots[pr->to] == 0) {
+                if (!pr->waiting) {
+                    int32_t id = (int32_t)(pr - r->pairs);
+                    pr->waiting = true;
+                    pr->wnext = -1;
+                    if (r->whead[pr->to] < 0)
+                        r->whead[pr->to] = id;
+                    else
+                        r->pairs[r->wtail[pr->to]].wnext = id;
+                    r->wtail[pr->to] = id;
+                }
+                break;
+            }
+            r->free_slots[pr->to]--;
+        }
+        r->state[g] |= S_POSTED;
         pr->rposted++;
+        advance_window(r, pr->to, now);
+    }
     while (pr->started < pr->sposted && pr->started < pr->rposted) {
         uint32_t sg = pr->send[pr->started], rg = pr->recv[pr->started];
         pr->started++;
@@ -296,21 +344,40 @@ static void pair_progress(run_t *r, pair_t *pr, double now)
     }
 }
 
+/* A step is issued: a copy runs, a send or receive joins its pair's order. */
+static void post(run_t *r, uint32_t gid, double now)
+{
+    const sched_step_t *st = step_of(r, gid);
+    int rk = (int)r->rank_of[gid];
+    r->state[gid] |= S_WANT;
+    if (st->kind == STEP_COPY) {
+        r->state[gid] |= S_POSTED;
+        advance_window(r, rk, now);
+        heap_push(&r->q, compute(r, rk, now, (double)st->count * 4.0), gid, EV_DONE);
+    } else {
+        pair_progress(r, &r->pairs[r->pair[gid]], now);
+    }
+}
+
 static void step_done(run_t *r, uint32_t gid, double now)
 {
+    const sched_step_t *st = step_of(r, gid);
+    int rk = (int)r->rank_of[gid];
+    if (st->kind == STEP_RECV_REDUCE) {
+        r->free_slots[rk]++;
+        int32_t w = r->whead[rk];
+        if (w >= 0) {
+            r->whead[rk] = r->pairs[w].wnext;
+            r->pairs[w].waiting = false;
+            pair_progress(r, &r->pairs[w], now);
+        }
+    }
     r->state[gid] |= S_DONE;
     if (now > r->end) r->end = now;
     for (uint32_t k = r->dnt_off[gid]; k < r->dnt_off[gid + 1]; k++) {
         uint32_t d = r->dnt[k];
         if (--r->remaining[d] == 0) deps_done(r, d, now);
     }
-    int rk = (int)r->rank_of[gid];
-    uint32_t n = r->off[rk + 1] - r->off[rk], old = r->cursor[rk];
-    while (r->cursor[rk] < n && (r->state[r->off[rk] + r->cursor[rk]] & S_DONE))
-        r->cursor[rk]++;
-    uint64_t lo = (uint64_t)old + EXEC_LOOKAHEAD, hi = (uint64_t)r->cursor[rk] + EXEC_LOOKAHEAD;
-    for (uint64_t i = lo; i < hi && i < n; i++)
-        if (r->state[r->off[rk] + i] & S_DEFER) issue(r, r->off[rk] + (uint32_t)i, now);
 }
 
 static void run_free(run_t *r)
@@ -332,6 +399,9 @@ static void run_free(run_t *r)
     }
     free(r->pairs);
     free(r->cursor);
+    free(r->free_slots);
+    free(r->whead);
+    free(r->wtail);
     free(r->loc_tx);
     free(r->q.h);
 }
@@ -438,13 +508,20 @@ loomResult_t sim_allreduce(const sim_machine_t *m, int algo, uint64_t bytes, sim
     r.dnt_off = calloc((size_t)T + 2, sizeof(uint32_t));
     r.pair = malloc((size_t)T * sizeof(int32_t) + 1);
     r.cursor = calloc((size_t)r.p, sizeof(uint32_t));
+    r.free_slots = malloc((size_t)r.p * sizeof(int));
+    r.whead = malloc((size_t)r.p * sizeof(int32_t));
+    r.wtail = malloc((size_t)r.p * sizeof(int32_t));
     int nn = (r.p + r.g - 1) / r.g, cores = m->cores > 0 ? m->cores : 1;
     size_t nres = 5 * (size_t)r.p + 2 * (size_t)nn + (size_t)nn * (size_t)cores;
     r.loc_tx = calloc(nres, sizeof(double));
     pmap_t pm = {0};
     if (!r.off || !r.rank_of || !r.remaining || !r.state || !r.dnt_off || !r.pair || !r.cursor ||
-        !r.loc_tx)
+        !r.loc_tx || !r.free_slots || !r.whead || !r.wtail)
         goto oom;
+    for (int i = 0; i < r.p; i++) {
+        r.free_slots[i] = LOOM_MAX(m->slices_in_flight, 1) * LOOM_MAX(m->nchannels, 1);
+        r.whead[i] = r.wtail[i] = -1;
+    }
     r.loc_rx = r.loc_tx + r.p;
     r.nic_tx = r.loc_rx + r.p;
     r.nic_rx = r.nic_tx + r.p;
@@ -533,13 +610,7 @@ loomResult_t sim_allreduce(const sim_machine_t *m, int algo, uint64_t bytes, sim
         const sched_step_t *st = step_of(&r, e.gid);
         int rk = (int)r.rank_of[e.gid];
         switch (e.type) {
-        case EV_POST:
-            r.state[e.gid] |= S_POSTED;
-            if (st->kind == STEP_COPY)
-                heap_push(&r.q, compute(&r, rk, e.t, (double)st->count * 4.0), e.gid, EV_DONE);
-            else
-                pair_progress(&r, &r.pairs[r.pair[e.gid]], e.t);
-            break;
+        case EV_POST: post(&r, e.gid, e.t); break;
         case EV_ARRIVE:
             if (st->kind == STEP_RECV_REDUCE)
                 heap_push(&r.q, compute(&r, rk, e.t, (double)st->count * 4.0), e.gid, EV_DONE);

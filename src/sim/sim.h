@@ -16,7 +16,8 @@
  * node's cores, which then also do every node-local transfer (the memory transport copies).
  *
  * The executor: a step starts once its dependencies (the schedule's own) are done and it is in
- * the window of EXEC_LOOKAHEAD steps from the rank's first unfinished one; sends to one peer
+ * the window of EXEC_LOOKAHEAD steps from the rank's first step not yet issued; a
+ * receive-reduce also needs one of slices_in_flight x nchannels staging slots; sends to one peer
  * start in schedule order, receives from one peer too, and the k-th send from a to b is the k-th
  * receive of b from a: the transfer starts when both are posted. Each step costs step_alpha of
  * host time before it starts (wake_alpha more where a node has more ranks than cores).
@@ -46,6 +47,7 @@ typedef struct {
     double wake_alpha;    /* seconds per step more when a node has more ranks than cores */
     uint64_t slice_bytes; /* the planner's slice (LOOM_SLICE_SIZE) */
     int nchannels;        /* LOOM_NCHANNELS */
+    int slices_in_flight; /* LOOM_SLICES_IN_FLIGHT: receive-reduce staging slots per channel */
     uint64_t max_steps;   /* coarsen slices beyond this many steps in all (0: 6M) */
 } sim_machine_t;
 
