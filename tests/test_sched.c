@@ -2059,7 +2059,7 @@ START_TEST(test_registry_pick)
                     ck_assert(w->unfit == NULL || w->unfit(&m) == NULL);
                     const char *why = w->preferred ? w->preferred(&m) : NULL;
                     ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm);
-                    char text[512];
+                    char text[1024];
                     registry_explain(&m, bytes, pick, text, sizeof(text));
                     ck_assert_msg(strstr(text, why ? "(preferred: " : ", predicted "), "%s", text);
                     for (int i = 0; i < ALGO_COUNT; i++) {

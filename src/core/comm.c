@@ -521,7 +521,7 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
-        char why[512];
+        char why[1024];
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
             registry_explain(&m, bytes, pick, why, sizeof(why)));
