@@ -613,7 +613,8 @@ static registry_model_t comm_model(loomComm_t comm)
                           .b_net = 1.0 / (net->bw_GBps * 1e9),
                           .a_loc = loc->latency_us * 1e-6,
                           .b_loc = 1.0 / (loc->bw_GBps * 1e9),
-                          .shared_mem = loc != net};
+                          .shared_mem = loc != net,
+                          .oversubscribed = comm->tune.oversubscribed};
     return m;
 }
 
@@ -627,7 +628,7 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
-        char why[512];
+        char why[1024];
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
             registry_explain(&m, bytes, pick, why, sizeof(why)));
@@ -651,6 +652,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
         if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
+    comm->tune.oversubscribed = any;
     int mine = comm->lay.peers[comm->rank].cores;
     if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
         comm->tune.spin_ns = 0;

@@ -91,6 +91,7 @@ typedef struct {
     int slices_in_flight;
     uint64_t spin_ns;
     double timeout_s;
+    bool oversubscribed; /* some node of the job has more ranks than cores */
 } comm_tune_t;
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */
