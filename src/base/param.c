@@ -133,6 +133,10 @@ static const param_desc_t params[PARAM_COUNT] = {
                               "take turns, so every exchange waits for a time slice: slow); "
                               "otherwise that is loomInvalidUsage",
                               NUM(0, 1, CLAMP)},
+    [PARAM_TUNE_FILE] = {"TUNE_FILE", PARAM_T_STR, "", "",
+                         "tuning file written by loom-tune: fusion parameters and the cost "
+                         "model's measured constants, read at init (docs/tuning.md)",
+                         ANY},
 };
 
 typedef struct {

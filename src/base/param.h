@@ -48,6 +48,7 @@ typedef enum {
     PARAM_CUDA_PDL,
     PARAM_CUDA_COUNTED,
     PARAM_CUDA_SHARE_GPU,
+    PARAM_TUNE_FILE,
     PARAM_COUNT
 } param_id_t;
 

@@ -16,6 +16,7 @@
 #include "schedule.h"
 #include "sock.h"
 #include "transport.h"
+#include "tunefile.h"
 
 #define COMM_MAGIC 0x6c6f6f6d636f6d6dull /* "loomcomm" */
 #define COMM_DEAD_MAGIC 0xdeadc0de0000dead
@@ -34,7 +35,8 @@ typedef struct {
     char host[HOST_NAME_LEN];
     uint8_t gpu_uuid[16]; /* the GPU named at init (config), all zero: none yet */
     int32_t gpu_dev;      /* its ordinal on that rank, -1: none */
-    int32_t pad;
+    uint32_t tune_hash;   /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
+                             different files would choose different algorithms */
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -85,6 +87,9 @@ typedef struct {
     int slices_in_flight;
     uint64_t spin_ns;
     double timeout_s;
+    /* LOOM_TUNE_FILE's sections that fit this communicator, per memory type (tunefile.h);
+     * sections == 0: none (no file, or nothing in it for this key). */
+    tune_entry_t file[TUNE_NMEM];
 } comm_tune_t;
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */

@@ -6,9 +6,10 @@
 
 /*
  * The alpha-beta model: a step costs the slowest link's latency, a byte its inverse bandwidth,
- * from the transports' hints, plus gamma for reducing it on the host. A flat algorithm crosses
- * nodes on every step once there are several; the hierarchy pays node-local steps at the fast
- * link's price and only 2(n-1)/n of the buffer on each node's network link.
+ * plus gamma for reducing it on the host; the constants are the communicator's (comm.c's
+ * comm_model: measured ones from the tuning file, else the built-in defaults). A flat algorithm
+ * crosses nodes on every step once there are several; the hierarchy pays node-local steps at the
+ * fast link's price and only 2(n-1)/n of the buffer on each node's network link.
  */
 typedef struct {
     double p, n, g;        /* ranks, nodes, ranks per node */
@@ -16,9 +17,6 @@ typedef struct {
     double lg, folds;      /* recursive doubling: log2 of the largest power of two <= p, and the
                               extra steps (fold and unfold) for the ranks beyond it */
 } model_terms_t;
-
-/* gamma: reducing a byte on the host (about 5 GB/s of output per core) */
-static const double c_red = 1.0 / 5e9;
 
 static model_terms_t terms(const registry_model_t *m)
 {
@@ -38,14 +36,14 @@ static double ring_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
     double p = t.p;
-    return 2 * (p - 1) * t.a_flat + 2 * (p - 1) / p * nb * t.b_flat + (p - 1) / p * nb * c_red;
+    return 2 * (p - 1) * t.a_flat + 2 * (p - 1) / p * nb * t.b_flat + (p - 1) / p * nb * m->gamma;
 }
 
 static double rd_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
     double s = t.lg + t.folds;
-    return s * t.a_flat + s * nb * t.b_flat + (t.lg + t.folds / 2) * nb * c_red;
+    return s * t.a_flat + s * nb * t.b_flat + (t.lg + t.folds / 2) * nb * m->gamma;
 }
 
 static double hier_cost(const registry_model_t *m, double nb)
@@ -53,7 +51,7 @@ static double hier_cost(const registry_model_t *m, double nb)
     model_terms_t t = terms(m);
     double g = t.g, n = t.n;
     return 2 * (g - 1) * m->a_loc + 2 * (g - 1) / g * nb * m->b_loc + 2 * (n - 1) * m->a_net +
-           2 * (n - 1) / n * nb * m->b_net + ((g - 1) / g + (n - 1) / n) * nb * c_red;
+           2 * (n - 1) / n * nb * m->b_net + ((g - 1) / g + (n - 1) / n) * nb * m->gamma;
 }
 
 static const char *one_node(const registry_model_t *m)

@@ -25,7 +25,11 @@ typedef struct {
     int nranks, nnodes;
     double a_net, b_net; /* seconds per message, seconds per byte */
     double a_loc, b_loc;
+    double gamma;    /* seconds per byte reduced on the host */
     bool shared_mem; /* a memory transport is started for same-node peers */
+    /* Where the constants come from, for the TUNING log: "measured (FILE:LINE)", or the
+     * built-in defaults (comm.c's comm_model says which). */
+    const char *source;
 } registry_model_t;
 
 /* One rank's allreduce schedule; hierarchical rows read the layout, the others ignore it. */
