@@ -18,6 +18,7 @@
 #include "harness.h"
 #include "param.h"
 #include "registry.h"
+#include "search.h"
 #include "tunefile.h"
 
 static char dir[64];
@@ -139,8 +140,8 @@ START_TEST(test_round_trip)
     ck_assert_uint_eq(back.fusion_threshold, 64u << 20);
     ck_assert_uint_eq(back.fusion_segment, 0);
 
-    tune_key_t other[] = {{5, 1, 5, TUNE_MEM_HOST}, {4, 2, 2, TUNE_MEM_HOST},
-                          {4, 1, 4, TUNE_MEM_DEVICE}};
+    tune_key_t other[] = {
+        {5, 1, 5, TUNE_MEM_HOST}, {4, 2, 2, TUNE_MEM_HOST}, {4, 1, 4, TUNE_MEM_DEVICE}};
     for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
         ck_assert(tunefile_read(path, &other[i], &back, true));
         ck_assert_int_eq(back.sections, 0);
@@ -199,21 +200,21 @@ START_TEST(test_malformed)
     char path[128], logp[128];
     path_in_dir(path, sizeof(path), "bad.txt");
     path_in_dir(logp, sizeof(logp), "log.txt");
-    write_text(path, "fusion_threshold = 5\n"           /* 1: before any section */
-                     "[ranks=4 layout=1x4 mem=host]\n"  /* 2 */
-                     "fusion_threshold = 4096\n"        /* 3: good */
-                     "fusion_segment = lots\n"          /* 4: not a number */
-                     "alpha.ucx.local = 1e-6\n"         /* 5: unknown transport */
-                     "beta.shm.local = -1\n"            /* 6: negative */
-                     "fusion_segment = 1.5\n"           /* 7: not a whole size */
-                     "no equals sign\n"                 /* 8 */
-                     "gamma = 2e-10\n"                  /* 9: good */
-                     "[ranks=four]\n"                   /* 10: broken header */
-                     "fusion_threshold = 1\n"           /* 11: in a skipped section */
-                     "[ranks=4 layout=1x4 mem=host\n"   /* 12: unterminated */
-                     "[ranks=4 layout=1by4]\n"          /* 13 */
-                     "[ranks=4 colour=red]\n"           /* 14 */
-                     "[ranks=4 mem=hbm]\n");            /* 15 */
+    write_text(path, "fusion_threshold = 5\n"          /* 1: before any section */
+                     "[ranks=4 layout=1x4 mem=host]\n" /* 2 */
+                     "fusion_threshold = 4096\n"       /* 3: good */
+                     "fusion_segment = lots\n"         /* 4: not a number */
+                     "alpha.ucx.local = 1e-6\n"        /* 5: unknown transport */
+                     "beta.shm.local = -1\n"           /* 6: negative */
+                     "fusion_segment = 1.5\n"          /* 7: not a whole size */
+                     "no equals sign\n"                /* 8 */
+                     "gamma = 2e-10\n"                 /* 9: good */
+                     "[ranks=four]\n"                  /* 10: broken header */
+                     "fusion_threshold = 1\n"          /* 11: in a skipped section */
+                     "[ranks=4 layout=1x4 mem=host\n"  /* 12: unterminated */
+                     "[ranks=4 layout=1by4]\n"         /* 13 */
+                     "[ranks=4 colour=red]\n"          /* 14 */
+                     "[ranks=4 mem=hbm]\n");           /* 15 */
     log_to(logp, "WARN");
     tune_key_t k = {4, 1, 4, TUNE_MEM_HOST};
     tune_entry_t e;
@@ -305,6 +306,58 @@ START_TEST(test_selection)
 }
 END_TEST
 
+/* A bowl in log2 of each value, lowest at (3 MiB, 200 KiB): 1 + 0.1 per octave squared. */
+static double bowl(void *arg, const uint64_t *v)
+{
+    int *calls = arg;
+    (*calls)++;
+    double a = log2((double)v[0] / (3 << 20)), b = log2((double)v[1] / (200 << 10));
+    return 1 + 0.1 * a * a + 0.1 * b * b;
+}
+
+/* Alternately 1 and 2: noise of 50%, nothing to gain below it. */
+static double noisy(void *arg, const uint64_t *v)
+{
+    (void)v;
+    int *calls = arg;
+    return (*calls)++ % 2 ? 2.0 : 1.0;
+}
+
+/* The coarse-to-fine search lands within one finest step (2^(1/4)) of a smooth minimum in each
+ * parameter, measures every point once with its repetitions, and stops refining as soon as a
+ * stage gains less than the noise. */
+START_TEST(test_search)
+{
+    int calls = 0;
+    tune_search_t s = {.ndims = 2,
+                       .reps = 3,
+                       .dims = {{"bucket", 64 << 10, 256u << 20, 32u << 20, 4096},
+                                {"segment", 4096, 64u << 20, 8u << 20, 4096}}};
+    ck_assert_int_eq(tune_search_run(&s, bowl, &calls), 0);
+    double r0 = (double)s.best[0] / (3 << 20), r1 = (double)s.best[1] / (200 << 10);
+    ck_assert_msg(r0 > 0.84 && r0 < 1.19 && r1 > 0.84 && r1 < 1.19, "best %llu %llu",
+                  (unsigned long long)s.best[0], (unsigned long long)s.best[1]);
+    ck_assert_int_eq(calls, s.npts * 3);
+    for (int i = 0; i < s.npts; i++) {
+        ck_assert_uint_eq(s.pts[i].vals[0] % 4096, 0);
+        for (int j = 0; j < i; j++)
+            ck_assert(memcmp(s.pts[i].vals, s.pts[j].vals, sizeof(s.pts[i].vals)) != 0);
+    }
+    ck_assert(s.noise == 0);
+    tune_search_free(&s);
+
+    calls = 0;
+    tune_search_t n = {.ndims = 1, .reps = 2, .dims = {{"bucket", 64 << 10, 1u << 30, 0, 4096}}};
+    ck_assert_int_eq(tune_search_run(&n, noisy, &calls), 0);
+    ck_assert(n.noise > 0.3);
+    /* 9 coarse points (64K..1G by 4), then one stage of two neighbours at most */
+    ck_assert_int_le(n.npts, 11);
+    for (int i = 0; i < n.npts; i++)
+        ck_assert_str_ne(n.pts[i].stage, "x1.41");
+    tune_search_free(&n);
+}
+END_TEST
+
 static Suite *tune_suite(void)
 {
     Suite *s = suite_create("tune");
@@ -313,6 +366,7 @@ static Suite *tune_suite(void)
         {.name = "specificity", .test = test_specificity},
         {.name = "malformed", .test = test_malformed},
         {.name = "selection", .test = test_selection},
+        {.name = "search", .test = test_search},
     };
     h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;

@@ -218,14 +218,14 @@ bool tunefile_read(const char *path, const tune_key_t *key, tune_entry_t *out, b
     section_t *secs = parse_file(path, &n, warn);
     if (!secs) {
         if (warn)
-            WARN(LOG_INIT, "tuning file %s: cannot be read (fopen: %s); the built-in defaults apply",
-                 path, strerror(errno));
+            WARN(LOG_INIT,
+                 "tuning file %s: cannot be read (fopen: %s); the built-in defaults apply", path,
+                 strerror(errno));
         return false;
     }
     for (int score = 0; score <= 3; score++)
         for (int i = 0; i < n; i++) {
-            if (secs[i].broken || key_score(&secs[i].key) != score ||
-                !key_fits(&secs[i].key, key))
+            if (secs[i].broken || key_score(&secs[i].key) != score || !key_fits(&secs[i].key, key))
                 continue;
             entry_merge(out, &secs[i].e);
             out->sections++;

@@ -25,8 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { TUNE_TCP = 0, TUNE_SHM, TUNE_NTP };       /* transports the model knows */
-enum { TUNE_LOCAL = 0, TUNE_NET, TUNE_NLEVEL };  /* inside a node, across nodes */
+enum { TUNE_TCP = 0, TUNE_SHM, TUNE_NTP };      /* transports the model knows */
+enum { TUNE_LOCAL = 0, TUNE_NET, TUNE_NLEVEL }; /* inside a node, across nodes */
 enum { TUNE_MEM_HOST = 0, TUNE_MEM_DEVICE, TUNE_NMEM };
 
 extern const char *const tune_tp_names[TUNE_NTP];       /* "tcp", "shm" */
@@ -43,8 +43,8 @@ typedef struct {
 /* What applies to one communicator and memory type. Absent values: 0 for sizes, a negative
  * number for constants. */
 typedef struct {
-    int sections;     /* how many sections applied */
-    char where[288];  /* "path:line" of the most specific section that applied */
+    int sections;    /* how many sections applied */
+    char where[288]; /* "path:line" of the most specific section that applied */
     uint64_t fusion_threshold, fusion_segment;
     double fusion_cycle_us;
     double alpha[TUNE_NTP][TUNE_NLEVEL]; /* seconds per message */
