@@ -30,7 +30,7 @@ static float chunk_scale(float maxabs)
 {
     if (!(maxabs > 0) || !isfinite(maxabs)) return 1.0f; /* zeros, or inf/NaN travel as they are */
     int e;
-    (void)frexpf(maxabs, &e);      /* maxabs = f * 2^e, f in [0.5, 1) */
+    (void)frexpf(maxabs, &e);                    /* maxabs = f * 2^e, f in [0.5, 1) */
     return ldexpf(1.0f, LOOM_MAX(e - 15, -126)); /* maxabs / scale in [2^14, 2^15) */
 }
 
@@ -44,8 +44,7 @@ static inline float dec1(int wire, uint16_t h)
     return wire == loomFusionWireFp16 ? red_half_to_float(h) : red_bf16_to_float(h);
 }
 
-void fuse_encode(int wire, const float *src, size_t n, size_t elems, const float *err,
-                 uint8_t *out)
+void fuse_encode(int wire, const float *src, size_t n, size_t elems, const float *err, uint8_t *out)
 {
     for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
         size_t lo = c * FUSE_CHUNK, hi = LOOM_MIN(lo + FUSE_CHUNK, LOOM_MAX(n, lo));

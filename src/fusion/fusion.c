@@ -211,7 +211,8 @@ static uint64_t fill_point(struct loomFusion *f, bool *full)
     for (; k < avail; k++) {
         const fz_seg_t *s = &f->segs[k - f->base];
         size_t sb = s->d.len * red_type_size((loomDataType_t)s->d.type);
-        if (s->d.type != s0->d.type || s->d.op != s0->d.op || (k > f->start && bytes + sb > limit)) {
+        if (s->d.type != s0->d.type || s->d.op != s0->d.op ||
+            (k > f->start && bytes + sb > limit)) {
             *full = true;
             return k;
         }
@@ -286,10 +287,9 @@ static void ranks_text(char *buf, size_t len, const bool *sel, int n)
 
 static void seg_text(char *buf, size_t len, const fuse_segdesc_t *d)
 {
-    snprintf(buf, len, "id %llu (%llu x %s, op %u, elements %llu..%llu)",
-             (unsigned long long)d->id, (unsigned long long)d->count,
-             red_type_name((loomDataType_t)d->type), d->op, (unsigned long long)d->off,
-             (unsigned long long)(d->off + d->len));
+    snprintf(buf, len, "id %llu (%llu x %s, op %u, elements %llu..%llu)", (unsigned long long)d->id,
+             (unsigned long long)d->count, red_type_name((loomDataType_t)d->type), d->op,
+             (unsigned long long)d->off, (unsigned long long)(d->off + d->len));
 }
 
 static loomResult_t start_bucket(struct loomFusion *f);
@@ -572,8 +572,8 @@ static void bucket_done(struct loomFusion *f)
         size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
         float *x = (float *)(void *)f->stage, e[nch];
         for (int j = 0; j < f->nranks; j++) {
-            fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard,
-                        x + (size_t)j * f->shard, false, e, NULL);
+            fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
+                        false, e, NULL);
             for (size_t c = 0; c < nch; c++) {
                 if (((size_t)j * f->shard + c * FUSE_CHUNK) >= f->bk_elems) break;
                 relmax = LOOM_MAX(relmax, (double)e[c]);
@@ -719,7 +719,10 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
          "fusion context %p: buckets of %zu bytes (first %zu), segments of %zu, cycle %llu us, "
          "wire %s",
          (void *)f, c.bucketBytes, c.firstBucketBytes, c.segmentBytes,
-         (unsigned long long)c.cycleUs, c.wire == 0 ? "exact" : c.wire == 1 ? "bf16" : "fp16");
+         (unsigned long long)c.cycleUs,
+         c.wire == 0   ? "exact"
+         : c.wire == 1 ? "bf16"
+                       : "fp16");
     *out = f;
     return loomSuccess;
 }
@@ -742,9 +745,8 @@ LOOM_EXPORT loomResult_t loomFusionEnqueue(loomFusion_t f, void *buff, size_t co
     base_clear_error();
     LOOM_CHECK(check_ctx(f, fn));
     if ((int)type < 0 || type >= loomNumTypes)
-        return base_error(loomInvalidArgument, LOG_COLL,
-                          "%s: tensor %llu: invalid datatype %d", fn, (unsigned long long)id,
-                          (int)type);
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: tensor %llu: invalid datatype %d", fn,
+                          (unsigned long long)id, (int)type);
     size_t es = red_type_size(type), bytes;
     if (__builtin_mul_overflow(count, es, &bytes) || bytes > (size_t)INT64_MAX)
         return base_error(loomInvalidArgument, LOG_COLL,
