@@ -158,7 +158,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     /* the cut, carried in every message: ranks that slice differently fail with that reason
      * instead of a confusing size mismatch */
     /* (in place or not may differ between ranks: only the algorithm and the cut count) */
-    uint64_t cut[3] = {key[2] >> 8, key[4], key[5]};
+    uint64_t cut[4] = {key[2] >> 8, key[4], key[5], o->tag};
     d.shape = base_hash64(cut, sizeof(cut), 0x7368617065);
     call.desc.shape = d.shape;
     bool hit;
@@ -166,6 +166,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     *out = s;
     if (hit) {
         s->descs[0].seq = d.seq;
+        s->descs[0].shape = d.shape; /* the tag is not part of the cache key */
         goto buffers;
     }
     LOOM_CHECK(plan_build(&ctx, &call, s));
@@ -477,6 +478,36 @@ loomResult_t coll_test(coll_group_t *g, bool *done)
     progress_unwatch(&g->work);
     loomResult_t f = group_finish(g);
     return r != loomSuccess ? r : f;
+}
+
+loomResult_t coll_hold(loomComm_t comm, const char *fn)
+{
+    LOOM_CHECK(comm_check(comm, fn));
+    comm_ref(comm);
+    return loomSuccess;
+}
+
+void coll_drop(loomComm_t comm)
+{
+    comm_unref(comm);
+}
+
+loomResult_t coll_usable(loomComm_t comm, const char *fn)
+{
+    if (atomic_load(&comm->st.destroyed))
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: communicator %p was destroyed or aborted", fn, (void *)comm);
+    return comm_check(comm, fn);
+}
+
+int coll_rank(loomComm_t comm)
+{
+    return comm->rank;
+}
+
+int coll_nranks(loomComm_t comm)
+{
+    return comm->nranks;
 }
 
 loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, void *const *recv,

@@ -38,7 +38,6 @@ typedef struct {
 } opts_t;
 
 /* ---- fusion ---------------------------------------------------------------------------- */
-#if LOOM_HAVE_FUSION
 
 typedef struct {
     replay_t *r;
@@ -102,14 +101,6 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
     return rc;
 }
 
-#else
-static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t *e)
-{
-    (void)comm, (void)o, (void)e;
-    if (rank == 0) fprintf(stderr, "loom-tune: --fusion: built without src/fusion\n");
-    return 2;
-}
-#endif
 
 /* ---- alpha, beta, gamma ---------------------------------------------------------------- */
 

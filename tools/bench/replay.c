@@ -173,19 +173,12 @@ double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool comput
                 loomSuccess)
                 FAIL("loomAllReduce");
         } else if (mode == REPLAY_FUSED) {
-#if LOOM_HAVE_FUSION
             if (loomFusionEnqueue(fx, p, m->t[i].count, loomFloat32, loomSum, (uint64_t)i, NULL,
                                   NULL, NULL, NULL) != loomSuccess)
                 FAIL("loomFusionEnqueue");
-#else
-            (void)fx;
-            FAIL("built without src/fusion");
-#endif
         }
     }
-#if LOOM_HAVE_FUSION
     if (mode == REPLAY_FUSED && loomFusionWaitAll(fx) != loomSuccess) FAIL("loomFusionWaitAll");
-#endif
     if (mode == REPLAY_MONOLITHIC &&
         loomAllReduce(r->flat, r->flat, m->total, loomFloat32, loomSum, r->comm, NULL) !=
             loomSuccess)
@@ -197,7 +190,6 @@ double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool comput
     return all;
 }
 
-#if LOOM_HAVE_FUSION
 loomFusion_t replay_fusion(replay_t *r, size_t bucket, size_t first, size_t segment,
                            uint64_t cycle_us)
 {
@@ -214,4 +206,3 @@ loomFusion_t replay_fusion(replay_t *r, size_t bucket, size_t first, size_t segm
     }
     return fx;
 }
-#endif

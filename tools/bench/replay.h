@@ -14,11 +14,6 @@
 
 #include "loom.h"
 
-/* Until src/fusion is merged (LOOM_HAVE_FUSION), the fused mode is refused. */
-#if !LOOM_HAVE_FUSION
-typedef struct loomFusion *loomFusion_t;
-#endif
-
 typedef struct {
     char name[96];
     size_t count;
@@ -60,11 +55,9 @@ void replay_free(replay_t *r);
  * refilled and the results checked outside the timed part. */
 double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool compute);
 
-#if LOOM_HAVE_FUSION
 /* A fusion context on r->comm with these settings (0: the library's default); NULL with
  * r->err on failure. */
 loomFusion_t replay_fusion(replay_t *r, size_t bucket, size_t first, size_t segment,
                            uint64_t cycle_us);
-#endif
 
 #endif
