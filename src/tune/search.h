@@ -24,9 +24,9 @@ typedef double (*tune_cost_fn)(void *arg, const uint64_t *vals);
 
 typedef struct {
     const char *name;
-    uint64_t lo, hi;  /* the range, inclusive */
-    uint64_t start;   /* its value while earlier parameters are searched */
-    uint64_t align;   /* values are rounded to a multiple of this (1: any) */
+    uint64_t lo, hi; /* the range, inclusive */
+    uint64_t start;  /* its value while earlier parameters are searched */
+    uint64_t align;  /* values are rounded to a multiple of this (1: any) */
 } tune_dim_t;
 
 typedef struct {

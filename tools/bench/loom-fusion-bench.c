@@ -31,8 +31,8 @@ typedef struct {
 } opts_t;
 
 enum { M_PER, M_FUSED, M_TUNED, M_HOROVOD, M_MONO, M_FUSED_C, M_COMPUTE, M_N };
-static const char *const mode_names[M_N] = {"per_tensor", "fused",   "tuned",  "horovod",
-                                             "monolithic", "fused+compute", "compute"};
+static const char *const mode_names[M_N] = {"per_tensor", "fused",         "tuned",  "horovod",
+                                            "monolithic", "fused+compute", "compute"};
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -82,9 +82,8 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         printf("# loom-fusion-bench: model %s, %d tensors, %zu floats (%.1f MB), %d ranks, "
                "%d rounds after %d warm-up\n",
                m.name, m.n, m.total, (double)m.total * 4 / 1e6, nranks, o->iters, o->warmup);
-        printf("# fused: bucket %zu, first bucket %zu, segment %zu, cycle %llu us\n",
-               c.bucketBytes, c.firstBucketBytes, c.segmentBytes,
-               (unsigned long long)c.cycleUs);
+        printf("# fused: bucket %zu, first bucket %zu, segment %zu, cycle %llu us\n", c.bucketBytes,
+               c.firstBucketBytes, c.segmentBytes, (unsigned long long)c.cycleUs);
         loomFusionGetConfig(fx[M_TUNED], &c);
         printf("# tuned: bucket %zu, segment %zu (%s)\n", c.bucketBytes, c.segmentBytes,
                te->sections ? te->where : "no tuning file entry: the defaults");
@@ -97,8 +96,8 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     int rc = 0;
     for (int it = -o->warmup; it < o->iters && rc == 0; it++)
         for (int k = 0; k < nm; k++) {
-            replay_mode_t mode = k == M_PER    ? REPLAY_PER_TENSOR
-                                 : k == M_MONO ? REPLAY_MONOLITHIC
+            replay_mode_t mode = k == M_PER       ? REPLAY_PER_TENSOR
+                                 : k == M_MONO    ? REPLAY_MONOLITHIC
                                  : k == M_COMPUTE ? REPLAY_COMPUTE_ONLY
                                                   : REPLAY_FUSED;
             double s = replay_step(&r, mode, fx[k], k >= M_FUSED_C);
@@ -114,8 +113,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         med[k] = median(t[k], o->iters);
     /* every rank's wrong elements, summed */
     double wrong = (double)r.wrong;
-    if (loomAllReduce(&wrong, &wrong, 1, loomFloat64, loomSum, comm, NULL) != loomSuccess)
-        rc = 2;
+    if (loomAllReduce(&wrong, &wrong, 1, loomFloat64, loomSum, comm, NULL) != loomSuccess) rc = 2;
     double hidden = 0;
     if (nm == M_N && med[M_FUSED] > 0) {
         hidden = (med[M_FUSED] + med[M_COMPUTE] - med[M_FUSED_C]) / med[M_FUSED] * 100;
@@ -124,8 +122,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     if (rank == 0 && rc == 0) {
         printf("# %-14s %12s %10s\n", "mode", "median_us", "vs_fused");
         for (int k = 0; k < nm; k++)
-            printf("  %-14s %12.1f %10.2f\n", mode_names[k], med[k] * 1e6,
-                   med[k] / med[M_FUSED]);
+            printf("  %-14s %12.1f %10.2f\n", mode_names[k], med[k] * 1e6, med[k] / med[M_FUSED]);
         if (nm == M_N)
             printf("# hidden: fused %.1f us + compute %.1f us, together %.1f us\n",
                    med[M_FUSED] * 1e6, med[M_COMPUTE] * 1e6, med[M_FUSED_C] * 1e6);

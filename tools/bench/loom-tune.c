@@ -101,7 +101,6 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
     return rc;
 }
 
-
 /* ---- alpha, beta, gamma ---------------------------------------------------------------- */
 
 typedef struct {
@@ -186,7 +185,9 @@ static int measure_link(loomComm_t comm, int rank, int peer, const char *label, 
     for (size_t f = 0; f < 2; f++) {
         double knee = *alpha / *beta, a0 = *alpha, b0 = *beta;
         for (int side = -1; side <= 1 && k < MAXS; side++) {
-            uint64_t s = (uint64_t)llround(side < 0 ? knee / steps[f] : side ? knee * steps[f] : knee);
+            uint64_t s = (uint64_t)llround(side < 0 ? knee / steps[f]
+                                           : side   ? knee * steps[f]
+                                                    : knee);
             if (s < 8 || s > top) continue;
             bool known = false;
             for (int i = 0; i < k; i++)
@@ -301,8 +302,8 @@ static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
     if (o->model && (rc = tune_model(comm, rank, o, &e))) return rc;
     if (o->fusion && (rc = tune_fusion(comm, rank, o, &e))) return rc;
     if (rank == 0) {
-        tune_key_t k = tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start,
-                                   TUNE_MEM_HOST);
+        tune_key_t k =
+            tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start, TUNE_MEM_HOST);
         char err[512];
         if (tunefile_update(o->out, &k, &e, err, sizeof(err)) != 0) {
             fprintf(stderr, "loom-tune: %s\n", err);

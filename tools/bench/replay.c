@@ -45,8 +45,8 @@ int replay_load(const char *what, replay_model_t *m, char *err, size_t errlen)
             return -1;
         }
         if (strcmp(dtype, "float32") != 0) {
-            snprintf(err, errlen, "%s:%d: dtype %s (only float32 lists are replayed)", path,
-                     lineno, dtype);
+            snprintf(err, errlen, "%s:%d: dtype %s (only float32 lists are replayed)", path, lineno,
+                     dtype);
             fclose(f);
             replay_free_model(m);
             return -1;
@@ -108,9 +108,9 @@ static uint64_t check(replay_t *r)
         for (size_t j = 0; j < r->m->t[i].count; j++)
             if (p[j] != expected(r->nranks, i, j)) {
                 if (bad == 0)
-                    fprintf(stderr,
-                            "rank %d: tensor %d (%s) element %zu: %g, expected %g\n", r->rank, i,
-                            r->m->t[i].name, j, (double)p[j], (double)expected(r->nranks, i, j));
+                    fprintf(stderr, "rank %d: tensor %d (%s) element %zu: %g, expected %g\n",
+                            r->rank, i, r->m->t[i].name, j, (double)p[j],
+                            (double)expected(r->nranks, i, j));
                 bad++;
             }
     }
@@ -154,7 +154,7 @@ static void compute(const replay_t *r, int i)
 
 #define FAIL(what)                                                                                 \
     do {                                                                                           \
-        snprintf(r->err, sizeof(r->err), "rank %d: %s: %s", r->rank, what,                        \
+        snprintf(r->err, sizeof(r->err), "rank %d: %s: %s", r->rank, what,                         \
                  loomGetLastError(r->comm));                                                       \
         return -1;                                                                                 \
     } while (0)
@@ -179,9 +179,8 @@ double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool comput
         }
     }
     if (mode == REPLAY_FUSED && loomFusionWaitAll(fx) != loomSuccess) FAIL("loomFusionWaitAll");
-    if (mode == REPLAY_MONOLITHIC &&
-        loomAllReduce(r->flat, r->flat, m->total, loomFloat32, loomSum, r->comm, NULL) !=
-            loomSuccess)
+    if (mode == REPLAY_MONOLITHIC && loomAllReduce(r->flat, r->flat, m->total, loomFloat32, loomSum,
+                                                   r->comm, NULL) != loomSuccess)
         FAIL("loomAllReduce (monolithic)");
     double t = ranks_now() - t0;
     if (mode != REPLAY_COMPUTE_ONLY) r->wrong += check(r);
