@@ -346,6 +346,19 @@ START_TEST(test_search)
     ck_assert(s.noise == 0);
     tune_search_free(&s);
 
+    /* a parameter bounded by an earlier one is searched up to that one's choice only */
+    calls = 0;
+    tune_search_t b = {.ndims = 2,
+                       .reps = 1,
+                       .dims = {{"bucket", 64 << 10, 1u << 20, 1u << 20, 4096},
+                                {"segment", 4096, 64u << 20, 8u << 20, 4096, 1}}};
+    ck_assert_int_eq(tune_search_run(&b, bowl, &calls), 0);
+    ck_assert_uint_eq(b.best[0], 1u << 20);
+    for (int i = 0; i < b.npts; i++)
+        if (b.pts[i].dim == 1) ck_assert_uint_le(b.pts[i].vals[1], b.best[0]);
+    ck_assert_uint_ge(b.best[1], 168u << 10);
+    tune_search_free(&b);
+
     calls = 0;
     tune_search_t n = {.ndims = 1, .reps = 2, .dims = {{"bucket", 64 << 10, 1u << 30, 0, 4096}}};
     ck_assert_int_eq(tune_search_run(&n, noisy, &calls), 0);

@@ -89,7 +89,11 @@ int tune_search_run(tune_search_t *s, tune_cost_fn fn, void *arg)
         const char *name;
     } fine[] = {{2, "x2"}, {1.4142135623730951, "x1.41"}, {1.189207115002721, "x1.19"}};
     for (int d = 0; d < s->ndims; d++) {
-        const tune_dim_t *dd = &s->dims[d];
+        tune_dim_t lim = s->dims[d];
+        const tune_dim_t *dd = &lim;
+        if (lim.at_most > 0 && lim.at_most - 1 < d && cur[lim.at_most - 1] < lim.hi)
+            lim.hi = cur[lim.at_most - 1] > lim.lo ? cur[lim.at_most - 1] : lim.lo;
+        cur[d] = clamp_align(dd, (double)cur[d]);
         uint64_t v[TUNE_MAX_DIMS];
         memcpy(v, cur, sizeof(v));
         uint64_t best = 0;

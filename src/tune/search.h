@@ -27,6 +27,7 @@ typedef struct {
     uint64_t lo, hi; /* the range, inclusive */
     uint64_t start;  /* its value while earlier parameters are searched */
     uint64_t align;  /* values are rounded to a multiple of this (1: any) */
+    int at_most;     /* k > 0: at most the value of parameter k-1 (searched earlier) */
 } tune_dim_t;
 
 typedef struct {

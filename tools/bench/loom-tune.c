@@ -46,7 +46,7 @@ typedef struct {
 static double fusion_cost(void *arg, const uint64_t *v)
 {
     fusion_arg_t *a = arg;
-    loomFusion_t fx = replay_fusion(a->r, v[0], 0, v[1] < v[0] ? v[1] : v[0], 0);
+    loomFusion_t fx = replay_fusion(a->r, v[0], 0, v[1], 0);
     if (!fx) return -1;
     double t = replay_step(a->r, REPLAY_FUSED, fx, false);
     if (loomFusionDestroy(fx) != loomSuccess) return -1;
@@ -77,7 +77,7 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
     tune_search_t s = {.ndims = 2,
                        .reps = o->reps,
                        .dims = {{"bucket", 64 << 10, hi, c.bucketBytes, 4096},
-                                {"segment", 64 << 10, hi, c.segmentBytes, 4096}}};
+                                {"segment", 64 << 10, hi, c.segmentBytes, 4096, 1}}};
     if (rank == 0) {
         printf("# loom-tune --fusion: model %s (%d tensors, %.1f MB), default bucket %zu, "
                "segment %zu; %d repetitions per point\n",
@@ -94,7 +94,7 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
     }
     if (rank == 0 && rc == 0) tune_search_print(&s, stdout);
     e->fusion_threshold = s.best[0];
-    e->fusion_segment = s.best[1] < s.best[0] ? s.best[1] : s.best[0];
+    e->fusion_segment = s.best[1];
     tune_search_free(&s);
     replay_free(&r);
     replay_free_model(&m);
