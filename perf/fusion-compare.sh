@@ -15,14 +15,15 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [-P ranks] [-m model] [-r rounds] [-- loom-fusion-bench args]"; exit 2 ;;
     esac
 done
-bench=build/loom-fusion-bench
+bench=${BENCH:-build/loom-fusion-bench}
+PY=${PYTHON:-/usr/bin/python3}  # a python with torch (Debian: python3-torch)
 [[ -x $bench ]] || { echo "build first: $bench missing"; exit 2; }
-/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "no torch for /usr/bin/python3: run scripts/bench-deps.sh"; exit 2; }
+"$PY" -c "import torch" 2>/dev/null || { echo "no torch for /usr/bin/python3: run scripts/bench-deps.sh"; exit 2; }
 export LOOM_SOCKET_IFNAME=${LOOM_SOCKET_IFNAME:-lo}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 run_loom() { "$bench" -P "$P" -m "$M" -n 1 -w 1 "$@" | tee -a "$out/loom.log" | grep '^fusion \|^# horovod' ; }
-run_ddp() { /usr/bin/python3 perf/fusion-ddp.py -P "$P" -m "$M" -n 1 -w 1 | tee -a "$out/ddp.log" | grep '^ddp ' ; }
+run_ddp() { "$PY" perf/fusion-ddp.py -P "$P" -m "$M" -n 1 -w 1 | tee -a "$out/ddp.log" | grep '^ddp ' ; }
 echo "# fusion-compare: model $M, $P ranks, $R rounds, $(date -u +%FT%TZ), $(nproc) cores"
 for r in $(seq 1 "$R"); do
     if (( r % 2 )); then run_loom "$@"; run_ddp; else run_ddp; run_loom "$@"; fi
