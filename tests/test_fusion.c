@@ -81,9 +81,9 @@ static void make_list(const list_arg_t *a, tensor_t *t)
     for (int k = 0; k < a->ntensors; k++) {
         uint64_t h = mix(a->seed * 7919 + (uint64_t)k);
         /* mostly small tensors, some medium, one at max_count */
-        size_t c = k == a->ntensors / 2   ? a->max_count
-                   : h % 8 == 0           ? 1 + (size_t)(h >> 16) % (a->max_count / 8 + 1)
-                                          : 1 + (size_t)(h >> 16) % 3000;
+        size_t c = k == a->ntensors / 2 ? a->max_count
+                   : h % 8 == 0         ? 1 + (size_t)(h >> 16) % (a->max_count / 8 + 1)
+                                        : 1 + (size_t)(h >> 16) % 3000;
         t[k] = (tensor_t){c, (loomDataType_t)((h >> 8) % loomNumTypes),
                           ops[(h >> 12) % (sizeof(ops) / sizeof(ops[0]))]};
         if (h % 5 == 0 && k > 0) { /* runs of one type and op, as models have */
@@ -140,9 +140,9 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
         for (int k = 0; k < a->ntensors; k++) {
             rs = mix(rs);
             if (a->sleep_us && rs % 3 == 0) usleep((useconds_t)(rs >> 8) % (unsigned)a->sleep_us);
-            loomResult_t e = loomFusionEnqueue(f, fused[k], t[k].count, t[k].type, t[k].op,
-                                               1000 + (uint64_t)k, NULL, count_cb, a,
-                                               a->use_handles ? &hd[k] : NULL);
+            loomResult_t e =
+                loomFusionEnqueue(f, fused[k], t[k].count, t[k].type, t[k].op, 1000 + (uint64_t)k,
+                                  NULL, count_cb, a, a->use_handles ? &hd[k] : NULL);
             if (e != loomSuccess) {
                 fprintf(stderr, "rank %d: enqueue %d: %s\n", r, k, loomGetLastError(NULL));
                 bad++;
@@ -157,10 +157,11 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
                 }
         /* the communicator belongs to the context until WaitAll */
         int32_t probe = 1;
-        if (!bad && loomAllReduce(&probe, &probe, 1, loomInt32, loomSum, comm, NULL) !=
-                        loomInvalidUsage) {
-            fprintf(stderr, "rank %d: an allreduce beside a busy fusion context was not "
-                            "refused\n",
+        if (!bad &&
+            loomAllReduce(&probe, &probe, 1, loomInt32, loomSum, comm, NULL) != loomInvalidUsage) {
+            fprintf(stderr,
+                    "rank %d: an allreduce beside a busy fusion context was not "
+                    "refused\n",
                     r);
             bad++;
         }
@@ -284,7 +285,10 @@ static int group_rank(loomComm_t comm, int r, int p, void *arg)
     int bad = 0;
     for (int k = 0; k < N; k++) {
         /* runs of equal type and op, broken by a type change and by a broadcast */
-        t[k] = (tensor_t){(size_t)(1 + k * 37), k < 5 ? loomFloat32 : k < 9 ? loomInt64 : loomBfloat16,
+        t[k] = (tensor_t){(size_t)(1 + k * 37),
+                          k < 5   ? loomFloat32
+                          : k < 9 ? loomInt64
+                                  : loomBfloat16,
                           k == 7 ? loomMax : loomSum};
         size_t b = t[k].count * red_type_size(t[k].type);
         g[k] = malloc(b);
@@ -371,8 +375,8 @@ END_TEST
 /* ---- disagreements ---- */
 
 enum { MM_COUNT, MM_TYPE, MM_OP, MM_ORDER, MM_MISSING, MM_MISSING_LAST, MM_ID, MM_N };
-static const char *const mm_names[] = {"count", "type", "op", "order", "missing", "missing-last",
-                                       "id"};
+static const char *const mm_names[] = {"count",   "type",         "op", "order",
+                                       "missing", "missing-last", "id"};
 
 typedef struct {
     int kind;
@@ -447,8 +451,8 @@ START_TEST(mismatch)
     int kind = _i % MM_N, p = 2 + _i / MM_N; /* 2 and 3 ranks */
     mm_arg_t a = {.kind = kind, .odd = p - 1};
     int bad = h_run_threads(p, mismatch_rank, &a);
-    ck_assert_msg(bad == 0, "%s on %d ranks: %d ranks did not name the disagreement", mm_names[kind],
-                  p, bad);
+    ck_assert_msg(bad == 0, "%s on %d ranks: %d ranks did not name the disagreement",
+                  mm_names[kind], p, bad);
 }
 END_TEST
 
@@ -534,9 +538,9 @@ typedef struct {
 static float z_value(int r, size_t i)
 {
     uint64_t h = mix((uint64_t)r << 40 ^ i);
-    double u = (double)(h >> 11) / 9007199254740992.0 * 2 - 1;   /* [-1, 1) */
-    double mag = ldexp(1.0, (int)((h >> 3) % 24) - 12);            /* 2^-12 .. 2^11 */
-    return (float)(u * (i % 512 < 256 ? 1.0 : mag));               /* some chunks of wide range */
+    double u = (double)(h >> 11) / 9007199254740992.0 * 2 - 1; /* [-1, 1) */
+    double mag = ldexp(1.0, (int)((h >> 3) % 24) - 12);        /* 2^-12 .. 2^11 */
+    return (float)(u * (i % 512 < 256 ? 1.0 : mag));           /* some chunks of wide range */
 }
 
 static int z_rank(loomComm_t comm, int r, int p, void *arg)
@@ -676,8 +680,7 @@ static int empty_rank(loomComm_t comm, int r, int p, void *arg)
         bad++;
     /* a flushed single tensor, waited alone */
     v = (float)(r + 1);
-    if (loomFusionEnqueue(f, &v, 1, loomFloat32, loomSum, 3, NULL, NULL, NULL, &h) !=
-            loomSuccess ||
+    if (loomFusionEnqueue(f, &v, 1, loomFloat32, loomSum, 3, NULL, NULL, NULL, &h) != loomSuccess ||
         loomFusionFlush(f) != loomSuccess || loomFusionWait(h) != loomSuccess)
         bad++;
     if (v != (float)(p * (p + 1) / 2)) bad++;
