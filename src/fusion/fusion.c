@@ -157,8 +157,7 @@ static void fz_fail(struct loomFusion *f, loomResult_t r, const char *text)
     pthread_mutex_lock(&f->lock);
     if (f->err == loomSuccess) {
         f->err = r;
-        snprintf(f->errtext, sizeof(f->errtext), "%s", text);
-        WARN(LOG_COLL, "%s", f->errtext);
+        snprintf(f->errtext, sizeof(f->errtext), "%s", text); /* logged where it was found */
     }
     base_set_error_text(f->errtext);
     for (struct loomFusionTensor *t = f->thead; t; t = t->next)
