@@ -249,6 +249,7 @@ END_TEST
 typedef struct {
     uint64_t bytes;
     int pick[4];
+    uint64_t bucket[4], segment[4];
 } pick_arg_t;
 
 static int pick_rank(loomComm_t comm, int rank, int nranks, void *arg)
@@ -256,12 +257,14 @@ static int pick_rank(loomComm_t comm, int rank, int nranks, void *arg)
     (void)nranks;
     pick_arg_t *a = arg;
     a->pick[rank] = comm_pick_allreduce(comm, a->bytes);
+    comm_fusion_sizes(comm, TUNE_MEM_HOST, &a->bucket[rank], &a->segment[rank]);
     return 0;
 }
 
 /* The automatic choice of 4 ranks on one node (shm) at `bytes`, with LOOM_TUNE_FILE = file
- * (NULL: unset); every rank must agree. */
-static int choice(const char *file, uint64_t bytes)
+ * (NULL: unset); every rank must agree. The fusion sizes they would use go to *fs (may be
+ * NULL). */
+static int choice_fusion(const char *file, uint64_t bytes, uint64_t fs[2])
 {
     if (file)
         setenv("LOOM_TUNE_FILE", file, 1);
@@ -272,8 +275,38 @@ static int choice(const char *file, uint64_t bytes)
     ck_assert_int_eq(h_run_threads(4, pick_rank, &a), 0);
     for (int r = 1; r < 4; r++)
         ck_assert_int_eq(a.pick[r], a.pick[0]);
+    if (fs) fs[0] = a.bucket[0], fs[1] = a.segment[0];
     return a.pick[0];
 }
+
+static int choice(const char *file, uint64_t bytes)
+{
+    return choice_fusion(file, bytes, NULL);
+}
+
+/* Fusion sizes: the parameters' defaults without a file, the file's with one, LOOM_FUSION_*
+ * over both. */
+START_TEST(test_fusion_sizes)
+{
+    make_dir();
+    char path[128];
+    path_in_dir(path, sizeof(path), "fusion.txt");
+    write_text(path, "[ranks=4 mem=host]\nfusion_threshold = 5000000\nfusion_segment = 300000\n");
+    uint64_t fs[2];
+    choice_fusion(NULL, 8, fs);
+    ck_assert_uint_eq(fs[0], param_size(PARAM_FUSION_BUCKET));
+    ck_assert_uint_eq(fs[1], param_size(PARAM_FUSION_SEGMENT));
+    choice_fusion(path, 8, fs);
+    ck_assert_uint_eq(fs[0], 5000000);
+    ck_assert_uint_eq(fs[1], 300000);
+    setenv("LOOM_FUSION_BUCKET", "1M", 1);
+    choice_fusion(path, 8, fs);
+    ck_assert_uint_eq(fs[0], 1u << 20);
+    ck_assert_uint_eq(fs[1], 300000);
+    unsetenv("LOOM_FUSION_BUCKET");
+    remove_dir();
+}
+END_TEST
 
 /* The built-in constants take ring at 64 MiB and rd at 8 bytes on 4 ranks; a file whose shm
  * latency is a full second makes rd (2 steps against 6) clearly cheapest at 64 MiB, and one of
@@ -380,6 +413,7 @@ static Suite *tune_suite(void)
         {.name = "malformed", .test = test_malformed},
         {.name = "selection", .test = test_selection},
         {.name = "search", .test = test_search},
+        {.name = "fusion_sizes", .test = test_fusion_sizes},
     };
     h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;

@@ -594,6 +594,17 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     return pick;
 }
 
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment)
+{
+    const tune_entry_t *f = &comm->tune.file[mem >= 0 && mem < TUNE_NMEM ? mem : 0];
+    *bucket = !param_is_set(PARAM_FUSION_BUCKET) && f->fusion_threshold
+                  ? f->fusion_threshold
+                  : param_size(PARAM_FUSION_BUCKET);
+    *segment = !param_is_set(PARAM_FUSION_SEGMENT) && f->fusion_segment
+                   ? f->fusion_segment
+                   : param_size(PARAM_FUSION_SEGMENT);
+}
+
 /*
  * Nodes with more ranks than cores: a rank that spins keeps the core from the very peer it
  * waits for, and every slice costs context switches. Such a node's ranks wait without spinning

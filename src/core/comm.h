@@ -164,6 +164,11 @@ struct loomComm {
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
  * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+
+/* The fusion bucket and segment sizes for a context's fields left 0, for memory type mem
+ * (TUNE_MEM_*): LOOM_FUSION_BUCKET / LOOM_FUSION_SEGMENT when set, else the tuning file's
+ * fusion_threshold / fusion_segment for this communicator, else the parameters' defaults. */
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment);
 sched_topo_t comm_topo(loomComm_t comm);
 
 /* Valid, usable communicator? Sets the error text otherwise. */
