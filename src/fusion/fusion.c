@@ -51,7 +51,6 @@
 #include "schedule.h"
 
 #define FZ_TEXT 1024
-#define FZ_SPIN_NS 50000ull
 
 struct loomFusionTensor {
     struct loomFusion *f;
@@ -631,8 +630,9 @@ static uint64_t fz_poll(void *arg, bool *progressed)
     struct loomFusion *f = arg;
     log_set_rank(f->rank);
     if (f->g) {
-        bool done = false;
-        loomResult_t r = coll_test(f->g, &done);
+        bool done = false, moved = false;
+        loomResult_t r = coll_advance(f->g, &done, &moved);
+        *progressed |= moved;
         if (!done) return 0;
         f->g = NULL;
         *progressed = true;
@@ -706,7 +706,7 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
     f->ttail = &f->thead;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    loomResult_t r = progress_attach(fz_poll, f, FZ_SPIN_NS);
+    loomResult_t r = progress_attach(fz_poll, f, coll_spin_ns(comm));
     if (r != loomSuccess) {
         free(f->recs);
         free(f);
