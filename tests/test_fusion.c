@@ -72,6 +72,8 @@ typedef struct {
     loomFusionConfig_t cfg;
     bool use_handles;
     int stagger_us; /* rank r also pauses r * this before every 4th tensor */
+    bool flat;      /* the tensors are views of one buffer, back to back (as frameworks' flat
+                       gradient buffers): buckets reduce in place without packing */
     atomic_int callbacks;
 } list_arg_t;
 
@@ -110,9 +112,16 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
     loomFusionHandle_t *hd = calloc((size_t)a->ntensors, sizeof(*hd));
     make_list(a, t);
     int bad = 0;
+    size_t total = 0;
+    for (int k = 0; k < a->ntensors; k++)
+        total += t[k].count * red_type_size(t[k].type) + 16;
+    uint8_t *arena = a->flat ? malloc(total) : NULL, *next = arena;
     for (int k = 0; k < a->ntensors; k++) {
         size_t bytes = t[k].count * red_type_size(t[k].type);
-        fused[k] = malloc(bytes);
+        if (a->flat && k > 0 && t[k].type != t[k - 1].type) /* aligned where the type changes */
+            next = arena + ((size_t)(next - arena) + 15) / 16 * 16;
+        fused[k] = a->flat ? (void *)next : malloc(bytes);
+        next += a->flat ? bytes : 0;
         plain[k] = malloc(bytes);
         fill(fused[k], t[k].type, t[k].count, a->seed, k, r, t[k].op);
         memcpy(plain[k], fused[k], bytes);
@@ -215,9 +224,10 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
     }
     loomFusionDestroy(f);
     for (int k = 0; k < a->ntensors; k++) {
-        free(fused[k]);
+        if (!a->flat) free(fused[k]);
         free(plain[k]);
     }
+    free(arena);
     free(fused);
     free(plain);
     free(t);
@@ -274,6 +284,14 @@ START_TEST(lists_tcp)
 {
     static const int ranks[] = {2, 3, 4};
     run_list(ranks[_i], "tcp", 23 + (uint64_t)_i, 60, 300000, 200, _i % 2 == 0);
+}
+END_TEST
+
+START_TEST(lists_flat)
+{
+    static const char *const tps[] = {"tcp", "shm"};
+    list_arg_t a = {.seed = 41 + (uint64_t)_i, .ntensors = 50, .max_count = 100000, .flat = true};
+    run_list_a(3, tps[_i], &a);
 }
 END_TEST
 
@@ -738,6 +756,7 @@ int main(void)
         {"mismatch_one", mismatch, "lifetime", 120, 1},
         {"lists_shm", lists_shm, NULL, 240, 4},
         {"lists_tcp", lists_tcp, NULL, 240, 3},
+        {"lists_flat", lists_flat, NULL, 240, 2},
         {"big_tensor", big_tensor, NULL, 240, 1},
         {"uneven_speeds", uneven_speeds, NULL, 240, 1},
         {"group_fused", group_fused, NULL, 120, 4},

@@ -129,6 +129,7 @@ struct loomFusion {
     size_t bk_elems, shard;
     loomDataType_t bk_type;
     loomRedOp_t bk_op;
+    bool bk_inplace; /* its segments are contiguous in memory */
     uint8_t *stage;
     size_t stage_cap;
     uint8_t *wsend, *wrecv;
@@ -448,6 +449,11 @@ static void unpack(struct loomFusion *f, const uint8_t *src)
     }
 }
 
+static uint8_t *seg_ptr(const fz_seg_t *s, size_t es)
+{
+    return (uint8_t *)s->t->buf + s->d.off * es;
+}
+
 /* Bucket [start, cut) agreed and verified: copy its segments out and start it. */
 static loomResult_t start_bucket(struct loomFusion *f)
 {
@@ -472,10 +478,15 @@ static loomResult_t start_bucket(struct loomFusion *f)
                    .op = f->bk_op,
                    .root = -1,
                    .tag = tag};
+    /* Segments that lie back to back in memory (a large tensor's, or a framework's flat
+     * gradient buffer) are reduced where they are: no copy in, no copy out. */
+    f->bk_inplace = true;
+    for (size_t k = 0; k + 1 < n && f->bk_inplace; k++)
+        f->bk_inplace = seg_ptr(&f->bk[k], es) + f->bk[k].d.len * es == seg_ptr(&f->bk[k + 1], es);
     if (!compressed(f)) {
         void *buf;
-        if (n == 1) { /* one segment: reduce it where it lies */
-            buf = (uint8_t *)f->bk[0].t->buf + f->bk[0].d.off * es;
+        if (f->bk_inplace) {
+            buf = seg_ptr(&f->bk[0], es);
         } else {
             LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, bytes, 1));
             pack(f, f->stage);
@@ -565,7 +576,7 @@ static void bucket_done(struct loomFusion *f)
     size_t es = red_type_size(f->bk_type);
     double relmax = 0, relsum = 0;
     uint64_t reln = 0;
-    if (f->state == ST_DATA && f->nbk > 1) unpack(f, f->stage);
+    if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
     if (f->state == ST_Z_GATHER) {
         size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
         float *x = (float *)(void *)f->stage, e[nch];
