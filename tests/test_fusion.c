@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -739,6 +740,60 @@ static int empty_rank(loomComm_t comm, int r, int p, void *arg)
     return bad;
 }
 
+/* Small steps with the progress thread sleeping between events (LOOM_SPIN_US=0): a round or a
+ * bucket that ends must be seen at once, not at the next 100 ms wake-up. Before that was fixed
+ * (coll.c), every step took at least 200 ms. */
+static int latency_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)p;
+    double *median = arg;
+    loomFusion_t f;
+    if (loomFusionCreate(&f, comm, NULL) != loomSuccess) return 1;
+    enum { STEPS = 15 };
+    double t[STEPS];
+    float v[8][64] = {{0}};
+    for (int s = 0; s < STEPS; s++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int k = 0; k < 8; k++)
+            loomFusionEnqueue(f, v[k], 64, loomFloat32, loomSum, (uint64_t)k, NULL, NULL, NULL,
+                              NULL);
+        if (loomFusionWaitAll(f) != loomSuccess) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        t[s] = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    }
+    for (int i = 0; i < STEPS; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    (void)median;
+    loomFusionDestroy(f);
+    printf("fusion step of 8 small tensors, rank %d of 2 processes, no spinning: median %.2f "
+           "ms\n",
+           r, t[STEPS / 2] * 1e3);
+    if (t[STEPS / 2] >= 0.08) {
+        fprintf(stderr, "rank %d: a small step takes %.1f ms: a wake-up is missed\n", r,
+                t[STEPS / 2] * 1e3);
+        return 1;
+    }
+    return 0;
+}
+
+START_TEST(step_latency)
+{
+    setenv("LOOM_SPIN_US", "0", 1);
+    param_reset_cache();
+    /* processes: ranks as threads would share one progress thread, whose wake-ups hide it */
+    int st[2];
+    int bad = h_run_procs(2, latency_rank, NULL, 50, st);
+    unsetenv("LOOM_SPIN_US");
+    param_reset_cache();
+    ck_assert_msg(bad == 0, "ranks ended with %d and %d", st[0], st[1]);
+}
+END_TEST
+
 START_TEST(edges)
 {
     int bad = h_run_threads(3, empty_rank, NULL);
@@ -753,6 +808,7 @@ int main(void)
     const h_case_t cases[] = {
         {"edges", edges, "lifetime", 60, 1},
         {"abort_threads", abort_threads, "lifetime", 120, 1},
+        {"step_latency", step_latency, NULL, 60, 1},
         {"mismatch_one", mismatch, "lifetime", 120, 1},
         {"lists_shm", lists_shm, NULL, 240, 4},
         {"lists_tcp", lists_tcp, NULL, 240, 3},
