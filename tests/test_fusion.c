@@ -75,6 +75,7 @@ typedef struct {
     int stagger_us; /* rank r also pauses r * this before every 4th tensor */
     bool flat;      /* the tensors are views of one buffer, back to back (as frameworks' flat
                        gradient buffers): buckets reduce in place without packing */
+    bool vary_cfg;  /* each rank its own bucket, first-bucket and cycle settings */
     atomic_int callbacks;
 } list_arg_t;
 
@@ -135,7 +136,13 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
             bad++;
         }
     loomFusion_t f;
-    if (loomFusionCreate(&f, comm, &a->cfg) != loomSuccess) {
+    loomFusionConfig_t cfg = a->cfg;
+    if (a->vary_cfg) { /* the cut is the smallest proposal: the buckets still agree */
+        cfg.bucketBytes = (size_t)(64 << 10) << (r % 3);
+        cfg.firstBucketBytes = (size_t)(4 << 10) << r;
+        cfg.cycleUs = 200 + 400 * (uint64_t)r;
+    }
+    if (loomFusionCreate(&f, comm, &cfg) != loomSuccess) {
         fprintf(stderr, "rank %d: create: %s\n", r, loomGetLastError(NULL));
         return 1;
     }
@@ -297,6 +304,14 @@ START_TEST(lists_flat)
 END_TEST
 
 /* A million-element tensor among small ones, default bucket sizes (segments of 8 MiB). */
+START_TEST(lists_varied_config)
+{
+    list_arg_t a = {
+        .seed = 61, .ntensors = 60, .max_count = 100000, .sleep_us = 300, .vary_cfg = true};
+    run_list_a(3, "shm", &a);
+}
+END_TEST
+
 START_TEST(big_tensor)
 {
     run_list(3, NULL, 99, 12, 1u << 20, 0, false);
@@ -813,6 +828,7 @@ int main(void)
         {"lists_shm", lists_shm, NULL, 240, 4},
         {"lists_tcp", lists_tcp, NULL, 240, 3},
         {"lists_flat", lists_flat, NULL, 240, 2},
+        {"lists_varied_config", lists_varied_config, NULL, 240, 1},
         {"big_tensor", big_tensor, NULL, 240, 1},
         {"uneven_speeds", uneven_speeds, NULL, 240, 1},
         {"group_fused", group_fused, NULL, 120, 4},

@@ -134,8 +134,8 @@ struct loomFusion {
     size_t stage_cap;
     uint8_t *wsend, *wrecv;
     size_t wscap, wrcap;
-    float *acc, *e_in, *m_in;
-    size_t acc_cap, ecap, mcap;
+    float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
+    size_t acc_cap, ecap, mcap, etcap, mtcap;
     loomStats_t cs0;
 };
 
@@ -511,6 +511,8 @@ static loomResult_t start_bucket(struct loomFusion *f)
     LOOM_CHECK(grow((void **)&f->acc, &f->acc_cap, f->shard, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->e_in, &f->ecap, nch, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
     pack(f, f->stage);
     float *x = (float *)(void *)f->stage;
     for (int j = 0; j < p; j++) {
@@ -533,7 +535,7 @@ static loomResult_t z_reduce(struct loomFusion *f)
 {
     int p = f->nranks;
     size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    float e[nch], m[nch];
+    float *e = f->e_tmp, *m = f->m_tmp;
     for (size_t c = 0; c < nch; c++)
         f->e_in[c] = f->m_in[c] = 0;
     for (int r = 0; r < p; r++) {
@@ -579,7 +581,7 @@ static void bucket_done(struct loomFusion *f)
     if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
     if (f->state == ST_Z_GATHER) {
         size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-        float *x = (float *)(void *)f->stage, e[nch];
+        float *x = (float *)(void *)f->stage, *e = f->e_tmp;
         for (int j = 0; j < f->nranks; j++) {
             fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
                         false, e, NULL);
@@ -948,6 +950,8 @@ LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
     free(f->acc);
     free(f->e_in);
     free(f->m_in);
+    free(f->e_tmp);
+    free(f->m_tmp);
     free(f);
     return loomSuccess;
 }
