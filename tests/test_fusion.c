@@ -589,6 +589,45 @@ START_TEST(abort_in_flight)
 }
 END_TEST
 
+/* A rank that leaves without taking part (it never enqueues nor waits): the others' round
+ * fails within the timeout, naming the peer, instead of waiting for ever. */
+static int gone_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)p;
+    (void)arg;
+    int32_t one = 1; /* connect first, so that the leaver's close is seen */
+    if (loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    if (r == 1) return 0; /* the harness destroys its communicator */
+    loomFusion_t f;
+    if (loomFusionCreate(&f, comm, NULL) != loomSuccess) return 1;
+    float v[16] = {0};
+    loomFusionEnqueue(f, v, 16, loomFloat32, loomSum, 1, NULL, NULL, NULL, NULL);
+    time_t t0 = time(NULL);
+    loomResult_t e = loomFusionWaitAll(f);
+    int bad = 0;
+    if (e == loomSuccess) {
+        fprintf(stderr, "rank %d: WaitAll succeeded without its peer\n", r);
+        bad++;
+    } else {
+        printf("rank %d, after %lld s: %s\n", r, (long long)(time(NULL) - t0),
+               loomGetLastError(NULL));
+    }
+    loomFusionDestroy(f);
+    return bad;
+}
+
+START_TEST(peer_gone)
+{
+    setenv("LOOM_TIMEOUT", "3", 1);
+    param_reset_cache();
+    int st[2];
+    int bad = h_run_procs(2, gone_rank, NULL, 40, st);
+    unsetenv("LOOM_TIMEOUT");
+    param_reset_cache();
+    ck_assert_msg(bad == 0, "ranks ended with %d and %d", st[0], st[1]);
+}
+END_TEST
+
 /* ---- compressed wire ---- */
 
 typedef struct {
@@ -835,6 +874,7 @@ int main(void)
         {"group_mismatch", group_mismatch, NULL, 60, 1},
         {"mismatch", mismatch, NULL, 120, 2 * MM_N},
         {"abort_in_flight", abort_in_flight, NULL, 120, 2},
+        {"peer_gone", peer_gone, NULL, 60, 1},
         {"compressed", compressed, NULL, 240, 8},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 120);

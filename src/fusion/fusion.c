@@ -649,7 +649,23 @@ static uint64_t fz_poll(void *arg, bool *progressed)
         if (!done) return 0;
         f->g = NULL;
         *progressed = true;
-        if (r == loomSuccess) r = advance_state(f);
+        if (r != loomSuccess) {
+            /* the network's failure, said in the context's terms */
+            static const char *const what[] = {"",
+                                               "the agreement round",
+                                               "the digest round",
+                                               "the mismatch report",
+                                               "the allreduce",
+                                               "the compressed all-to-all",
+                                               "the compressed allgather"};
+            char text[FZ_TEXT];
+            snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
+                     (unsigned long long)f->st.buckets, what[f->state], base_last_error());
+            f->state = ST_IDLE;
+            fz_fail(f, r, text);
+            return UINT64_MAX;
+        }
+        r = advance_state(f);
         if (r != loomSuccess) {
             f->state = ST_IDLE;
             fz_fail(f, r, base_last_error());
