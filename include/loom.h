@@ -385,7 +385,8 @@ loomResult_t loomFusionEnqueue(loomFusion_t fusion, void *buff, size_t count,
  * flushed or cut there). Returns at once. */
 loomResult_t loomFusionFlush(loomFusion_t fusion);
 
-/* Waits for one tensor; returns its result. */
+/* Waits for one tensor; returns its result. Its bucket leaves when full, at the cycle time or at
+ * a flush: with cycleUs = LOOM_FUSION_NEVER, flush first (on every rank). */
 loomResult_t loomFusionWait(loomFusionHandle_t handle);
 /* *done = 1 once the tensor finished (then returns its result), else 0 and loomSuccess. */
 loomResult_t loomFusionTest(loomFusionHandle_t handle, int *done);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -72,6 +73,9 @@ typedef struct {
     loomFusionConfig_t cfg;
     bool use_handles;
     int stagger_us; /* rank r also pauses r * this before every 4th tensor */
+    bool flat;      /* the tensors are views of one buffer, back to back (as frameworks' flat
+                       gradient buffers): buckets reduce in place without packing */
+    bool vary_cfg;  /* each rank its own bucket, first-bucket and cycle settings */
     atomic_int callbacks;
 } list_arg_t;
 
@@ -110,9 +114,16 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
     loomFusionHandle_t *hd = calloc((size_t)a->ntensors, sizeof(*hd));
     make_list(a, t);
     int bad = 0;
+    size_t total = 0;
+    for (int k = 0; k < a->ntensors; k++)
+        total += t[k].count * red_type_size(t[k].type) + 16;
+    uint8_t *arena = a->flat ? malloc(total) : NULL, *next = arena;
     for (int k = 0; k < a->ntensors; k++) {
         size_t bytes = t[k].count * red_type_size(t[k].type);
-        fused[k] = malloc(bytes);
+        if (a->flat && k > 0 && t[k].type != t[k - 1].type) /* aligned where the type changes */
+            next = arena + ((size_t)(next - arena) + 15) / 16 * 16;
+        fused[k] = a->flat ? (void *)next : malloc(bytes);
+        next += a->flat ? bytes : 0;
         plain[k] = malloc(bytes);
         fill(fused[k], t[k].type, t[k].count, a->seed, k, r, t[k].op);
         memcpy(plain[k], fused[k], bytes);
@@ -125,7 +136,13 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
             bad++;
         }
     loomFusion_t f;
-    if (loomFusionCreate(&f, comm, &a->cfg) != loomSuccess) {
+    loomFusionConfig_t cfg = a->cfg;
+    if (a->vary_cfg) { /* the cut is the smallest proposal: the buckets still agree */
+        cfg.bucketBytes = (size_t)(64 << 10) << (r % 3);
+        cfg.firstBucketBytes = (size_t)(4 << 10) << r;
+        cfg.cycleUs = 200 + 400 * (uint64_t)r;
+    }
+    if (loomFusionCreate(&f, comm, &cfg) != loomSuccess) {
         fprintf(stderr, "rank %d: create: %s\n", r, loomGetLastError(NULL));
         return 1;
     }
@@ -215,9 +232,10 @@ static int list_rank(loomComm_t comm, int r, int p, void *arg)
     }
     loomFusionDestroy(f);
     for (int k = 0; k < a->ntensors; k++) {
-        free(fused[k]);
+        if (!a->flat) free(fused[k]);
         free(plain[k]);
     }
+    free(arena);
     free(fused);
     free(plain);
     free(t);
@@ -277,7 +295,23 @@ START_TEST(lists_tcp)
 }
 END_TEST
 
+START_TEST(lists_flat)
+{
+    static const char *const tps[] = {"tcp", "shm"};
+    list_arg_t a = {.seed = 41 + (uint64_t)_i, .ntensors = 50, .max_count = 100000, .flat = true};
+    run_list_a(3, tps[_i], &a);
+}
+END_TEST
+
 /* A million-element tensor among small ones, default bucket sizes (segments of 8 MiB). */
+START_TEST(lists_varied_config)
+{
+    list_arg_t a = {
+        .seed = 61, .ntensors = 60, .max_count = 100000, .sleep_us = 300, .vary_cfg = true};
+    run_list_a(3, "shm", &a);
+}
+END_TEST
+
 START_TEST(big_tensor)
 {
     run_list(3, NULL, 99, 12, 1u << 20, 0, false);
@@ -555,6 +589,45 @@ START_TEST(abort_in_flight)
 }
 END_TEST
 
+/* A rank that leaves without taking part (it never enqueues nor waits): the others' round
+ * fails within the timeout, naming the peer, instead of waiting for ever. */
+static int gone_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)p;
+    (void)arg;
+    int32_t one = 1; /* connect first, so that the leaver's close is seen */
+    if (loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    if (r == 1) return 0; /* the harness destroys its communicator */
+    loomFusion_t f;
+    if (loomFusionCreate(&f, comm, NULL) != loomSuccess) return 1;
+    float v[16] = {0};
+    loomFusionEnqueue(f, v, 16, loomFloat32, loomSum, 1, NULL, NULL, NULL, NULL);
+    time_t t0 = time(NULL);
+    loomResult_t e = loomFusionWaitAll(f);
+    int bad = 0;
+    if (e == loomSuccess) {
+        fprintf(stderr, "rank %d: WaitAll succeeded without its peer\n", r);
+        bad++;
+    } else {
+        printf("rank %d, after %lld s: %s\n", r, (long long)(time(NULL) - t0),
+               loomGetLastError(NULL));
+    }
+    loomFusionDestroy(f);
+    return bad;
+}
+
+START_TEST(peer_gone)
+{
+    setenv("LOOM_TIMEOUT", "3", 1);
+    param_reset_cache();
+    int st[2];
+    int bad = h_run_procs(2, gone_rank, NULL, 40, st);
+    unsetenv("LOOM_TIMEOUT");
+    param_reset_cache();
+    ck_assert_msg(bad == 0, "ranks ended with %d and %d", st[0], st[1]);
+}
+END_TEST
+
 /* ---- compressed wire ---- */
 
 typedef struct {
@@ -721,6 +794,60 @@ static int empty_rank(loomComm_t comm, int r, int p, void *arg)
     return bad;
 }
 
+/* Small steps with the progress thread sleeping between events (LOOM_SPIN_US=0): a round or a
+ * bucket that ends must be seen at once, not at the next 100 ms wake-up. Before that was fixed
+ * (coll.c), every step took at least 200 ms. */
+static int latency_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)p;
+    double *median = arg;
+    loomFusion_t f;
+    if (loomFusionCreate(&f, comm, NULL) != loomSuccess) return 1;
+    enum { STEPS = 15 };
+    double t[STEPS];
+    float v[8][64] = {{0}};
+    for (int s = 0; s < STEPS; s++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int k = 0; k < 8; k++)
+            loomFusionEnqueue(f, v[k], 64, loomFloat32, loomSum, (uint64_t)k, NULL, NULL, NULL,
+                              NULL);
+        if (loomFusionWaitAll(f) != loomSuccess) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        t[s] = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    }
+    for (int i = 0; i < STEPS; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    (void)median;
+    loomFusionDestroy(f);
+    printf("fusion step of 8 small tensors, rank %d of 2 processes, no spinning: median %.2f "
+           "ms\n",
+           r, t[STEPS / 2] * 1e3);
+    if (t[STEPS / 2] >= 0.08) {
+        fprintf(stderr, "rank %d: a small step takes %.1f ms: a wake-up is missed\n", r,
+                t[STEPS / 2] * 1e3);
+        return 1;
+    }
+    return 0;
+}
+
+START_TEST(step_latency)
+{
+    setenv("LOOM_SPIN_US", "0", 1);
+    param_reset_cache();
+    /* processes: ranks as threads would share one progress thread, whose wake-ups hide it */
+    int st[2];
+    int bad = h_run_procs(2, latency_rank, NULL, 50, st);
+    unsetenv("LOOM_SPIN_US");
+    param_reset_cache();
+    ck_assert_msg(bad == 0, "ranks ended with %d and %d", st[0], st[1]);
+}
+END_TEST
+
 START_TEST(edges)
 {
     int bad = h_run_threads(3, empty_rank, NULL);
@@ -735,15 +862,19 @@ int main(void)
     const h_case_t cases[] = {
         {"edges", edges, "lifetime", 60, 1},
         {"abort_threads", abort_threads, "lifetime", 120, 1},
+        {"step_latency", step_latency, NULL, 60, 1},
         {"mismatch_one", mismatch, "lifetime", 120, 1},
         {"lists_shm", lists_shm, NULL, 240, 4},
         {"lists_tcp", lists_tcp, NULL, 240, 3},
+        {"lists_flat", lists_flat, NULL, 240, 2},
+        {"lists_varied_config", lists_varied_config, NULL, 240, 1},
         {"big_tensor", big_tensor, NULL, 240, 1},
         {"uneven_speeds", uneven_speeds, NULL, 240, 1},
         {"group_fused", group_fused, NULL, 120, 4},
         {"group_mismatch", group_mismatch, NULL, 60, 1},
         {"mismatch", mismatch, NULL, 120, 2 * MM_N},
         {"abort_in_flight", abort_in_flight, NULL, 120, 2},
+        {"peer_gone", peer_gone, NULL, 60, 1},
         {"compressed", compressed, NULL, 240, 8},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 120);

@@ -322,7 +322,6 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];
         if (j->done) continue;
-        *all_done = false;
         log_set_rank(j->comm->rank);
         bool done = false;
         loomResult_t r = exec_progress(j->exec, &done, progressed);
@@ -336,6 +335,9 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
             if (r != loomSuccess) job_fail(j, r);
             *progressed = true;
         }
+        /* a job that just ended counts now: a waiter told "not done" would sleep on the
+         * descriptors of a group that has none left to wait on */
+        if (!j->done) *all_done = false;
     }
     return loomSuccess;
 }
@@ -463,10 +465,17 @@ loomResult_t coll_start(const coll_op_t *ops, int n, coll_group_t **out)
 
 loomResult_t coll_test(coll_group_t *g, bool *done)
 {
+    bool progressed;
+    return coll_advance(g, done, &progressed);
+}
+
+loomResult_t coll_advance(coll_group_t *g, bool *done, bool *moved)
+{
     bool progressed = false;
     *done = false;
     loomResult_t r = group_advance(&g->work, done, &progressed);
     uint64_t now = base_now_ns();
+    *moved = progressed;
     if (progressed) g->idle_since = now;
     /* the timeout rules, as a blocked caller would apply them between its waits */
     if (!*done && r == loomSuccess && now - g->idle_since >= PROGRESS_BLOCK_MS * 1000000ull) {
@@ -498,6 +507,11 @@ loomResult_t coll_usable(loomComm_t comm, const char *fn)
         return base_error(loomInvalidUsage, LOG_COLL,
                           "%s: communicator %p was destroyed or aborted", fn, (void *)comm);
     return comm_check(comm, fn);
+}
+
+uint64_t coll_spin_ns(loomComm_t comm)
+{
+    return comm->tune.spin_ns;
 }
 
 int coll_rank(loomComm_t comm)

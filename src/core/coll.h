@@ -46,6 +46,9 @@ loomResult_t coll_run(const coll_op_t *ops, int n);
 typedef struct coll_group coll_group_t;
 loomResult_t coll_start(const coll_op_t *ops, int n, coll_group_t **out);
 loomResult_t coll_test(coll_group_t *g, bool *done);
+/* coll_test that also says whether anything moved (a poll function's *progressed: the progress
+ * thread keeps spinning while the network delivers). */
+loomResult_t coll_advance(coll_group_t *g, bool *done, bool *progressed);
 
 /* Allgathers `bytes` of raw bytes on k communicators at once, as one group (split, the device
  * executor's setup). */
@@ -66,6 +69,8 @@ loomResult_t coll_claim(loomComm_t comm, const void *owner, const char *what);
 void coll_unclaim(loomComm_t comm, const void *owner);
 /* The public calls' check of a reduction op (a pre-multiplied sum must be comm's, for type). */
 loomResult_t coll_check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type);
+/* How long a waiter of comm spins before it blocks (LOOM_SPIN_US; 0 on oversubscribed nodes). */
+uint64_t coll_spin_ns(loomComm_t comm);
 /* Rank and size of a held communicator. */
 int coll_rank(loomComm_t comm);
 int coll_nranks(loomComm_t comm);

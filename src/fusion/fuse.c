@@ -34,54 +34,67 @@ static float chunk_scale(float maxabs)
     return ldexpf(1.0f, LOOM_MAX(e - 15, -126)); /* maxabs / scale in [2^14, 2^15) */
 }
 
-static inline uint16_t enc1(int wire, float v)
+static loomDataType_t wire_type(int wire)
 {
-    return wire == loomFusionWireFp16 ? red_float_to_half(v) : red_float_to_bf16(v);
+    return wire == loomFusionWireFp16 ? loomFloat16 : loomBfloat16;
 }
 
-static inline float dec1(int wire, uint16_t h)
-{
-    return wire == loomFusionWireFp16 ? red_half_to_float(h) : red_bf16_to_float(h);
-}
-
+/* A chunk at a time through stack buffers: every loop is a plain array loop the compiler
+ * vectorises, and the conversions are the host reductions' own (F16C where present). */
 void fuse_encode(int wire, const float *src, size_t n, size_t elems, const float *err, uint8_t *out)
 {
+    loomDataType_t wt = wire_type(wire);
+    _Alignas(64) float x[FUSE_CHUNK], back[FUSE_CHUNK];
+    _Alignas(64) uint16_t v[FUSE_CHUNK];
     for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
-        size_t lo = c * FUSE_CHUNK, hi = LOOM_MIN(lo + FUSE_CHUNK, LOOM_MAX(n, lo));
-        float m = 0;
-        for (size_t i = lo; i < hi; i++) {
-            float a = fabsf(src[i]);
-            if (!(a <= m)) m = a; /* a NaN makes m NaN: scale 1 */
+        size_t lo = c * FUSE_CHUNK, m = lo < n ? LOOM_MIN(FUSE_CHUNK, n - lo) : 0;
+        float amax = 0;
+        bool finite = true;
+        for (size_t i = 0; i < m; i++) {
+            float a = fabsf(src[lo + i]);
+            finite &= a <= 3.4028235e38f; /* false for inf and NaN */
+            amax = a > amax ? a : amax;
         }
-        float scale = chunk_scale(m), inv = 1.0f / scale, maxerr = 0;
+        float scale = finite ? chunk_scale(amax) : 1.0f, inv = 1.0f / scale;
+        for (size_t i = 0; i < FUSE_CHUNK; i++)
+            x[i] = i < m ? src[lo + i] * inv : 0.0f;
+        red_narrow16(wt, v, x, FUSE_CHUNK);
+        float maxerr = 0;
+        if (err == NULL) {
+            red_widen16(wt, back, v, FUSE_CHUNK);
+            for (size_t i = 0; i < m; i++) {
+                float e = fabsf(back[i] * scale - src[lo + i]);
+                maxerr = e > maxerr ? e : maxerr;
+            }
+        }
         uint8_t *ck = out + c * CHUNK_WIRE;
-        uint16_t *v = (uint16_t *)(ck + CHUNK_HDR);
-        for (size_t i = lo; i < lo + FUSE_CHUNK; i++) {
-            float x = i < hi ? src[i] : 0.0f;
-            uint16_t h = enc1(wire, x * inv);
-            float e = fabsf(dec1(wire, h) * scale - x);
-            if (e > maxerr) maxerr = e;
-            v[i - lo] = h;
-        }
         float hdr[2] = {scale, err ? err[c] : maxerr};
         memcpy(ck, hdr, sizeof(hdr));
+        memcpy(ck + CHUNK_HDR, v, sizeof(v));
     }
 }
 
 void fuse_decode(int wire, const uint8_t *in, size_t elems, float *dst, bool accumulate,
                  float *hdr_err, float *maxabs)
 {
+    loomDataType_t wt = wire_type(wire);
+    _Alignas(64) float x[FUSE_CHUNK];
     for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
         const uint8_t *ck = in + c * CHUNK_WIRE;
         float hdr[2];
         memcpy(hdr, ck, sizeof(hdr));
-        const uint16_t *v = (const uint16_t *)(ck + CHUNK_HDR);
+        red_widen16(wt, x, ck + CHUNK_HDR, FUSE_CHUNK);
         float *d = dst + c * FUSE_CHUNK, m = 0;
         for (size_t i = 0; i < FUSE_CHUNK; i++) {
-            float x = dec1(wire, v[i]) * hdr[0];
-            if (fabsf(x) > m) m = fabsf(x);
-            d[i] = accumulate ? d[i] + x : x;
+            x[i] *= hdr[0];
+            float a = fabsf(x[i]);
+            m = a > m ? a : m;
         }
+        if (accumulate)
+            for (size_t i = 0; i < FUSE_CHUNK; i++)
+                d[i] += x[i];
+        else
+            memcpy(d, x, sizeof(x));
         if (hdr_err) hdr_err[c] = hdr[1];
         if (maxabs) maxabs[c] = m;
     }

@@ -51,7 +51,6 @@
 #include "schedule.h"
 
 #define FZ_TEXT 1024
-#define FZ_SPIN_NS 50000ull
 
 struct loomFusionTensor {
     struct loomFusion *f;
@@ -130,12 +129,13 @@ struct loomFusion {
     size_t bk_elems, shard;
     loomDataType_t bk_type;
     loomRedOp_t bk_op;
+    bool bk_inplace; /* its segments are contiguous in memory */
     uint8_t *stage;
     size_t stage_cap;
     uint8_t *wsend, *wrecv;
     size_t wscap, wrcap;
-    float *acc, *e_in, *m_in;
-    size_t acc_cap, ecap, mcap;
+    float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
+    size_t acc_cap, ecap, mcap, etcap, mtcap;
     loomStats_t cs0;
 };
 
@@ -449,6 +449,11 @@ static void unpack(struct loomFusion *f, const uint8_t *src)
     }
 }
 
+static uint8_t *seg_ptr(const fz_seg_t *s, size_t es)
+{
+    return (uint8_t *)s->t->buf + s->d.off * es;
+}
+
 /* Bucket [start, cut) agreed and verified: copy its segments out and start it. */
 static loomResult_t start_bucket(struct loomFusion *f)
 {
@@ -473,10 +478,15 @@ static loomResult_t start_bucket(struct loomFusion *f)
                    .op = f->bk_op,
                    .root = -1,
                    .tag = tag};
+    /* Segments that lie back to back in memory (a large tensor's, or a framework's flat
+     * gradient buffer) are reduced where they are: no copy in, no copy out. */
+    f->bk_inplace = true;
+    for (size_t k = 0; k + 1 < n && f->bk_inplace; k++)
+        f->bk_inplace = seg_ptr(&f->bk[k], es) + f->bk[k].d.len * es == seg_ptr(&f->bk[k + 1], es);
     if (!compressed(f)) {
         void *buf;
-        if (n == 1) { /* one segment: reduce it where it lies */
-            buf = (uint8_t *)f->bk[0].t->buf + f->bk[0].d.off * es;
+        if (f->bk_inplace) {
+            buf = seg_ptr(&f->bk[0], es);
         } else {
             LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, bytes, 1));
             pack(f, f->stage);
@@ -501,6 +511,8 @@ static loomResult_t start_bucket(struct loomFusion *f)
     LOOM_CHECK(grow((void **)&f->acc, &f->acc_cap, f->shard, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->e_in, &f->ecap, nch, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
     pack(f, f->stage);
     float *x = (float *)(void *)f->stage;
     for (int j = 0; j < p; j++) {
@@ -523,7 +535,7 @@ static loomResult_t z_reduce(struct loomFusion *f)
 {
     int p = f->nranks;
     size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    float e[nch], m[nch];
+    float *e = f->e_tmp, *m = f->m_tmp;
     for (size_t c = 0; c < nch; c++)
         f->e_in[c] = f->m_in[c] = 0;
     for (int r = 0; r < p; r++) {
@@ -566,10 +578,10 @@ static void bucket_done(struct loomFusion *f)
     size_t es = red_type_size(f->bk_type);
     double relmax = 0, relsum = 0;
     uint64_t reln = 0;
-    if (f->state == ST_DATA && f->nbk > 1) unpack(f, f->stage);
+    if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
     if (f->state == ST_Z_GATHER) {
         size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-        float *x = (float *)(void *)f->stage, e[nch];
+        float *x = (float *)(void *)f->stage, *e = f->e_tmp;
         for (int j = 0; j < f->nranks; j++) {
             fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
                         false, e, NULL);
@@ -631,12 +643,29 @@ static uint64_t fz_poll(void *arg, bool *progressed)
     struct loomFusion *f = arg;
     log_set_rank(f->rank);
     if (f->g) {
-        bool done = false;
-        loomResult_t r = coll_test(f->g, &done);
+        bool done = false, moved = false;
+        loomResult_t r = coll_advance(f->g, &done, &moved);
+        *progressed |= moved;
         if (!done) return 0;
         f->g = NULL;
         *progressed = true;
-        if (r == loomSuccess) r = advance_state(f);
+        if (r != loomSuccess) {
+            /* the network's failure, said in the context's terms */
+            static const char *const what[] = {"",
+                                               "the agreement round",
+                                               "the digest round",
+                                               "the mismatch report",
+                                               "the allreduce",
+                                               "the compressed all-to-all",
+                                               "the compressed allgather"};
+            char text[FZ_TEXT];
+            snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
+                     (unsigned long long)f->st.buckets, what[f->state], base_last_error());
+            f->state = ST_IDLE;
+            fz_fail(f, r, text);
+            return UINT64_MAX;
+        }
+        r = advance_state(f);
         if (r != loomSuccess) {
             f->state = ST_IDLE;
             fz_fail(f, r, base_last_error());
@@ -706,7 +735,7 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
     f->ttail = &f->thead;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    loomResult_t r = progress_attach(fz_poll, f, FZ_SPIN_NS);
+    loomResult_t r = progress_attach(fz_poll, f, coll_spin_ns(comm));
     if (r != loomSuccess) {
         free(f->recs);
         free(f);
@@ -937,6 +966,8 @@ LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
     free(f->acc);
     free(f->e_in);
     free(f->m_in);
+    free(f->e_tmp);
+    free(f->m_tmp);
     free(f);
     return loomSuccess;
 }
