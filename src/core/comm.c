@@ -366,6 +366,8 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     snprintf(c->lay.name, sizeof(c->lay.name), "%s", cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->cache.p2p, rank, nranks);
     c->tune.last_pick = -1;
+    for (int m = 0; m < TUNE_NMEM; m++)
+        tune_entry_clear(&c->tune.file[m]); /* until comm_layout reads LOOM_TUNE_FILE */
     loomResult_t ar = parse_algo(&c->tune.algo);
     if (ar != loomSuccess) {
         comm_free(c);
@@ -532,6 +534,53 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
     return pack_addrs(comm);
 }
 
+/* LOOM_TUNE_FILE's contents hashed, for the peers' agreement: 0 when unset, a fixed value when
+ * unreadable (tunefile_read then says why). */
+static uint32_t tune_file_hash(void)
+{
+    const char *path = param_str(PARAM_TUNE_FILE);
+    if (!path[0]) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    uint64_t h = 0x746e7566;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        h = base_hash64(buf, n, h);
+    fclose(f);
+    return (uint32_t)(h ^ (h >> 32)) | 2u;
+}
+
+/* The tuning file's sections for this communicator, per memory type. Every rank must apply the
+ * same constants (the model's choice shapes the schedule): ranks whose files differ all fall
+ * back to the built-in defaults, and rank 0 says which rank differs. */
+static void comm_tune_load(loomComm_t comm)
+{
+    for (int m = 0; m < TUNE_NMEM; m++)
+        tune_entry_clear(&comm->tune.file[m]);
+    const char *path = param_str(PARAM_TUNE_FILE);
+    for (int q = 1; q < comm->nranks; q++)
+        if (comm->lay.peers[q].tune_hash != comm->lay.peers[0].tune_hash) {
+            if (comm->rank == 0)
+                WARN(LOG_TUNING,
+                     "LOOM_TUNE_FILE: rank %d (%s) reads %s than rank 0 (%s): no rank uses a "
+                     "tuning file; the built-in defaults apply",
+                     q, comm->lay.peers[q].host,
+                     comm->lay.peers[q].tune_hash == 0 ? "no file, other" : "a different file",
+                     path[0] ? path : "unset");
+            return;
+        }
+    if (!path[0]) return;
+    for (int m = 0; m < TUNE_NMEM; m++) {
+        tune_key_t k = tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start, m);
+        if (!tunefile_read(path, &k, &comm->tune.file[m], m == 0)) return;
+    }
+    const tune_entry_t *h = &comm->tune.file[TUNE_MEM_HOST];
+    if (h->sections)
+        INFO(LOG_TUNING, "tuning file %s: %d section%s for %d ranks on %d nodes (last: %s)", path,
+             h->sections, h->sections > 1 ? "s" : "", comm->nranks, comm->lay.nnodes, h->where);
+}
+
 /* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
 loomResult_t comm_layout(loomComm_t comm)
 {
@@ -572,6 +621,7 @@ loomResult_t comm_layout(loomComm_t comm)
     while (comm->lay.node_ranks[comm->lay.node_start[comm->lay.node] + comm->lay.local_rank] !=
            comm->rank)
         comm->lay.local_rank++;
+    comm_tune_load(comm);
     if (comm->rank == 0 && log_enabled(LOG_INFO, LOG_INIT)) {
         char line[512];
         for (int n = 0; n < nnodes; n++) {
@@ -599,7 +649,15 @@ static loomResult_t parse_algo(int *algo)
     return registry_parse(param_str(PARAM_ALGO), algo);
 }
 
-/* What the registry's model sees of this communicator: the transports' hints. */
+/*
+ * What the registry's model sees of this communicator. Each constant is the tuning file's
+ * measured one when the file has it (loom-tune --model), else the built-in default: the
+ * transports' hints (tcp 30 us and 1 GB/s, shm 5 us and 6 GB/s: hand estimates of loopback
+ * TCP and of a one-copy memory path on the dev machine, not fitted) and gamma = 1/(5 GB/s), the
+ * host's reduction of one output byte per core (the order of src/base/reduce.c's float sum on
+ * one EPYC core of the dev machine). The network link is tcp across nodes; the node-local link
+ * is shm when it is started, else tcp inside the node.
+ */
 static registry_model_t comm_model(loomComm_t comm)
 {
     const transport_ops_t *net = comm->net.forced_tp >= 0 && comm->net.tp[comm->net.forced_tp].ops
@@ -607,14 +665,24 @@ static registry_model_t comm_model(loomComm_t comm)
                                  : comm->net.tp[TP_TCP].ops ? comm->net.tp[TP_TCP].ops
                                                             : &transport_tcp;
     const transport_ops_t *loc = comm->net.tp[TP_SHM].ops ? comm->net.tp[TP_SHM].ops : net;
+    bool shm = loc != net;
+    const tune_entry_t *f = &comm->tune.file[TUNE_MEM_HOST];
+    int lt = shm ? TUNE_SHM : TUNE_TCP;
+    bool measured = false;
+#define PICK(meas, hint) ((meas) >= 0 ? (measured = true, (meas)) : (hint))
     registry_model_t m = {.nranks = comm->nranks,
                           .nnodes = comm->lay.nnodes,
-                          .a_net = net->latency_us * 1e-6,
-                          .b_net = 1.0 / (net->bw_GBps * 1e9),
-                          .a_loc = loc->latency_us * 1e-6,
-                          .b_loc = 1.0 / (loc->bw_GBps * 1e9),
-                          .shared_mem = loc != net,
-                          .oversubscribed = comm->tune.oversubscribed};
+                          .a_net = PICK(f->alpha[TUNE_TCP][TUNE_NET], net->latency_us * 1e-6),
+                          .b_net = PICK(f->beta[TUNE_TCP][TUNE_NET], 1.0 / (net->bw_GBps * 1e9)),
+                          .a_loc = PICK(f->alpha[lt][TUNE_LOCAL], loc->latency_us * 1e-6),
+                          .b_loc = PICK(f->beta[lt][TUNE_LOCAL], 1.0 / (loc->bw_GBps * 1e9)),
+                          .gamma = PICK(f->gamma, 1.0 / 5e9),
+                          .shared_mem = shm};
+#undef PICK
+    m.source = measured ? f->where : "built-in defaults";
+    /* The wake-up of blocked ranks on an oversubscribed node is added to the built-in latencies
+     * only: latencies measured there (loom-tune --model's ping-pong) already contain it. */
+    m.oversubscribed = comm->tune.oversubscribed && !measured;
     return m;
 }
 
@@ -629,11 +697,22 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
         char why[1024];
-        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
+        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s [constants: %s]",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
-            registry_explain(&m, bytes, pick, why, sizeof(why)));
+            registry_explain(&m, bytes, pick, why, sizeof(why)), m.source);
     }
     return pick;
+}
+
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment)
+{
+    const tune_entry_t *f = &comm->tune.file[mem >= 0 && mem < TUNE_NMEM ? mem : 0];
+    *bucket = !param_is_set(PARAM_FUSION_BUCKET) && f->fusion_threshold
+                  ? f->fusion_threshold
+                  : param_size(PARAM_FUSION_BUCKET);
+    *segment = !param_is_set(PARAM_FUSION_SEGMENT) && f->fusion_segment
+                   ? f->fusion_segment
+                   : param_size(PARAM_FUSION_SEGMENT);
 }
 
 /*
@@ -680,6 +759,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     mine.rank = comm->rank;
     mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
     mine.cores = (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    mine.tune_hash = tune_file_hash();
     /* A list in LOOM_NODE_ID ("a,a,b,b") gives rank r the r-th name: one process can then hold
      * the ranks of several pretend nodes (tests of hierarchical algorithms). */
     const char *ids = param_str(PARAM_NODE_ID);

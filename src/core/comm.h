@@ -16,6 +16,7 @@
 #include "schedule.h"
 #include "sock.h"
 #include "transport.h"
+#include "tunefile.h"
 
 #define COMM_MAGIC 0x6c6f6f6d636f6d6dull /* "loomcomm" */
 #define COMM_DEAD_MAGIC 0xdeadc0de0000dead
@@ -37,6 +38,8 @@ typedef struct {
     /* Bytes of transport addresses too large for a handle (UCX's worker address) that follow
      * this record in the bootstrap and in split: see comm_peer_addr. */
     uint32_t addr_bytes;
+    uint32_t tune_hash; /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
+                           different files would choose different algorithms */
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -92,6 +95,9 @@ typedef struct {
     uint64_t spin_ns;
     double timeout_s;
     bool oversubscribed; /* some node of the job has more ranks than cores */
+    /* LOOM_TUNE_FILE's sections that fit this communicator, per memory type (tunefile.h);
+     * sections == 0: none (no file, or nothing in it for this key). */
+    tune_entry_t file[TUNE_NMEM];
 } comm_tune_t;
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */
@@ -166,6 +172,11 @@ struct loomComm {
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
  * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+
+/* The fusion bucket and segment sizes for a context's fields left 0, for memory type mem
+ * (TUNE_MEM_*): LOOM_FUSION_BUCKET / LOOM_FUSION_SEGMENT when set, else the tuning file's
+ * fusion_threshold / fusion_segment for this communicator, else the parameters' defaults. */
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment);
 sched_topo_t comm_topo(loomComm_t comm);
 
 /* Valid, usable communicator? Sets the error text otherwise. */

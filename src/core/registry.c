@@ -7,18 +7,16 @@
 
 /*
  * The alpha-beta model: a step costs the slowest link's latency, a byte its inverse bandwidth,
- * from the transports' hints, plus gamma for reducing it on the host. A flat algorithm crosses
- * nodes on every step once there are several; the hierarchy pays node-local steps at the fast
- * link's price and only 2(n-1)/n of the buffer on each node's network link.
+ * plus gamma for reducing it on the host; the constants are the communicator's (comm.c's
+ * comm_model: measured ones from the tuning file, else the built-in defaults). A flat algorithm
+ * crosses nodes on every step once there are several; the hierarchy pays node-local steps at the
+ * fast link's price and only 2(n-1)/n of the buffer on each node's network link.
  */
 typedef struct {
     double p, n, g;        /* ranks, nodes, ranks per node */
     double a_flat, b_flat; /* the slowest link a flat algorithm crosses */
     double a_loc, a_net;   /* per-step latencies, a wake-up included where ranks block */
 } model_terms_t;
-
-/* gamma: reducing a byte on the host (about 5 GB/s of output per core) */
-static const double c_red = 1.0 / 5e9;
 
 /* A dependent step on a node with more ranks than cores: the waiting rank blocks (it does not
  * spin, comm.c) and the step waits for the scheduler to run it again. Measured on the 2-core
@@ -56,27 +54,27 @@ static void pow2_terms(double p, double *lg, double *folds)
  * them for its cross-node level. */
 typedef enum { FLAT_RING, FLAT_RD, FLAT_RAB, FLAT_TREE } flat_kind_t;
 
-static double flat_cost(flat_kind_t k, double p, double a, double b, double nb)
+static double flat_cost(flat_kind_t k, double p, double a, double b, double gamma, double nb)
 {
     double lg, folds;
     pow2_terms(p, &lg, &folds);
     double q = pow(2, lg);
     switch (k) {
-    case FLAT_RING: return 2 * (p - 1) * a + 2 * (p - 1) / p * nb * b + (p - 1) / p * nb * c_red;
+    case FLAT_RING: return 2 * (p - 1) * a + 2 * (p - 1) / p * nb * b + (p - 1) / p * nb * gamma;
     case FLAT_RD: {
         double s = lg + folds;
-        return s * a + s * nb * b + (lg + folds / 2) * nb * c_red;
+        return s * a + s * nb * b + (lg + folds / 2) * nb * gamma;
     }
     case FLAT_RAB:
         /* 2 log2(q) steps moving 2(q-1)/q of the buffer, and the fold's whole buffer twice */
         return (2 * lg + folds) * a + (2 * (q - 1) / q + folds) * nb * b +
-               ((q - 1) / q + folds / 2) * nb * c_red;
+               ((q - 1) / q + folds / 2) * nb * gamma;
     case FLAT_TREE: {
         /* floor(log2 p) hops up and as many down; an interior rank of one tree takes two
          * children's halves and sends two halves down, a leaf of the other one half each way:
          * about 2n through each rank's link */
         double hops = p > 1 ? lg : 0;
-        return 2 * hops * a + (p > 1 ? 2 : 0) * nb * b + (p - 1) / p * nb * c_red;
+        return 2 * hops * a + (p > 1 ? 2 : 0) * nb * b + (p - 1) / p * nb * gamma;
     }
     }
     return 0;
@@ -85,25 +83,25 @@ static double flat_cost(flat_kind_t k, double p, double a, double b, double nb)
 static double ring_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return flat_cost(FLAT_RING, t.p, t.a_flat, t.b_flat, nb);
+    return flat_cost(FLAT_RING, t.p, t.a_flat, t.b_flat, m->gamma, nb);
 }
 
 static double rd_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return flat_cost(FLAT_RD, t.p, t.a_flat, t.b_flat, nb);
+    return flat_cost(FLAT_RD, t.p, t.a_flat, t.b_flat, m->gamma, nb);
 }
 
 static double rab_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return flat_cost(FLAT_RAB, t.p, t.a_flat, t.b_flat, nb);
+    return flat_cost(FLAT_RAB, t.p, t.a_flat, t.b_flat, m->gamma, nb);
 }
 
 static double tree_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return flat_cost(FLAT_TREE, t.p, t.a_flat, t.b_flat, nb);
+    return flat_cost(FLAT_TREE, t.p, t.a_flat, t.b_flat, m->gamma, nb);
 }
 
 /* The node-local reduce-scatter and allgather at the fast link's price, then the cross-node
@@ -112,8 +110,8 @@ static double hier_x_cost(const registry_model_t *m, double nb, flat_kind_t cros
 {
     model_terms_t t = terms(m);
     double g = t.g;
-    return 2 * (g - 1) * t.a_loc + 2 * (g - 1) / g * nb * m->b_loc + (g - 1) / g * nb * c_red +
-           flat_cost(cross, t.n, t.a_net, m->b_net, nb);
+    return 2 * (g - 1) * t.a_loc + 2 * (g - 1) / g * nb * m->b_loc + (g - 1) / g * nb * m->gamma +
+           flat_cost(cross, t.n, t.a_net, m->b_net, m->gamma, nb);
 }
 
 static double hier_cost(const registry_model_t *m, double nb)

@@ -38,10 +38,14 @@ typedef struct {
     int nranks, nnodes;
     double a_net, b_net; /* seconds per message, seconds per byte */
     double a_loc, b_loc;
+    double gamma;    /* seconds per byte reduced on the host */
     bool shared_mem; /* a memory transport is started for same-node peers */
     /* Some node has more ranks than cores: its ranks block instead of spinning, and every
      * dependent step costs a wake-up (registry.c, c_wake). The same on every rank. */
     bool oversubscribed;
+    /* Where the constants come from, for the TUNING log: "measured (FILE:LINE)", or the
+     * built-in defaults (comm.c's comm_model says which). */
+    const char *source;
 } registry_model_t;
 
 /* One rank's allreduce schedule; hierarchical rows read the layout, the others ignore it. */
