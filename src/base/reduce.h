@@ -46,4 +46,12 @@ uint16_t red_float_to_half(float f);
 float red_bf16_to_float(uint16_t b);
 uint16_t red_float_to_bf16(float f);
 
+/* The CPU level the reductions run at ("x86-64-v4", "x86-64-v3", "baseline+f16c", "baseline"):
+ * the best one this CPU has, chosen at the first reduction. */
+const char *red_host_isa(void);
+/* Tests and benchmarks: runs every later reduction at level `level` (0 = best built, counting
+ * down to "baseline") if this CPU has it; returns its name, or NULL (nothing changed). Not for use
+ * while reductions run on other threads. */
+const char *red_host_isa_set(int level);
+
 #endif
