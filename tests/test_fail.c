@@ -1115,7 +1115,7 @@ int main(void)
         {.name = "stalled_rank", .test = test_stalled_rank, .timeout_s = 40},
         {.name = "mismatch", .test = test_mismatch, .timeout_s = 30, .loops = MM_NKINDS},
         {.name = "bad_arguments", .test = test_bad_arguments, .timeout_s = 30},
-        {.name = "strangers", .test = test_strangers, .timeout_s = 60},
+        {.name = "strangers", .test = test_strangers, .tags = "timing", .timeout_s = 60},
         {.name = "128_ranks", .test = test_128_ranks, .timeout_s = 90},
         {.name = "abort_other_thread", .test = test_abort_other_thread, .timeout_s = 20},
         {.name = "app_deadlock", .test = test_app_deadlock, .timeout_s = 30},
