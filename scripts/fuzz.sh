@@ -8,7 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
 root=${2:-.}
-dir=$root/build-fuzz
+src=$(pwd)
+mkdir -p "$root" && dir=$(cd "$root" && pwd)/build-fuzz
 if ! command -v clang >/dev/null; then
     echo "fuzz: clang not found (scripts/setup.sh installs it)"
     exit 77
@@ -33,8 +34,8 @@ for t in $targets; do
     work=$(mktemp -d)
     mkdir -p "tests/fuzz/corpus/$t"
     log=$dir/fuzz-$t.log
-    (cd "$work" && timeout $((secs + 60)) "$OLDPWD/$dir/tests/fuzz/fuzz_$t" -max_total_time="$secs" \
-        -timeout=10 -max_len=4096 -print_final_stats=1 "$work" "$OLDPWD/tests/fuzz/corpus/$t") \
+    (cd "$work" && timeout $((secs + 60)) "$dir/tests/fuzz/fuzz_$t" -max_total_time="$secs" \
+        -timeout=10 -max_len=4096 -print_final_stats=1 "$work" "$src/tests/fuzz/corpus/$t") \
         >"$log" 2>&1
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
