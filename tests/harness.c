@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,10 @@ typedef struct {
 } h_thread_t;
 
 static loomUniqueId h_id;
-static pid_t h_pids[4096];
+/* Read by other threads of the test (h_child_pid, a killer thread) while h_run_procs forks: atomic,
+ * and 0 until rank r's child exists (ThreadSanitizer found the plain array racing; a stale or
+ * torn pid there could signal an unrelated process). */
+static _Atomic pid_t h_pids[4096];
 
 const loomUniqueId *h_job_id(void)
 {
@@ -27,7 +31,7 @@ const loomUniqueId *h_job_id(void)
 }
 pid_t h_child_pid(int rank)
 {
-    return h_pids[rank];
+    return atomic_load(&h_pids[rank]);
 }
 
 static void *h_thread_main(void *p)
@@ -77,6 +81,8 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
     }
     fflush(stdout);
     fflush(stderr);
+    for (int r = 0; r < nranks; r++)
+        atomic_store(&h_pids[r], 0);
     for (int r = 0; r < nranks; r++) {
         pid_t pid = fork();
         if (pid == 0) {

@@ -368,17 +368,23 @@ int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 0);
     Suite *s = suite_create("coll");
+    /* Cases of their own, so that a run can pick some (CK_RUN_CASE=mixed: scripts/sanitize.sh). */
     TCase *tc = tcase_create("grid");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, grid_reducing, 0, 7);
     tcase_add_loop_test(tc, grid_moving, 0, 7);
-    tcase_add_loop_test(tc, big_counts, 0, 3);
-    tcase_add_test(tc, mixed_sequence);
     suite_add_tcase(s, tc);
-    /* every registry row forced through LOOM_ALGO, its own timeout */
-    TCase *al = tcase_create("algos");
-    tcase_set_timeout(al, 600);
-    tcase_add_loop_test(al, hier_algos, 0, NCOLL_ALGOS);
-    suite_add_tcase(s, al);
+    TCase *big = tcase_create("big");
+    tcase_set_timeout(big, 600);
+    tcase_add_loop_test(big, big_counts, 0, 3);
+    suite_add_tcase(s, big);
+    TCase *mixed = tcase_create("mixed");
+    tcase_set_timeout(mixed, 600);
+    tcase_add_test(mixed, mixed_sequence);
+    suite_add_tcase(s, mixed);
+    TCase *algos = tcase_create("algos");
+    tcase_set_timeout(algos, 600);
+    tcase_add_loop_test(algos, hier_algos, 0, NCOLL_ALGOS);
+    suite_add_tcase(s, algos);
     return h_check_main(s, false, CK_NORMAL);
 }

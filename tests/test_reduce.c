@@ -119,6 +119,29 @@ static void setup(void)
     fmt16_init(&bf16_fmt);
 }
 
+/* The operations' fixture: setup() and the CPU level under test. */
+static void setup_level(int level)
+{
+    setup();
+    ck_assert_ptr_nonnull(red_host_isa_set(level));
+}
+static void setup_level0(void)
+{
+    setup_level(0);
+}
+static void setup_level1(void)
+{
+    setup_level(1);
+}
+static void setup_level2(void)
+{
+    setup_level(2);
+}
+static void setup_level3(void)
+{
+    setup_level(3);
+}
+
 /* Every pattern: decoding matches ldexp, and encoding the decoded value gives the pattern back
  * (NaN: stays NaN with its sign and payload, and comes back quieted). */
 static void exhaustive(const fmt16_t *f)
@@ -905,16 +928,28 @@ static Suite *reduce_suite(void)
     tcase_add_test(conv, test_fp8_edges);
     suite_add_tcase(s, conv);
 
-    TCase *ops = tcase_create("operations");
-    tcase_add_unchecked_fixture(ops, setup, NULL);
-    tcase_add_unchecked_fixture(ops, setup8, NULL);
-    tcase_set_timeout(ops, 60);
-    tcase_add_loop_test(ops, test_apply, 0, loomNumTypes);
-    tcase_add_test(ops, test_nan_max_min);
-    tcase_add_loop_test(ops, test_apply_n, 0, loomNumTypes);
-    tcase_add_loop_test(ops, test_scale, 0, loomNumTypes);
-    tcase_add_loop_test(ops, test_div, 0, loomNumTypes);
-    suite_add_tcase(s, ops);
+    /* The operations once per CPU level this machine runs (tables in src/base/reduce.c), best
+     * first: every level must give the scalar reference's bits. The level is set in the parent
+     * (unchecked fixture), so forked tests inherit it. */
+    static void (*const level_setup[])(void) = {setup_level0, setup_level1, setup_level2,
+                                                setup_level3};
+    static char names[4][48];
+    for (int level = 0; level < 4; level++) {
+        const char *isa = red_host_isa_set(level);
+        if (!isa) continue;
+        snprintf(names[level], sizeof(names[level]), "operations-%s", isa);
+        TCase *ops = tcase_create(names[level]);
+        tcase_add_unchecked_fixture(ops, level_setup[level], NULL);
+        tcase_add_unchecked_fixture(ops, setup8, NULL);
+        tcase_set_timeout(ops, 60);
+        tcase_add_loop_test(ops, test_apply, 0, loomNumTypes);
+        tcase_add_test(ops, test_nan_max_min);
+        tcase_add_loop_test(ops, test_apply_n, 0, loomNumTypes);
+        tcase_add_loop_test(ops, test_scale, 0, loomNumTypes);
+        tcase_add_loop_test(ops, test_div, 0, loomNumTypes);
+        suite_add_tcase(s, ops);
+    }
+    red_host_isa_set(0);
     return s;
 }
 

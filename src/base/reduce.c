@@ -1,8 +1,11 @@
 /*
  * Host reductions. Every hot loop is a plain element-wise loop left to the auto-vectoriser and
- * compiled three times (AVX-512, AVX2, baseline) with the copy picked at load time, so one binary
- * runs at memory speed on any x86-64; float16 conversion alone uses F16C where the CPU has it,
- * also picked at load time. Semantics worth knowing:
+ * compiled three times (AVX-512, AVX2, baseline), so one binary runs at memory speed on any
+ * x86-64; float16 conversion alone uses F16C where the CPU has it. The copy is picked once, at
+ * the first reduction, from a table per CPU level (red_kernels_t) rather than by ifunc or
+ * target_clones: their resolvers run while the dynamic loader relocates the library, before any
+ * sanitizer runtime is up, and instrumented resolvers crashed every ASan, UBSan and TSan build.
+ * The table costs the same one indirect call the ifunc did. Semantics worth knowing:
  *
  * - Integer sum, prod and scale wrap modulo 2^width. Signed types share the unsigned code: two's
  *   complement wrapping gives the same bits for signed and unsigned operands.
@@ -29,15 +32,20 @@
 
 #include "reduce.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) &&       \
-    defined(__GLIBC__)
-/* x86-64-v4 has AVX-512 BW/VL (byte and word lanes for int8/half), v3 has AVX2; the baseline copy
- * is SSE2. Needs ifunc, hence glibc. */
-#define RED_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#include <stdatomic.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+/* x86-64-v4 has AVX-512 BW/VL (byte and word lanes for int8/half), v3 has AVX2 (and F16C); the
+ * baseline copy is SSE2. RED_VARIANTS(DEF, ...) defines a function once per level, as name_v4,
+ * name_v3 and name_v1, by DEF(suffix, attributes, ...). */
 #define RED_X86_DISPATCH 1
 #include <immintrin.h>
+#define RED_VARIANTS(DEF, ...)                                                                     \
+    DEF(_v4, __attribute__((target("arch=x86-64-v4"))), __VA_ARGS__)                               \
+    DEF(_v3, __attribute__((target("arch=x86-64-v3"))), __VA_ARGS__)                               \
+    DEF(_v1, , __VA_ARGS__)
 #else
-#define RED_CLONES
+#define RED_VARIANTS(DEF, ...) DEF(_v1, , __VA_ARGS__)
 #endif
 
 /* Under-aligned views of the element types: buffers from users and from split counts may sit at
@@ -173,8 +181,8 @@ uint16_t red_float_to_bf16(float f)
 
 /* No restrict: dst may be a or b. gcc versions the loop on a runtime check that accepts exact
  * aliasing (it only rejects |dst - src| below one vector), so in-place runs vectorised too. */
-#define RED_DEF_BIN(name, M, T, OP)                                                                \
-    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)              \
+#define RED_DEF_BIN1(S, A, name, M, T, OP)                                                         \
+    A static void name##S(void *dst_, const void *a_, const void *b_, size_t n)                    \
     {                                                                                              \
         M *dst = dst_;                                                                             \
         const M *a = a_, *b = b_;                                                                  \
@@ -183,6 +191,7 @@ uint16_t red_float_to_bf16(float f)
             dst[i] = OP(T, x, y);                                                                  \
         }                                                                                          \
     }
+#define RED_DEF_BIN(name, M, T, OP) RED_VARIANTS(RED_DEF_BIN1, name, M, T, OP)
 
 RED_DEF_BIN(red_u8_sum, red_m_u8, uint8_t, RED_OP_SUM)
 RED_DEF_BIN(red_u8_prod, red_m_u8, uint8_t, RED_OP_PROD)
@@ -211,18 +220,11 @@ RED_DEF_BIN(red_f64_prod, red_m_f64, double, RED_OP_PROD)
 RED_DEF_BIN(red_f64_max, red_m_f64, double, RED_OP_MAX)
 RED_DEF_BIN(red_f64_min, red_m_f64, double, RED_OP_MIN)
 
-static const red_bin_fn red_f32_table[RED_NUM_OPS] = {
-    red_f32_sum,
-    red_f32_prod,
-    red_f32_max,
-    red_f32_min,
-};
-
 /* ---- Scale (pre-multiplied sum) ---------------------------------------------------------- */
 
 /* The scalar is read once, before the loop, so it may point into dst. */
-#define RED_DEF_SCALE(name, M, T, LOADS)                                                           \
-    RED_CLONES static void name(void *dst_, const void *src_, const void *scalar, size_t n)        \
+#define RED_DEF_SCALE1(S, A, name, M, T, LOADS)                                                    \
+    A static void name##S(void *dst_, const void *src_, const void *scalar, size_t n)              \
     {                                                                                              \
         M *dst = dst_;                                                                             \
         const M *src = src_;                                                                       \
@@ -232,6 +234,7 @@ static const red_bin_fn red_f32_table[RED_NUM_OPS] = {
             dst[i] = RED_OP_PROD(T, x, s);                                                         \
         }                                                                                          \
     }
+#define RED_DEF_SCALE(name, M, T, LOADS) RED_VARIANTS(RED_DEF_SCALE1, name, M, T, LOADS)
 
 #define RED_LOAD_U8(p) (*(const red_m_u8 *)(p))
 #define RED_LOAD_U32(p) (*(const red_m_u32 *)(p))
@@ -252,45 +255,53 @@ RED_DEF_SCALE(red_f64_scale, red_m_f64, double, RED_LOAD_F64)
  * least 1/d from the next integer while the rounding error is below 2^(w-p)/d (p = 24 or 53), so
  * truncating the rounded quotient gives C's truncated integer quotient. The divisor is >= 1. */
 
-RED_CLONES static void red_i8_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_i8 *dst = dst_;
-    const red_m_i8 *src = src_;
-    float fd = (float)d; /* rounded when d > 2^24, where every quotient is 0 anyway */
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (int8_t)((float)src[i] / fd);
-}
+#define RED_FN_red_i8_div(S, A, unused)                                                            \
+    A static void red_i8_div##S(void *dst_, const void *src_, int d, size_t n)                     \
+    {                                                                                              \
+        red_m_i8 *dst = dst_;                                                                      \
+        const red_m_i8 *src = src_;                                                                \
+        float fd = (float)d; /* rounded when d > 2^24, where every quotient is 0 anyway */         \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = (int8_t)((float)src[i] / fd);                                                 \
+    }
+RED_VARIANTS(RED_FN_red_i8_div, 0)
 
-RED_CLONES static void red_u8_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_u8 *dst = dst_;
-    const red_m_u8 *src = src_;
-    float fd = (float)d;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (uint8_t)(int32_t)((float)src[i] / fd);
-}
+#define RED_FN_red_u8_div(S, A, unused)                                                            \
+    A static void red_u8_div##S(void *dst_, const void *src_, int d, size_t n)                     \
+    {                                                                                              \
+        red_m_u8 *dst = dst_;                                                                      \
+        const red_m_u8 *src = src_;                                                                \
+        float fd = (float)d;                                                                       \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = (uint8_t)(int32_t)((float)src[i] / fd);                                       \
+    }
+RED_VARIANTS(RED_FN_red_u8_div, 0)
 
-RED_CLONES static void red_i32_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_i32 *dst = dst_;
-    const red_m_i32 *src = src_;
-    double dd = d;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (int32_t)((double)src[i] / dd);
-}
+#define RED_FN_red_i32_div(S, A, unused)                                                           \
+    A static void red_i32_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_i32 *dst = dst_;                                                                     \
+        const red_m_i32 *src = src_;                                                               \
+        double dd = d;                                                                             \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = (int32_t)((double)src[i] / dd);                                               \
+    }
+RED_VARIANTS(RED_FN_red_i32_div, 0)
 
 /* AVX2 has no unsigned 32-bit conversions, so bias through int32 (exact). Needs d >= 2 so that
  * the quotient fits int32 on the way back. */
-RED_CLONES static void red_u32_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_u32 *dst = dst_;
-    const red_m_u32 *src = src_;
-    double dd = d;
-    for (size_t i = 0; i < n; i++) {
-        double x = (double)(int32_t)(src[i] ^ 0x80000000u) + 2147483648.0;
-        dst[i] = (uint32_t)(int32_t)(x / dd);
+#define RED_FN_red_u32_div(S, A, unused)                                                           \
+    A static void red_u32_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_u32 *dst = dst_;                                                                     \
+        const red_m_u32 *src = src_;                                                               \
+        double dd = d;                                                                             \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            double x = (double)(int32_t)(src[i] ^ 0x80000000u) + 2147483648.0;                     \
+            dst[i] = (uint32_t)(int32_t)(x / dd);                                                  \
+        }                                                                                          \
     }
-}
+RED_VARIANTS(RED_FN_red_u32_div, 0)
 
 /* 64-bit: a shift for powers of two (the common rank counts), otherwise the round-up
  * multiply-high method (Granlund and Montgomery 1994; Hacker's Delight 10-8): a 64x64->128
@@ -319,58 +330,66 @@ static inline uint64_t red_udiv_magic(uint64_t x, uint64_t magic, unsigned shift
     return (t + ((x - t) >> 1)) >> shift;
 }
 
-RED_CLONES static void red_u64_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_u64 *dst = dst_;
-    const red_m_u64 *src = src_;
-    red_udiv_t u = red_udiv_prepare((uint64_t)d);
-    if (u.pow2) {
-        for (size_t i = 0; i < n; i++)
-            dst[i] = src[i] >> u.shift;
-    } else {
-        for (size_t i = 0; i < n; i++)
-            dst[i] = red_udiv_magic(src[i], u.magic, u.shift);
+#define RED_FN_red_u64_div(S, A, unused)                                                           \
+    A static void red_u64_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_u64 *dst = dst_;                                                                     \
+        const red_m_u64 *src = src_;                                                               \
+        red_udiv_t u = red_udiv_prepare((uint64_t)d);                                              \
+        if (u.pow2) {                                                                              \
+            for (size_t i = 0; i < n; i++)                                                         \
+                dst[i] = src[i] >> u.shift;                                                        \
+        } else {                                                                                   \
+            for (size_t i = 0; i < n; i++)                                                         \
+                dst[i] = red_udiv_magic(src[i], u.magic, u.shift);                                 \
+        }                                                                                          \
     }
-}
+RED_VARIANTS(RED_FN_red_u64_div, 0)
 
 /* Truncation toward zero is sign(x) * (|x| / d), |x| taken in uint64 so INT64_MIN is fine. */
-RED_CLONES static void red_i64_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_i64 *dst = dst_;
-    const red_m_i64 *src = src_;
-    red_udiv_t u = red_udiv_prepare((uint64_t)d);
-    if (u.pow2) {
-        for (size_t i = 0; i < n; i++) {
-            uint64_t x = (uint64_t)src[i], neg = x >> 63;
-            uint64_t q = (neg ? 0 - x : x) >> u.shift;
-            dst[i] = (int64_t)(neg ? 0 - q : q);
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            uint64_t x = (uint64_t)src[i], neg = x >> 63;
-            uint64_t q = red_udiv_magic(neg ? 0 - x : x, u.magic, u.shift);
-            dst[i] = (int64_t)(neg ? 0 - q : q);
-        }
+#define RED_FN_red_i64_div(S, A, unused)                                                           \
+    A static void red_i64_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_i64 *dst = dst_;                                                                     \
+        const red_m_i64 *src = src_;                                                               \
+        red_udiv_t u = red_udiv_prepare((uint64_t)d);                                              \
+        if (u.pow2) {                                                                              \
+            for (size_t i = 0; i < n; i++) {                                                       \
+                uint64_t x = (uint64_t)src[i], neg = x >> 63;                                      \
+                uint64_t q = (neg ? 0 - x : x) >> u.shift;                                         \
+                dst[i] = (int64_t)(neg ? 0 - q : q);                                               \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (size_t i = 0; i < n; i++) {                                                       \
+                uint64_t x = (uint64_t)src[i], neg = x >> 63;                                      \
+                uint64_t q = red_udiv_magic(neg ? 0 - x : x, u.magic, u.shift);                    \
+                dst[i] = (int64_t)(neg ? 0 - q : q);                                               \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
+RED_VARIANTS(RED_FN_red_i64_div, 0)
 
-RED_CLONES static void red_f32_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_f32 *dst = dst_;
-    const red_m_f32 *src = src_;
-    float fd = (float)d;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src[i] / fd;
-}
+#define RED_FN_red_f32_div(S, A, unused)                                                           \
+    A static void red_f32_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_f32 *dst = dst_;                                                                     \
+        const red_m_f32 *src = src_;                                                               \
+        float fd = (float)d;                                                                       \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = src[i] / fd;                                                                  \
+    }
+RED_VARIANTS(RED_FN_red_f32_div, 0)
 
-RED_CLONES static void red_f64_div(void *dst_, const void *src_, int d, size_t n)
-{
-    red_m_f64 *dst = dst_;
-    const red_m_f64 *src = src_;
-    double dd = d;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src[i] / dd;
-}
+#define RED_FN_red_f64_div(S, A, unused)                                                           \
+    A static void red_f64_div##S(void *dst_, const void *src_, int d, size_t n)                    \
+    {                                                                                              \
+        red_m_f64 *dst = dst_;                                                                     \
+        const red_m_f64 *src = src_;                                                               \
+        double dd = d;                                                                             \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = src[i] / dd;                                                                  \
+    }
+RED_VARIANTS(RED_FN_red_f64_div, 0)
 
 /* ---- Float16 / bfloat16 ------------------------------------------------------------------ */
 
@@ -385,8 +404,8 @@ typedef void (*red_widen_fn)(float *dst, const void *src, size_t n);
 typedef void (*red_narrow_fn)(void *dst, const float *src, size_t n);
 
 /* Exact aliasing of dst with a or b is safe for the same reason as in RED_DEF_BIN. */
-#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                     \
-    RED_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n)              \
+#define RED_DEF_BIN16_1(S, A, name, WIDEN, NARROW, OP)                                             \
+    A static void name##S(void *dst_, const void *a_, const void *b_, size_t n)                    \
     {                                                                                              \
         red_m_u16 *dst = dst_;                                                                     \
         const red_m_u16 *a = a_, *b = b_;                                                          \
@@ -395,52 +414,60 @@ typedef void (*red_narrow_fn)(void *dst, const float *src, size_t n);
             dst[i] = NARROW(OP(float, x, y));                                                      \
         }                                                                                          \
     }
+#define RED_DEF_BIN16(name, WIDEN, NARROW, OP)                                                     \
+    RED_VARIANTS(RED_DEF_BIN16_1, name, WIDEN, NARROW, OP)
 
 RED_DEF_BIN16(red_bf16_sum, red_bf2f, red_f2bf, RED_OP_SUM)
 RED_DEF_BIN16(red_bf16_prod, red_bf2f, red_f2bf, RED_OP_PROD)
 RED_DEF_BIN16(red_bf16_max, red_bf2f, red_f2bf, RED_OP_MAX)
 RED_DEF_BIN16(red_bf16_min, red_bf2f, red_f2bf, RED_OP_MIN)
 
-RED_CLONES static void red_h2f_bits(float *restrict dst, const void *src_, size_t n)
-{
-    const red_m_u16 *src = src_;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = red_h2f(src[i]);
-}
+#define RED_FN_red_h2f_bits(S, A, unused)                                                          \
+    A static void red_h2f_bits##S(float *restrict dst, const void *src_, size_t n)                 \
+    {                                                                                              \
+        const red_m_u16 *src = src_;                                                               \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = red_h2f(src[i]);                                                              \
+    }
+/* Baseline only: every other level converts with F16C. */
+RED_FN_red_h2f_bits(_v1, , 0)
 
-RED_CLONES static void red_f2h_bits(void *dst_, const float *restrict src, size_t n)
-{
-    red_m_u16 *dst = dst_;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = red_f2h(src[i]);
-}
+#define RED_FN_red_f2h_bits(S, A, unused)                                                          \
+    A static void red_f2h_bits##S(void *dst_, const float *restrict src, size_t n)                 \
+    {                                                                                              \
+        red_m_u16 *dst = dst_;                                                                     \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = red_f2h(src[i]);                                                              \
+    }
+    RED_FN_red_f2h_bits(_v1, , 0)
 
-RED_CLONES static void red_bf2f_block(float *restrict dst, const void *src_, size_t n)
-{
-    const red_m_u16 *src = src_;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = red_bf2f(src[i]);
-}
+#define RED_FN_red_bf2f_block(S, A, unused)                                                        \
+    A static void red_bf2f_block##S(float *restrict dst, const void *src_, size_t n)               \
+    {                                                                                              \
+        const red_m_u16 *src = src_;                                                               \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = red_bf2f(src[i]);                                                             \
+    }
+        RED_VARIANTS(RED_FN_red_bf2f_block, 0)
 
-RED_CLONES static void red_f2bf_block(void *dst_, const float *restrict src, size_t n)
-{
-    red_m_u16 *dst = dst_;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = red_f2bf(src[i]);
-}
-
-static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
-                           int k, size_t n);
+#define RED_FN_red_f2bf_block(S, A, unused)                                                        \
+    A static void red_f2bf_block##S(void *dst_, const float *restrict src, size_t n)               \
+    {                                                                                              \
+        red_m_u16 *dst = dst_;                                                                     \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = red_f2bf(src[i]);                                                             \
+    }
+            RED_VARIANTS(RED_FN_red_f2bf_block, 0)
 
 #ifdef RED_X86_DISPATCH
-/* In bit tricks a half conversion is some twenty vector operations per direction, which leaves
- * half well below memory speed; F16C does it in one instruction. F16C cannot go into a
- * target_clones body (the baseline copy could not compile it), so these functions get their own
- * ifuncs below. The hardware rounds to nearest even (immediate rounding mode, not MXCSR), quiets
- * a NaN keeping its top payload bits and converts subnormals exactly: the same results as the
- * bit tricks, which also do the tails. */
-__attribute__((target("f16c"))) static void red_h2f_f16c(float *restrict dst, const void *src,
-                                                         size_t n)
+    /* In bit tricks a half conversion is some twenty vector operations per direction, which leaves
+     * half well below memory speed; F16C does it in one instruction. F16C cannot go into a
+     * baseline-level body, so these functions are separate entries of the level tables below. The
+     * hardware rounds to nearest even (immediate rounding mode, not MXCSR), quiets a NaN keeping
+     * its top payload bits and converts subnormals exactly: the same results as the bit tricks,
+     * which also do the tails. */
+    __attribute__((target("f16c"))) static void red_h2f_f16c(float *restrict dst, const void *src,
+                                                             size_t n)
 {
     const char *s = src;
     size_t i = 0;
@@ -490,71 +517,129 @@ RED_DEF_F16C_BIN(red_f16_prod_f16c, _mm256_mul_ps, RED_OP_PROD)
 RED_DEF_F16C_BIN(red_f16_max_f16c, _mm256_max_ps, RED_OP_MAX)
 RED_DEF_F16C_BIN(red_f16_min_f16c, _mm256_min_ps, RED_OP_MIN)
 
-typedef void (*red_apply2_fn)(red_op_t op, void *dst, const void *a, const void *b, size_t n);
-
-static void red_f16_apply2_f16c(red_op_t op, void *dst, const void *a, const void *b, size_t n)
-{
-    static const red_bin_fn table[RED_NUM_OPS] = {
-        red_f16_sum_f16c,
-        red_f16_prod_f16c,
-        red_f16_max_f16c,
-        red_f16_min_f16c,
-    };
-    table[op](dst, a, b, n);
-}
-
-static void red_f16_apply2_bits(red_op_t op, void *dst, const void *a, const void *b, size_t n)
-{
-    const void *srcs[2] = {a, b};
-    red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
-}
-
-static int red_have_f16c(void)
-{
-    __builtin_cpu_init(); /* resolvers run before constructors */
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-}
-
-static red_widen_fn red_resolve_h2f(void)
-{
-    return red_have_f16c() ? red_h2f_f16c : red_h2f_bits;
-}
-
-static red_narrow_fn red_resolve_f2h(void)
-{
-    return red_have_f16c() ? red_f2h_f16c : red_f2h_bits;
-}
-
-static red_apply2_fn red_resolve_f16_apply2(void)
-{
-    return red_have_f16c() ? red_f16_apply2_f16c : red_f16_apply2_bits;
-}
-
-static void red_h2f_block(float *dst, const void *src, size_t n)
-    __attribute__((ifunc("red_resolve_h2f")));
-static void red_f2h_block(void *dst, const float *src, size_t n)
-    __attribute__((ifunc("red_resolve_f2h")));
-static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b, size_t n)
-    __attribute__((ifunc("red_resolve_f16_apply2")));
-#else
-#define red_h2f_block red_h2f_bits
-#define red_f2h_block red_f2h_bits
-
-static void red_f16_apply2(red_op_t op, void *dst, const void *a, const void *b, size_t n)
-{
-    const void *srcs[2] = {a, b};
-    red_16_apply_n(loomFloat16, op, dst, srcs, 2, n);
-}
 #endif
+
+/* ---- The table per CPU level --------------------------------------------------------------- */
+
+/* One level's loops. Float16's two-input entries are NULL where the level has no F16C: the
+ * bit-trick conversions then run in blocks (red_16_apply_n), which vectorise better than a fused
+ * loop. The float32 entries are also the combining step of float16/bfloat16. */
+typedef struct {
+    const char *name;
+    red_bin_fn bin[loomNumTypes][RED_NUM_OPS];
+    red_scale_fn scale[loomNumTypes];
+    red_div_fn div[loomNumTypes];
+    red_widen_fn h2f, bf2f;
+    red_narrow_fn f2h, f2bf;
+} red_kernels_t;
+
+#define RED_KERNELS(NAME, S, F16BIN, H2F, F2H)                                                     \
+    {                                                                                              \
+        .name = NAME,                                                                              \
+        .bin =                                                                                     \
+            {                                                                                      \
+                [loomInt8] = {red_u8_sum##S, red_u8_prod##S, red_i8_max##S, red_i8_min##S},        \
+                [loomUint8] = {red_u8_sum##S, red_u8_prod##S, red_u8_max##S, red_u8_min##S},       \
+                [loomInt32] = {red_u32_sum##S, red_u32_prod##S, red_i32_max##S, red_i32_min##S},   \
+                [loomUint32] = {red_u32_sum##S, red_u32_prod##S, red_u32_max##S, red_u32_min##S},  \
+                [loomInt64] = {red_u64_sum##S, red_u64_prod##S, red_i64_max##S, red_i64_min##S},   \
+                [loomUint64] = {red_u64_sum##S, red_u64_prod##S, red_u64_max##S, red_u64_min##S},  \
+                [loomFloat16] = F16BIN,                                                            \
+                [loomFloat32] = {red_f32_sum##S, red_f32_prod##S, red_f32_max##S, red_f32_min##S}, \
+                [loomFloat64] = {red_f64_sum##S, red_f64_prod##S, red_f64_max##S, red_f64_min##S}, \
+                [loomBfloat16] = {red_bf16_sum##S, red_bf16_prod##S, red_bf16_max##S,              \
+                                  red_bf16_min##S},                                                \
+            },                                                                                     \
+        .scale =                                                                                   \
+            {                                                                                      \
+                [loomInt8] = red_u8_scale##S,     [loomUint8] = red_u8_scale##S,                   \
+                [loomInt32] = red_u32_scale##S,   [loomUint32] = red_u32_scale##S,                 \
+                [loomInt64] = red_u64_scale##S,   [loomUint64] = red_u64_scale##S,                 \
+                [loomFloat32] = red_f32_scale##S, [loomFloat64] = red_f64_scale##S,                \
+            },                                                                                     \
+        .div =                                                                                     \
+            {                                                                                      \
+                [loomInt8] = red_i8_div##S,     [loomUint8] = red_u8_div##S,                       \
+                [loomInt32] = red_i32_div##S,   [loomUint32] = red_u32_div##S,                     \
+                [loomInt64] = red_i64_div##S,   [loomUint64] = red_u64_div##S,                     \
+                [loomFloat32] = red_f32_div##S, [loomFloat64] = red_f64_div##S,                    \
+            },                                                                                     \
+        .h2f = H2F, .bf2f = red_bf2f_block##S, .f2h = F2H, .f2bf = red_f2bf_block##S,              \
+    }
+
+#define RED_NO_F16BIN                                                                              \
+    {                                                                                              \
+        NULL, NULL, NULL, NULL                                                                     \
+    }
+
+/* Best first; red_kernels_pick takes the first the CPU runs. */
+static const red_kernels_t red_levels[] = {
+#ifdef RED_X86_DISPATCH
+#define RED_F16BIN                                                                                 \
+    {                                                                                              \
+        red_f16_sum_f16c, red_f16_prod_f16c, red_f16_max_f16c, red_f16_min_f16c                    \
+    }
+    RED_KERNELS("x86-64-v4", _v4, RED_F16BIN, red_h2f_f16c, red_f2h_f16c),
+    RED_KERNELS("x86-64-v3", _v3, RED_F16BIN, red_h2f_f16c, red_f2h_f16c),
+    /* AVX and F16C without AVX2 (Ivy Bridge): baseline loops, hardware half conversion. */
+    RED_KERNELS("baseline+f16c", _v1, RED_F16BIN, red_h2f_f16c, red_f2h_f16c),
+#endif
+    RED_KERNELS("baseline", _v1, RED_NO_F16BIN, red_h2f_bits_v1, red_f2h_bits_v1),
+};
+
+#define RED_NLEVELS ((int)(sizeof(red_levels) / sizeof(red_levels[0])))
+
+static int red_level_runs(int i)
+{
+#ifdef RED_X86_DISPATCH
+    __builtin_cpu_init();
+    const char *name = red_levels[i].name;
+    if (strcmp(name, "x86-64-v4") == 0) return !!__builtin_cpu_supports("x86-64-v4");
+    if (strcmp(name, "x86-64-v3") == 0) return !!__builtin_cpu_supports("x86-64-v3");
+    if (strcmp(name, "baseline+f16c") == 0)
+        return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#endif
+    return i >= 0 && i < RED_NLEVELS;
+}
+
+/* Picked at the first reduction and never changed afterwards (except by red_host_isa_set, for
+ * tests). Racing first callers store the same pointer. */
+static _Atomic(const red_kernels_t *) red_kernels;
+
+static const red_kernels_t *red_k(void)
+{
+    const red_kernels_t *k = atomic_load_explicit(&red_kernels, memory_order_acquire);
+    if (k) return k;
+    int i = 0;
+    while (!red_level_runs(i))
+        i++;
+    k = &red_levels[i];
+    atomic_store_explicit(&red_kernels, k, memory_order_release);
+    return k;
+}
+
+const char *red_host_isa(void)
+{
+    return red_k()->name;
+}
+
+const char *red_host_isa_set(int level)
+{
+    if (level < 0 || level >= RED_NLEVELS || !red_level_runs(level)) return NULL;
+    atomic_store_explicit(&red_kernels, &red_levels[level], memory_order_release);
+    return red_levels[level].name;
+}
+
+/* ---- Float16 / bfloat16 in blocks ---------------------------------------------------------- */
 
 /* k inputs folded in order in float32 and rounded once. Every input of a block is read before
  * that block of dst is written, so dst may equal any source. */
-static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs,
-                           int k, size_t n)
+static void red_16_apply_n(const red_kernels_t *kt, loomDataType_t type, red_op_t op, void *dst,
+                           const void *const *srcs, int k, size_t n)
 {
-    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
-    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
-    red_bin_fn fn = red_f32_table[op];
+    red_widen_fn widen = type == loomFloat16 ? kt->h2f : kt->bf2f;
+    red_narrow_fn narrow = type == loomFloat16 ? kt->f2h : kt->f2bf;
+    red_bin_fn fn = kt->bin[loomFloat32][op];
     _Alignas(64) float acc[RED_HBLOCK], in[RED_HBLOCK];
     for (size_t off = 0; off < n; off += RED_HBLOCK) {
         size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
@@ -567,48 +652,37 @@ static void red_16_apply_n(loomDataType_t type, red_op_t op, void *dst, const vo
     }
 }
 
-static void red_16_scale(loomDataType_t type, void *dst, const void *src, const void *scalar,
-                         size_t n)
+static void red_16_scale(const red_kernels_t *kt, loomDataType_t type, void *dst, const void *src,
+                         const void *scalar, size_t n)
 {
-    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
-    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
+    red_widen_fn widen = type == loomFloat16 ? kt->h2f : kt->bf2f;
+    red_narrow_fn narrow = type == loomFloat16 ? kt->f2h : kt->f2bf;
     float s;
     widen(&s, scalar, 1);
     _Alignas(64) float acc[RED_HBLOCK];
     for (size_t off = 0; off < n; off += RED_HBLOCK) {
         size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
         widen(acc, (const uint16_t *)src + off, m);
-        red_f32_scale(acc, acc, &s, m);
+        kt->scale[loomFloat32](acc, acc, &s, m);
         narrow((uint16_t *)dst + off, acc, m);
     }
 }
 
-static void red_16_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n)
+static void red_16_div(const red_kernels_t *kt, loomDataType_t type, void *dst, const void *src,
+                       int divisor, size_t n)
 {
-    red_widen_fn widen = type == loomFloat16 ? red_h2f_block : red_bf2f_block;
-    red_narrow_fn narrow = type == loomFloat16 ? red_f2h_block : red_f2bf_block;
+    red_widen_fn widen = type == loomFloat16 ? kt->h2f : kt->bf2f;
+    red_narrow_fn narrow = type == loomFloat16 ? kt->f2h : kt->f2bf;
     _Alignas(64) float acc[RED_HBLOCK];
     for (size_t off = 0; off < n; off += RED_HBLOCK) {
         size_t m = n - off < RED_HBLOCK ? n - off : RED_HBLOCK;
         widen(acc, (const uint16_t *)src + off, m);
-        red_f32_div(acc, acc, divisor, m);
+        kt->div[loomFloat32](acc, acc, divisor, m);
         narrow((uint16_t *)dst + off, acc, m);
     }
 }
 
-/* Indexed by loomDataType_t (whose values are fixed, NCCL's numbering) then red_op_t; float16
- * goes through red_f16_apply2 instead. */
-static const red_bin_fn red_bin_table[loomNumTypes][RED_NUM_OPS] = {
-    [loomInt8] = {red_u8_sum, red_u8_prod, red_i8_max, red_i8_min},
-    [loomUint8] = {red_u8_sum, red_u8_prod, red_u8_max, red_u8_min},
-    [loomInt32] = {red_u32_sum, red_u32_prod, red_i32_max, red_i32_min},
-    [loomUint32] = {red_u32_sum, red_u32_prod, red_u32_max, red_u32_min},
-    [loomInt64] = {red_u64_sum, red_u64_prod, red_i64_max, red_i64_min},
-    [loomUint64] = {red_u64_sum, red_u64_prod, red_u64_max, red_u64_min},
-    [loomFloat32] = {red_f32_sum, red_f32_prod, red_f32_max, red_f32_min},
-    [loomFloat64] = {red_f64_sum, red_f64_prod, red_f64_max, red_f64_min},
-    [loomBfloat16] = {red_bf16_sum, red_bf16_prod, red_bf16_max, red_bf16_min},
-};
+/* ---- Types ------------------------------------------------------------------------------- */
 
 static int red_is16(loomDataType_t type)
 {
@@ -667,10 +741,16 @@ void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, 
     if (red_is8f(type)) {
         const void *srcs[2] = {a, b};
         red_fp8_apply_n(type, op, dst, srcs, 2, n);
-    } else if (type == loomFloat16)
-        red_f16_apply2(op, dst, a, b, n);
-    else
-        red_bin_table[type][op](dst, a, b, n);
+        return;
+    }
+    const red_kernels_t *kt = red_k();
+    red_bin_fn fn = kt->bin[type][op];
+    if (fn) {
+        fn(dst, a, b, n);
+    } else {
+        const void *srcs[2] = {a, b};
+        red_16_apply_n(kt, type, op, dst, srcs, 2, n);
+    }
 }
 
 void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs, int k,
@@ -686,15 +766,16 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
         red_host_apply(type, op, dst, srcs[0], srcs[1], n);
         return;
     }
+    const red_kernels_t *kt = red_k();
     if (red_is16(type)) {
-        red_16_apply_n(type, op, dst, srcs, k, n);
+        red_16_apply_n(kt, type, op, dst, srcs, k, n);
         return;
     }
     if (red_is8f(type)) {
         red_fp8_apply_n(type, op, dst, srcs, k, n);
         return;
     }
-    red_bin_fn fn = red_bin_table[type][op];
+    red_bin_fn fn = kt->bin[type][op];
     /* Folding pass by pass over dst would stream dst through memory k-1 times; a cache-resident
      * block accumulator reads each input once and writes dst once. The last step writes dst
      * directly, after every input of the block has been read, so dst may equal any source. */
@@ -712,53 +793,41 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
 
 void red_host_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n)
 {
-    static const red_scale_fn table[loomNumTypes] = {
-        [loomInt8] = red_u8_scale,     [loomUint8] = red_u8_scale,    [loomInt32] = red_u32_scale,
-        [loomUint32] = red_u32_scale,  [loomInt64] = red_u64_scale,   [loomUint64] = red_u64_scale,
-        [loomFloat32] = red_f32_scale, [loomFloat64] = red_f64_scale,
-    };
     if ((unsigned)type >= loomNumTypes || n == 0) return;
+    const red_kernels_t *kt = red_k();
     if (red_is16(type))
-        red_16_scale(type, dst, src, scalar, n);
+        red_16_scale(kt, type, dst, src, scalar, n);
     else if (red_is8f(type))
         red_fp8_scale(type, dst, src, scalar, n);
     else
-        table[type](dst, src, scalar, n);
+        kt->scale[type](dst, src, scalar, n);
 }
 
 void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n)
 {
-    static const red_div_fn table[loomNumTypes] = {
-        [loomInt8] = red_i8_div,     [loomUint8] = red_u8_div,    [loomInt32] = red_i32_div,
-        [loomUint32] = red_u32_div,  [loomInt64] = red_i64_div,   [loomUint64] = red_u64_div,
-        [loomFloat32] = red_f32_div, [loomFloat64] = red_f64_div,
-    };
     if ((unsigned)type >= loomNumTypes || n == 0 || divisor < 1) return;
     if (divisor == 1) {
         /* x / 1 == x for every type (a NaN keeps its bits here, where a divide would quiet it). */
         if (dst != src) memmove(dst, src, n * red_type_size(type));
         return;
     }
+    const red_kernels_t *kt = red_k();
     if (red_is16(type))
-        red_16_div(type, dst, src, divisor, n);
+        red_16_div(kt, type, dst, src, divisor, n);
     else if (red_is8f(type))
         red_fp8_div(type, dst, src, divisor, n);
     else
-        table[type](dst, src, divisor, n);
+        kt->div[type](dst, src, divisor, n);
 }
 
 void red_widen16(loomDataType_t type, float *dst, const void *src, size_t n)
 {
-    if (type == loomFloat16)
-        red_h2f_block(dst, src, n);
-    else
-        red_bf2f_block(dst, src, n);
+    const red_kernels_t *kt = red_k();
+    (type == loomFloat16 ? kt->h2f : kt->bf2f)(dst, src, n);
 }
 
 void red_narrow16(loomDataType_t type, void *dst, const float *src, size_t n)
 {
-    if (type == loomFloat16)
-        red_f2h_block(dst, src, n);
-    else
-        red_f2bf_block(dst, src, n);
+    const red_kernels_t *kt = red_k();
+    (type == loomFloat16 ? kt->f2h : kt->f2bf)(dst, src, n);
 }

@@ -61,4 +61,12 @@ void red_fp8_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *co
 void red_fp8_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n);
 void red_fp8_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n);
 
+/* The CPU level the reductions run at ("x86-64-v4", "x86-64-v3", "baseline+f16c", "baseline"):
+ * the best one this CPU has, chosen at the first reduction. */
+const char *red_host_isa(void);
+/* Tests and benchmarks: runs every later reduction at level `level` (0 = best built, counting
+ * down to "baseline") if this CPU has it; returns its name, or NULL (nothing changed). Not for use
+ * while reductions run on other threads. */
+const char *red_host_isa_set(int level);
+
 #endif

@@ -1,0 +1,239 @@
+/*
+ * soak: a bounded random test against a reference. Jobs one after another until the time is up;
+ * each job draws its rank count (2-5), LOOM_TRANSPORT (tcp, shm), LOOM_ALGO (ring, rd, or the
+ * default), a run of allreduces of random counts, types and ops (exact integer-valued inputs, so
+ * every order gives the reference's bits) and, in some jobs, one fault: a rank arriving late, a
+ * rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling
+ * loomCommAbort midway. Every job is a fresh process tree (parameters are read once per
+ * process). Checked: no successful call returns a wrong result; in a faulty job the other ranks
+ * end with an error or success, within the deadline; no rank is left running at the deadline.
+ * usage: soak [SECONDS (default 120)] [SEED (default: time)]
+ * Prints the seed, then operations checked, faults injected, wrong results and hung ranks; exit
+ * status 0 only when both of the last are 0.
+ */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loom.h"
+
+#define MAX_RANKS 5
+#define JOB_DEADLINE_S 40
+
+enum { F_NONE, F_LATE, F_KILL, F_STOP, F_ABORT, F_N };
+static const char *fault_name[] = {"none", "late rank", "kill", "stop", "abort"};
+
+typedef struct {
+    atomic_int ops;   /* allreduces that returned success and were checked */
+    atomic_int wrong; /* of those, wrong results */
+    atomic_int progress;
+} rank_report_t;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static const loomDataType_t types[] = {loomInt32, loomInt64, loomFloat32, loomFloat64, loomUint8};
+
+static double in_val(int op, int r, size_t i)
+{
+    if (op == loomSum) return (double)((i * 5 + (size_t)r * 3) % 7);
+    return (double)((i * 7 + (size_t)r * 13) % 31);
+}
+
+static void put(loomDataType_t t, void *b, size_t i, double v)
+{
+    switch (t) {
+    case loomInt32: ((int32_t *)b)[i] = (int32_t)v; break;
+    case loomInt64: ((int64_t *)b)[i] = (int64_t)v; break;
+    case loomFloat32: ((float *)b)[i] = (float)v; break;
+    case loomFloat64: ((double *)b)[i] = v; break;
+    default: ((uint8_t *)b)[i] = (uint8_t)v; break;
+    }
+}
+
+static size_t tsize(loomDataType_t t)
+{
+    return t == loomUint8 ? 1 : t == loomInt32 || t == loomFloat32 ? 4 : 8;
+}
+
+/* One rank: nops allreduces drawn from the job's seed (the same on every rank). */
+static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int nops, int fault,
+                     int victim, int fault_at, rank_report_t *rep)
+{
+    if (fault == F_LATE && r == victim) usleep(1000000 + (useconds_t)(seed % 2000000));
+    loomComm_t comm;
+    if (loomCommInitRank(&comm, p, *id, r) != loomSuccess) {
+        /* A rank killed or stopped beyond LOOM_TIMEOUT during init fails everyone's init: that
+         * is the expected end. Without such a fault (a late rank included) init must work. */
+        if (fault == F_KILL || fault == F_STOP || fault == F_ABORT) return 0;
+        fprintf(stderr, "soak: rank %d: init failed: %s\n", r, loomGetLastError(NULL));
+        return 3;
+    }
+    uint64_t s = seed;
+    void *buf = NULL, *want = NULL;
+    int rc = 0;
+    for (int k = 0; k < nops; k++) {
+        if (fault == F_ABORT && r == victim && k == fault_at) {
+            loomCommAbort(comm);
+            free(buf);
+            free(want);
+            return 0;
+        }
+        atomic_store(&rep[r].progress, k);
+        loomDataType_t t = types[rng_next(&s) % 5];
+        int op = (int)(rng_next(&s) % 3); /* sum, prod excluded, max, min below */
+        op = op == 0 ? loomSum : op == 1 ? loomMax : loomMin;
+        size_t n = (size_t)(rng_next(&s) % 4 ? rng_next(&s) % 5000 : rng_next(&s) % 300000);
+        if (t == loomUint8 && op == loomSum) n = n % 1000; /* 7 * ranks fits a byte */
+        int inplace = (int)(rng_next(&s) & 1);
+        free(buf);
+        free(want);
+        buf = malloc(n * 8 + 8);
+        want = malloc(n * 8 + 8);
+        void *out = inplace ? buf : malloc(n * 8 + 8);
+        for (size_t i = 0; i < n; i++) {
+            put(t, buf, i, in_val(op, r, i));
+            double w = in_val(op, 0, i);
+            for (int q = 1; q < p; q++) {
+                double v = in_val(op, q, i);
+                w = op == loomSum ? w + v : op == loomMax ? (v > w ? v : w) : (v < w ? v : w);
+            }
+            put(t, want, i, w);
+        }
+        loomResult_t res = loomAllReduce(buf, out, n, t, (loomRedOp_t)op, comm, NULL);
+        if (res == loomSuccess) {
+            atomic_fetch_add(&rep[r].ops, 1);
+            if (memcmp(out, want, n * tsize(t)) != 0) {
+                atomic_fetch_add(&rep[r].wrong, 1);
+                fprintf(stderr, "soak: rank %d op %d: wrong result (%s, count %zu)\n", r, k,
+                        loomGetErrorString(res), n);
+            }
+        }
+        if (!inplace) free(out);
+        if (res != loomSuccess) {
+            rc = fault == F_NONE ? 4 : 0; /* an error is a failure only without a fault */
+            if (rc) fprintf(stderr, "soak: rank %d op %d: %s\n", r, k, loomGetLastError(comm));
+            break;
+        }
+    }
+    free(buf);
+    free(want);
+    if (rc == 0 && fault != F_NONE)
+        loomCommAbort(comm);
+    else
+        loomCommDestroy(comm);
+    return rc;
+}
+
+/* One job in a process of its own; returns hung ranks, and adds to *ops and *wrong. */
+static int run_job(uint64_t seed, int p, int fault, const char *transport, const char *algo,
+                   int *ops, int *wrong, int *failed)
+{
+    rank_report_t *rep = mmap(NULL, sizeof(rank_report_t) * MAX_RANKS, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(rep, 0, sizeof(rank_report_t) * MAX_RANKS);
+    pid_t leader = fork();
+    if (leader == 0) {
+        setpgid(0, 0);
+        setenv("LOOM_TRANSPORT", transport, 1);
+        if (algo) setenv("LOOM_ALGO", algo, 1);
+        setenv("LOOM_TIMEOUT", "4", 1);
+        loomUniqueId id;
+        if (loomGetUniqueId(&id) != loomSuccess) _exit(10);
+        uint64_t s = seed;
+        int nops = 5 + (int)(rng_next(&s) % 40);
+        int victim = (int)(rng_next(&s) % (uint64_t)p), fault_at = (int)(rng_next(&s) % nops);
+        pid_t pids[MAX_RANKS];
+        for (int r = 0; r < p; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0)
+                _exit(rank_main(&id, r, p, seed * 31 + 7, nops, fault, victim, fault_at, rep));
+        }
+        if (fault == F_KILL || fault == F_STOP) {
+            /* Once the victim reaches its fault_at-th call, or a little later. */
+            for (int i = 0; i < 200 && atomic_load(&rep[victim].progress) < fault_at; i++)
+                usleep(10000);
+            kill(pids[victim], fault == F_KILL ? SIGKILL : SIGSTOP);
+            if (fault == F_STOP) {
+                sleep(6); /* beyond LOOM_TIMEOUT=4 */
+                kill(pids[victim], SIGCONT);
+            }
+        }
+        int bad = 0;
+        for (int r = 0; r < p; r++) {
+            int st;
+            waitpid(pids[r], &st, 0);
+            if (r == victim && fault == F_KILL) continue;
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+        }
+        _exit(bad ? 20 + bad : 0);
+    }
+    int st = 0, hung = 0;
+    for (int i = 0; i < JOB_DEADLINE_S * 10; i++) {
+        if (waitpid(leader, &st, WNOHANG) == leader) break;
+        usleep(100000);
+        if (i == JOB_DEADLINE_S * 10 - 1) {
+            hung = p; /* past the deadline: every rank of the job counts as hung */
+            fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, fault %s) hung\n",
+                    (unsigned long long)seed, p, transport, algo ? algo : "default",
+                    fault_name[fault]);
+            kill(-leader, SIGKILL);
+            waitpid(leader, &st, 0);
+        }
+    }
+    for (int r = 0; r < p; r++) {
+        *ops += atomic_load(&rep[r].ops);
+        *wrong += atomic_load(&rep[r].wrong);
+    }
+    if (!hung && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+        (*failed)++;
+        fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, fault %s) ended with status %d\n",
+                (unsigned long long)seed, p, transport, algo ? algo : "default", fault_name[fault],
+                WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    munmap(rep, sizeof(rank_report_t) * MAX_RANKS);
+    return hung;
+}
+
+int main(int argc, char **argv)
+{
+    int secs = argc > 1 ? atoi(argv[1]) : 120;
+    uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : (uint64_t)time(NULL);
+    setenv("LOOM_SOCKET_IFNAME", "lo", 0);
+    printf("soak: seed %llu, %d s (rerun: soak %d %llu)\n", (unsigned long long)seed, secs, secs,
+           (unsigned long long)seed);
+    fflush(stdout);
+    time_t end = time(NULL) + secs;
+    int jobs = 0, ops = 0, wrong = 0, hung = 0, faults = 0, failed = 0;
+    int per_fault[F_N] = {0};
+    static const char *algos[] = {NULL, "ring", "rd"};
+    static const char *transports[] = {"tcp", "shm"};
+    uint64_t s = seed;
+    while (time(NULL) < end) {
+        uint64_t job_seed = rng_next(&s);
+        int p = 2 + (int)(rng_next(&s) % (MAX_RANKS - 1));
+        int fault = rng_next(&s) % 3 == 0 ? 1 + (int)(rng_next(&s) % (F_N - 1)) : F_NONE;
+        const char *tp = transports[rng_next(&s) % 2];
+        const char *algo = algos[rng_next(&s) % 3];
+        hung += run_job(job_seed, p, fault, tp, algo, &ops, &wrong, &failed);
+        jobs++;
+        if (fault != F_NONE) faults++, per_fault[fault]++;
+    }
+    printf("soak: %d jobs, %d operations checked, %d faults injected (late %d, kill %d, stop %d, "
+           "abort %d), %d wrong results, %d hung ranks, %d jobs with an unexpected error\n",
+           jobs, ops, faults, per_fault[F_LATE], per_fault[F_KILL], per_fault[F_STOP],
+           per_fault[F_ABORT], wrong, hung, failed);
+    return wrong || hung || failed ? 1 : 0;
+}
