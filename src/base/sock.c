@@ -467,6 +467,10 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
             if (!hs_magic_ok(h, HS_MAGIC_CHALLENGE, "challenge")) return loomRemoteError;
+            if (h->patient) { /* the listener spoke: from now on the handshake is timed */
+                h->patient = false;
+                h->deadline_ns = hs_deadline();
+            }
             memcpy(h->nonce, h->buf + 8, 16);
             hello_encode(&h->hello, h->buf);
             if (hs_mac(h, HS_CTX_HELLO, h->buf, HS_HELLO_FIELDS, h->buf + HS_HELLO_FIELDS) !=

@@ -582,8 +582,10 @@ void exec_host_init(exec_host_t *h)
     atomic_init(&h->call_state, TRANSPORT_CALL_NONE);
     h->op_timeout_s = param_double(PARAM_OP_TIMEOUT);
     /* Often enough for the heartbeats (transport_ping_ns) and to answer a late peer's
-     * connection well within its handshake timeout. */
-    h->keepalive_ns = LOOM_MIN(transport_ping_ns() / 4, 50000000ull);
+     * handshake well within LOOM_HANDSHAKE_TIMEOUT (the wait for the first word is not timed);
+     * an idle process wakes a few times a second per communicator (250 ms by default). */
+    uint64_t hs_ns = (uint64_t)(LOOM_MIN(param_double(PARAM_HANDSHAKE_TIMEOUT), 60.0) * 1e9);
+    h->keepalive_ns = LOOM_MAX(LOOM_MIN(transport_ping_ns(), hs_ns) / 4, 1000000ull);
 }
 
 void exec_host_lock(exec_host_t *h)
