@@ -666,7 +666,7 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
         for (int i = p->n - 1; i >= 0; i--) {
             hs_t *h = &p->hs[i];
             bool ready = i < nf && fds[i].revents != 0;
-            if (!ready && now <= h->deadline_ns) continue;
+            if (!ready && h->state != HS_DONE && now <= h->deadline_ns) continue;
             if (hs_progress(h, progressed) != loomSuccess) {
                 refuse(p, h, false, subsys, who);
                 p->hs[i] = p->hs[--p->n];
@@ -713,9 +713,15 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
             close(fd);
             continue;
         }
-        /* The challenge goes at once (an empty socket takes it). */
+        /* The challenge goes at once (an empty socket takes it); a quick peer may even have
+         * finished already. */
         if (hs_progress(h, progressed) != loomSuccess) {
             refuse(p, h, false, subsys, who);
+            continue;
+        }
+        if (h->state == HS_DONE) {
+            hs_t fin = *h;
+            done(arg, &fin);
             continue;
         }
         p->n++;
