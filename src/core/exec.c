@@ -419,6 +419,13 @@ int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
     return n;
 }
 
+bool exec_host_no_fds(const exec_host_t *h)
+{
+    for (int t = 0; t < h->ntp; t++)
+        if (h->tp[t].ctx && (h->tp[t].ops->caps & TRANSPORT_CAP_POLL)) return true;
+    return false;
+}
+
 static const char *call_state_text(int st)
 {
     switch (st) {
@@ -607,8 +614,11 @@ static uint64_t keepalive_poll(void *arg, bool *progressed)
     bool moved = false;
     if (atomic_load(&h->running) == 0 && !atomic_load(h->aborting) &&
         pthread_mutex_trylock(&h->lock) == 0) {
+        /* Transports without descriptors (MPI) are left out: MPI may refuse calls from this
+         * thread (MPI_THREAD_FUNNELED), and its peers' liveness is MPI's business. */
         for (int t = 0; t < h->ntp && atomic_load(&h->running) == 0; t++)
-            if (h->tp[t].ctx) (void)h->tp[t].ops->progress(h->tp[t].ctx, &moved);
+            if (h->tp[t].ctx && !(h->tp[t].ops->caps & TRANSPORT_CAP_POLL))
+                (void)h->tp[t].ops->progress(h->tp[t].ctx, &moved);
         pthread_mutex_unlock(&h->lock);
     }
     /* Something moved (a peer's connection being authenticated): come back soon. */

@@ -93,6 +93,8 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *sched, void *const *bufs
 loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed);
 /* The descriptors a blocked wait watches (the host's wake_fd and its transports'). */
 int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
+/* Whether a started transport of h has no descriptors to wait on (TRANSPORT_CAP_POLL). */
+bool exec_host_no_fds(const exec_host_t *h);
 /* The timeout rules, each error naming the operation (kind and seq) and the peers:
  * - a peer this schedule waits on showed no sign of life (no byte, no heartbeat) for
  *   LOOM_TIMEOUT: it is dead, stopped or unreachable;
