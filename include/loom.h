@@ -292,6 +292,133 @@ typedef struct {
 } loomStats_t;
 loomResult_t loomCommGetStats(const loomComm_t comm, loomStats_t *stats);
 
+/* ---- Gradient-bucket fusion (docs/fusion.md) --------------------------------------------- */
+/*
+ * A fusion context turns many in-place allreduces (a training step's gradients, enqueued as
+ * backward produces them) into a few large ones: tensors are packed into buckets in enqueue
+ * order, a tensor larger than the segment size is cut into segments, and a bucket leaves as
+ * soon as it is full or its oldest tensor has waited the cycle time. loom's progress thread runs
+ * the buckets: loomFusionEnqueue never blocks on the network. Every rank forms the same buckets
+ * whatever its timing (the cut is agreed among the ranks, never read off one rank's clock), and
+ * ranks that enqueue different tensors (count, type, op, order, a missing one) get an error
+ * naming the tensor's id, its position and the ranks, never a wrong sum and never a hang.
+ *
+ * While a context has tensors in flight (from an enqueue until the loomFusionWaitAll that covers
+ * it returns) it owns its communicator: another call on that communicator meanwhile is refused
+ * (loomInvalidUsage), because its order against the buckets would depend on timing. Create,
+ * WaitAll and Destroy are collective: every rank calls them, in the same order.
+ */
+typedef struct loomFusion *loomFusion_t;
+/* One enqueued tensor; owned by its context, valid until the loomFusionWaitAll that covers the
+ * tensor returns (or the context is destroyed). */
+typedef struct loomFusionTensor *loomFusionHandle_t;
+
+/* How float32 buckets travel. Exact: as they are, results bit-identical to loomAllReduce of each
+ * tensor. Bf16 / Fp16: as bfloat16 / float16 with a power-of-two scale per chunk of 256 values
+ * (so that nothing overflows and small values keep their bits), accumulated in float32; sums and
+ * averages only (other types and ops always travel exactly); loomFusionGetStats reports the error
+ * it made. */
+typedef enum {
+    loomFusionWireExact = 0,
+    loomFusionWireBf16 = 1,
+    loomFusionWireFp16 = 2,
+    loomFusionNumWires = 3
+} loomFusionWire_t;
+
+#define LOOM_FUSION_DEFAULT 0        /* any size or time field: loom's default (below) */
+#define LOOM_FUSION_NEVER UINT64_MAX /* cycleUs: no timer (buckets leave full, or at a flush) */
+#define LOOM_FUSION_CONFIG_MAGIC 0x6675736eu /* "fusn" */
+#define LOOM_FUSION_CONFIG_VERSION 1
+
+/*
+ * Fusion configuration, versioned as loomConfig_t (size, magic, version first). Zero fields take
+ * the defaults, which LOOM_FUSION_BUCKET, LOOM_FUSION_FIRST_BUCKET, LOOM_FUSION_SEGMENT,
+ * LOOM_FUSION_CYCLE_US and LOOM_FUSION_WIRE override:
+ * - bucketBytes 32 MiB: the host ring reaches its plateau from a few MiB per rank, and 32 MiB
+ *   is where loom's allreduce leads at 4 ranks (perf/RESULTS.md); larger buckets only delay the
+ *   first byte (PyTorch's 25 MB is the same idea, one step smaller).
+ * - firstBucketBytes 1 MiB: the last layers' gradients come first and are small; a small first
+ *   bucket puts the network to work while backward still runs (PyTorch uses 1 MB for the same).
+ * - segmentBytes 8 MiB (at most bucketBytes): a tensor larger than this is cut, so one huge
+ *   tensor fills buckets evenly instead of making one monster bucket.
+ * - cycleUs 2000: a partial bucket waits at most 2 ms for company (Horovod's cycle is 1-5 ms);
+ *   shorter costs extra agreement rounds, longer leaves the network idle at the step's end.
+ * - wire exact.
+ */
+typedef struct loomFusionConfig_v1 {
+    size_t size;             /* sizeof(loomFusionConfig_t) of the caller's header */
+    unsigned int magic;      /* LOOM_FUSION_CONFIG_MAGIC */
+    unsigned int version;    /* LOOM_FUSION_CONFIG_VERSION */
+    size_t bucketBytes;      /* a bucket leaves once this full */
+    size_t firstBucketBytes; /* the limit of a step's first bucket */
+    size_t segmentBytes;     /* tensors above this are cut into segments of it */
+    uint64_t cycleUs;        /* a partial bucket leaves once its oldest tensor waited this */
+    int wire;                /* loomFusionWire_t */
+} loomFusionConfig_t;
+
+#define LOOM_FUSION_CONFIG_INITIALIZER                                                             \
+    {                                                                                              \
+        sizeof(loomFusionConfig_t), LOOM_FUSION_CONFIG_MAGIC, LOOM_FUSION_CONFIG_VERSION, 0, 0, 0, \
+            0, loomFusionWireExact                                                                 \
+    }
+
+/* Called once per tensor when its result is in place (or it failed: result and
+ * loomGetLastError's text on that thread say why), on loom's progress thread or the thread
+ * inside loomFusionWaitAll. It must not block and must not call into loom. */
+typedef void (*loomFusionCallback_t)(uint64_t id, loomResult_t result, void *arg);
+
+/* Creates a context on comm (config may be NULL: defaults). Collective. *config is copied;
+ * loomFusionGetConfig returns the values in effect. */
+loomResult_t loomFusionCreate(loomFusion_t *fusion, loomComm_t comm,
+                              const loomFusionConfig_t *config);
+loomResult_t loomFusionGetConfig(loomFusion_t fusion, loomFusionConfig_t *config);
+
+/*
+ * Enqueues buff (count elements of type, reduced with op across the ranks, in place). id names
+ * the tensor in errors (a parameter index, a hash of its name). stream: NULL for host memory;
+ * for CUDA device memory the caller's stream, on which the tensor is packed when it is enqueued
+ * and the result is unpacked (no host synchronisation of the stream). callback (may be NULL) is
+ * called when done; *handle (handle may be NULL) waits for this tensor alone. Returns at once.
+ */
+loomResult_t loomFusionEnqueue(loomFusion_t fusion, void *buff, size_t count,
+                               loomDataType_t datatype, loomRedOp_t op, uint64_t id,
+                               cudaStream_t stream, loomFusionCallback_t callback,
+                               void *callbackArg, loomFusionHandle_t *handle);
+
+/* Closes the partial bucket now (agreed with the other ranks: it leaves once every rank has
+ * flushed or cut there). Returns at once. */
+loomResult_t loomFusionFlush(loomFusion_t fusion);
+
+/* Waits for one tensor; returns its result. Its bucket leaves when full, at the cycle time or at
+ * a flush: with cycleUs = LOOM_FUSION_NEVER, flush first (on every rank). */
+loomResult_t loomFusionWait(loomFusionHandle_t handle);
+/* *done = 1 once the tensor finished (then returns its result), else 0 and loomSuccess. */
+loomResult_t loomFusionTest(loomFusionHandle_t handle, int *done);
+
+/* Flushes and waits for every tensor enqueued so far (collective: the ranks also agree that
+ * nobody enqueued more). Returns the first error; the context stays usable after success. */
+loomResult_t loomFusionWaitAll(loomFusion_t fusion);
+
+typedef struct {
+    uint64_t tensors;   /* tensors completed */
+    uint64_t segments;  /* pieces they were cut into (>= tensors) */
+    uint64_t buckets;   /* allreduces run */
+    uint64_t bytes;     /* payload bytes reduced (per rank, as float32/exact values) */
+    uint64_t wireBytes; /* bytes this rank sent for the buckets */
+    uint64_t rounds;    /* agreement rounds (small allgathers ahead of buckets) */
+    uint64_t fullCuts;  /* buckets closed because full (or at a type/op change) */
+    uint64_t timerCuts; /* ... because the cycle time passed */
+    uint64_t flushCuts; /* ... by loomFusionFlush / loomFusionWaitAll */
+    uint64_t compressedBuckets;
+    double maxRelError;  /* compressed buckets: largest per-chunk relative error bound */
+    double meanRelError; /* ... mean over chunks (see docs/fusion.md for the definition) */
+} loomFusionStats_t;
+loomResult_t loomFusionGetStats(loomFusion_t fusion, loomFusionStats_t *stats);
+
+/* Waits for what is in flight (as loomFusionWaitAll, errors ignored), then frees the context.
+ * Collective when tensors are pending; after loomCommAbort of its communicator, local. */
+loomResult_t loomFusionDestroy(loomFusion_t fusion);
+
 #ifdef __cplusplus
 }
 #endif

@@ -270,11 +270,12 @@ static int rank_async_group(loomComm_t comm, int rank, int p, void *arg)
     for (int k = 0; k < 16; k++)
         ag[rank * 16 + k] = (uint8_t)(rank * 16 + k);
     async_job_t job = {.comm = comm, .nops = 3};
-    job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, a, b, N, loomFloat32, loomSum, -1, NULL, false};
+    job.ops[0] =
+        (coll_op_t){comm, OPK_ALLREDUCE, a, b, N, loomFloat32, loomSum, -1, NULL, false, 0};
     job.ops[1] =
-        (coll_op_t){comm, OPK_BROADCAST, bc, bc, N, loomInt32, loomSum, 1 % p, NULL, false};
+        (coll_op_t){comm, OPK_BROADCAST, bc, bc, N, loomInt32, loomSum, 1 % p, NULL, false, 0};
     job.ops[2] = (coll_op_t){comm, OPK_ALLGATHER, ag + rank * 16, ag, 16, loomUint8, loomSum,
-                             -1,   NULL,          false};
+                             -1,   NULL,          false,          0};
     loomResult_t r = async_wait(&job);
     int bad = r != loomSuccess;
     if (bad) fprintf(stderr, "rank %d: %s\n", rank, job.err);
@@ -304,8 +305,8 @@ static int rank_async_mismatch(loomComm_t comm, int rank, int p, void *arg)
     (void)arg;
     int32_t v[64] = {0};
     async_job_t job = {.comm = comm, .nops = 1};
-    job.ops[0] = (coll_op_t){comm,      OPK_ALLREDUCE, v,  v,    rank == 0 ? 64 : 32,
-                             loomInt32, loomSum,       -1, NULL, false};
+    job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, v,     v, rank == 0 ? 64 : 32, loomInt32, loomSum,
+                             -1,   NULL,          false, 0};
     loomResult_t r = async_wait(&job);
     if (r == loomSuccess || strstr(job.err, "mismatch") == NULL) {
         fprintf(stderr, "rank %d: expected a mismatch, got %d: %s\n", rank, r, job.err);
@@ -332,7 +333,7 @@ static int rank_async_after_abort(loomComm_t comm, int rank, int p, void *arg)
     comm_set_error(comm, loomRemoteError, "rank 9 died (test)");
     int32_t v[8] = {0};
     async_job_t job = {.comm = comm, .nops = 1};
-    job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, v, v, 8, loomInt32, loomSum, -1, NULL, false};
+    job.ops[0] = (coll_op_t){comm, OPK_ALLREDUCE, v, v, 8, loomInt32, loomSum, -1, NULL, false, 0};
     loomResult_t r = async_wait(&job);
     return r != loomRemoteError || strstr(job.err, "rank 9 died") == NULL;
 }

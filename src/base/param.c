@@ -62,10 +62,12 @@ static const param_desc_t params[PARAM_COUNT] = {
                            NUM(4096, INFINITY, CLAMP)},
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
-         "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)",
-         NAMES("ring|rd|hier|hier_leader|ps", READER)},
+         "force the allreduce algorithm: ring, rd, rabenseifner, tree, hier, hier:tree, "
+         "hier:rabenseifner, hier:rd, hier_leader, ps (default: a cost model)",
+         NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps",
+               READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
-                         "force one transport for every peer: tcp, shm or mpi (ucx, ibv later)",
+                         "force one transport for every peer: tcp, shm, mpi or ucx (ibv later)",
                          NAMES("tcp|shm|mpi|ucx|ibv|cuda", READER)},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
                              "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)",
@@ -140,6 +142,33 @@ static const param_desc_t params[PARAM_COUNT] = {
                               "take turns, so every exchange waits for a time slice: slow); "
                               "otherwise that is loomInvalidUsage",
                               NUM(0, 1, CLAMP)},
+    [PARAM_FUSION_BUCKET] = {"FUSION_BUCKET", PARAM_T_SIZE, "32M", "bytes",
+                             "fusion: a bucket leaves once this full (docs/fusion.md)",
+                             NUM(4096, INFINITY, CLAMP)},
+    [PARAM_FUSION_FIRST_BUCKET] = {"FUSION_FIRST_BUCKET", PARAM_T_SIZE, "1M", "bytes",
+                                   "fusion: the limit of a step's first bucket (the last "
+                                   "layers' gradients, ready first)",
+                                   NUM(4096, INFINITY, CLAMP)},
+    [PARAM_FUSION_SEGMENT] = {"FUSION_SEGMENT", PARAM_T_SIZE, "8M", "bytes",
+                              "fusion: tensors larger than this are cut into segments of it "
+                              "(at most the bucket size)",
+                              NUM(4096, INFINITY, CLAMP)},
+    [PARAM_FUSION_CYCLE_US] = {"FUSION_CYCLE_US", PARAM_T_INT, "2000", "us",
+                               "fusion: a partial bucket leaves once its oldest tensor waited "
+                               "this long (the cut is agreed among the ranks)",
+                               NUM(1, 1e9, CLAMP)},
+    [PARAM_FUSION_WIRE] = {"FUSION_WIRE", PARAM_T_STR, "exact", "",
+                           "fusion: how float32 sums travel: exact, bf16 or fp16 (a power-of-two "
+                           "scale per 256 values, float32 accumulation)",
+                           NAMES("exact|bf16|fp16", DEFAULT)},
+    [PARAM_FUSION_GROUP] = {"FUSION_GROUP", PARAM_T_SIZE, "256K", "bytes",
+                            "allreduces of at most this size inside loomGroupStart/End (one "
+                            "communicator, type and op, host memory) are fused into one; 0: never",
+                            NUM(0, INFINITY, CLAMP)},
+    [PARAM_TUNE_FILE] = {"TUNE_FILE", PARAM_T_STR, "", "",
+                         "tuning file written by loom-tune: fusion parameters and the cost "
+                         "model's measured constants, read at init (docs/tuning.md)",
+                         ANY},
 };
 
 typedef struct {

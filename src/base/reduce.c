@@ -746,3 +746,19 @@ void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, 
     else
         table[type](dst, src, divisor, n);
 }
+
+void red_widen16(loomDataType_t type, float *dst, const void *src, size_t n)
+{
+    if (type == loomFloat16)
+        red_h2f_block(dst, src, n);
+    else
+        red_bf2f_block(dst, src, n);
+}
+
+void red_narrow16(loomDataType_t type, void *dst, const float *src, size_t n)
+{
+    if (type == loomFloat16)
+        red_f2h_block(dst, src, n);
+    else
+        red_f2bf_block(dst, src, n);
+}

@@ -46,6 +46,10 @@ float red_half_to_float(uint16_t h);
 uint16_t red_float_to_half(float f);
 float red_bf16_to_float(uint16_t b);
 uint16_t red_float_to_bf16(float f);
+/* The same for n values at once (type loomFloat16 or loomBfloat16), vectorised (F16C where the
+ * CPU has it): what the reductions use, and fusion's 16-bit wire. */
+void red_widen16(loomDataType_t type, float *dst, const void *src, size_t n);
+void red_narrow16(loomDataType_t type, void *dst, const float *src, size_t n);
 
 /* The 8-bit floats (loomFloat8e4m3, loomFloat8e5m2; reduce_fp8.c): exact widening, narrowing to
  * nearest even saturated to the largest finite value, NaN to the canonical 0x7f. */

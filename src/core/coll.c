@@ -158,7 +158,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     /* the cut, carried in every message: ranks that slice differently fail with that reason
      * instead of a confusing size mismatch */
     /* (in place or not may differ between ranks: only the algorithm and the cut count) */
-    uint64_t cut[3] = {key[2] >> 8, key[4], key[5]};
+    uint64_t cut[4] = {key[2] >> 8, key[4], key[5], o->tag};
     d.shape = base_hash64(cut, sizeof(cut), 0x7368617065);
     call.desc.shape = d.shape;
     bool hit;
@@ -166,6 +166,7 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     *out = s;
     if (hit) {
         s->descs[0].seq = d.seq;
+        s->descs[0].shape = d.shape; /* the tag is not part of the cache key */
         goto buffers;
     }
     LOOM_CHECK(plan_build(&ctx, &call, s));
@@ -321,7 +322,6 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];
         if (j->done) continue;
-        *all_done = false;
         log_set_rank(j->comm->rank);
         bool done = false;
         loomResult_t r = exec_progress(j->exec, &done, progressed);
@@ -335,6 +335,9 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
             if (r != loomSuccess) job_fail(j, r);
             *progressed = true;
         }
+        /* a job that just ended counts now: a waiter told "not done" would sleep on the
+         * descriptors of a group that has none left to wait on */
+        if (!j->done) *all_done = false;
     }
     return loomSuccess;
 }
@@ -463,10 +466,17 @@ loomResult_t coll_start(const coll_op_t *ops, int n, coll_group_t **out)
 
 loomResult_t coll_test(coll_group_t *g, bool *done)
 {
+    bool progressed;
+    return coll_advance(g, done, &progressed);
+}
+
+loomResult_t coll_advance(coll_group_t *g, bool *done, bool *moved)
+{
     bool progressed = false;
     *done = false;
     loomResult_t r = group_advance(&g->work, done, &progressed);
     uint64_t now = base_now_ns();
+    *moved = progressed;
     if (progressed) g->idle_since = now;
     /* the timeout rules, as a blocked caller would apply them between its waits */
     if (!*done && r == loomSuccess && now - g->idle_since >= PROGRESS_BLOCK_MS * 1000000ull) {
@@ -478,6 +488,41 @@ loomResult_t coll_test(coll_group_t *g, bool *done)
     progress_unwatch(&g->work);
     loomResult_t f = group_finish(g);
     return r != loomSuccess ? r : f;
+}
+
+loomResult_t coll_hold(loomComm_t comm, const char *fn)
+{
+    LOOM_CHECK(comm_check(comm, fn));
+    comm_ref(comm);
+    return loomSuccess;
+}
+
+void coll_drop(loomComm_t comm)
+{
+    comm_unref(comm);
+}
+
+loomResult_t coll_usable(loomComm_t comm, const char *fn)
+{
+    if (atomic_load(&comm->st.destroyed))
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: communicator %p was destroyed or aborted", fn, (void *)comm);
+    return comm_check(comm, fn);
+}
+
+uint64_t coll_spin_ns(loomComm_t comm)
+{
+    return comm->tune.spin_ns;
+}
+
+int coll_rank(loomComm_t comm)
+{
+    return comm->rank;
+}
+
+int coll_nranks(loomComm_t comm)
+{
+    return comm->nranks;
 }
 
 loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, void *const *recv,

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom.h"
 #include "progress.h"
@@ -28,6 +29,10 @@ typedef struct {
     int root; /* root, or peer for point to point */
     cudaStream_t stream;
     bool dev; /* device buffers: the device executor orders it on the stream */
+    /* Mixed into the operation's descriptor, which peers check: ranks whose tags differ fail
+     * with a mismatch instead of combining unlike data (a fused group's digest of its calls;
+     * 0 for plain calls). */
+    uint64_t tag;
 } coll_op_t;
 
 /* Runs host operations (in call order per communicator; several communicators progress
@@ -41,10 +46,33 @@ loomResult_t coll_run(const coll_op_t *ops, int n);
 typedef struct coll_group coll_group_t;
 loomResult_t coll_start(const coll_op_t *ops, int n, coll_group_t **out);
 loomResult_t coll_test(coll_group_t *g, bool *done);
+/* coll_test that also says whether anything moved (a poll function's *progressed: the progress
+ * thread keeps spinning while the network delivers). */
+loomResult_t coll_advance(coll_group_t *g, bool *done, bool *progressed);
 
 /* Allgathers `bytes` of raw bytes on k communicators at once, as one group (split, the device
  * executor's setup). */
 loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, void *const *recv,
                                  size_t bytes, int k);
+
+/* ---- for src/fusion: a communicator used from loom's own threads ---- */
+
+/* Checks comm as a public call would (live, not finalized, no error, not aborting) and takes a
+ * reference that keeps its memory until coll_drop, even across loomCommDestroy/Abort. */
+loomResult_t coll_hold(loomComm_t comm, const char *fn);
+void coll_drop(loomComm_t comm);
+/* comm_check for a held communicator: its error text is the thread's when it is not usable. */
+loomResult_t coll_usable(loomComm_t comm, const char *fn);
+/* Claims comm for `owner` (not a thread: a fusion context) until coll_unclaim: every public call
+ * on comm meanwhile, from any thread, is refused naming `what`. Fails if a thread holds it. */
+loomResult_t coll_claim(loomComm_t comm, const void *owner, const char *what);
+void coll_unclaim(loomComm_t comm, const void *owner);
+/* The public calls' check of a reduction op (a pre-multiplied sum must be comm's, for type). */
+loomResult_t coll_check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type);
+/* How long a waiter of comm spins before it blocks (LOOM_SPIN_US; 0 on oversubscribed nodes). */
+uint64_t coll_spin_ns(loomComm_t comm);
+/* Rank and size of a held communicator. */
+int coll_rank(loomComm_t comm);
+int coll_nranks(loomComm_t comm);
 
 #endif

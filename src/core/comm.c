@@ -209,9 +209,10 @@ void comm_abort_transports(loomComm_t comm, const char *reason)
     exec_host_unlock(&comm->exech);
 }
 
-static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi"};
+static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi", "ucx"};
 
-/* Same node: shared memory when started; else TCP; LOOM_TRANSPORT forces one. */
+/* Same node: shared memory when started; other nodes: UCX where both ranks started it (only
+ * on an RDMA fabric, see pick_transports), else TCP; LOOM_TRANSPORT forces one. */
 static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
 {
     bool local = comm->lay.peers[peer].node_hash == comm->lay.peers[comm->rank].node_hash;
@@ -225,6 +226,8 @@ static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
     } else {
         *tp = local && comm->net.tp[TP_SHM].ctx && comm->lay.peers[peer].handle[TP_SHM][0] ? TP_SHM
                                                                                            : TP_TCP;
+        if (!local && comm->net.tp[TP_UCX].ctx && comm->lay.peers[peer].handle[TP_UCX][0])
+            *tp = TP_UCX;
     }
     if (comm->net.tp[*tp].ctx == NULL || comm->lay.peers[peer].handle[*tp][0] == 0)
         return base_error(loomInvalidUsage, LOG_NET,
@@ -239,8 +242,17 @@ loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
     if (l->conn == NULL) {
         int tp = TP_TCP;
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
-        LOOM_CHECK(comm->net.tp[tp].ops->connect(comm->net.tp[tp].ctx, peer,
-                                                 comm->lay.peers[peer].handle[tp], &l->conn));
+        const transport_ops_t *ops = comm->net.tp[tp].ops;
+        if (ops->connect_addr) {
+            transport_peer_t pi = {.handle = comm->lay.peers[peer].handle[tp],
+                                   .same_node = comm->lay.peers[peer].node_hash ==
+                                                comm->lay.peers[comm->rank].node_hash};
+            pi.addr = comm_peer_addr(comm, peer, tp, &pi.addr_len);
+            LOOM_CHECK(ops->connect_addr(comm->net.tp[tp].ctx, peer, &pi, &l->conn));
+        } else {
+            LOOM_CHECK(ops->connect(comm->net.tp[tp].ctx, peer, comm->lay.peers[peer].handle[tp],
+                                    &l->conn));
+        }
         l->ops = comm->net.tp[tp].ops;
         TRACE(LOG_NET, "rank %d reaches rank %d over %s", comm->rank, peer, l->ops->name);
     }
@@ -301,6 +313,9 @@ void comm_free(loomComm_t comm)
     exec_host_release(&comm->exech);
     free(comm->cache.tmp_buf);
     free(comm->lay.peers);
+    free(comm->lay.addrs);
+    free(comm->lay.addr_off);
+    free(comm->net.my_addr);
     free(comm->net.links);
     free(comm->lay.node_of);
     free(comm->lay.node_start);
@@ -355,6 +370,8 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     snprintf(c->lay.name, sizeof(c->lay.name), "%s", cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->cache.p2p, rank, nranks);
     c->tune.last_pick = -1;
+    for (int m = 0; m < TUNE_NMEM; m++)
+        tune_entry_clear(&c->tune.file[m]); /* until comm_layout reads LOOM_TUNE_FILE */
     loomResult_t ar = parse_algo(&c->tune.algo);
     if (ar != loomSuccess) {
         comm_free(c);
@@ -366,15 +383,22 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
 }
 
 /* Which transports to start: the one LOOM_TRANSPORT names, or all that this build has except
- * those started only on request (mpi: it would initialise MPI in every program). */
+ * those started only on request (mpi: it would initialise MPI in every program), UCX only where
+ * it offers what tcp and shm lack (an RDMA device). */
 static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 {
     const char *name = param_str(PARAM_TRANSPORT);
     for (int t = 0; t < TP_MAX; t++)
-        want[t] = name[0] == '\0' && t != TP_MPI;
+        want[t] = name[0] == '\0' && t != TP_MPI && transport_by_name(tp_names[t]) != NULL;
+#ifdef LOOM_HAVE_UCX
+    const char *rdma = NULL;
+    if (want[TP_UCX] && !ucx_has_rdma(&rdma)) want[TP_UCX] = false;
+    if (want[TP_UCX])
+        INFO(LOG_NET, "ucx: RDMA transports found (%s): ranks on other nodes use ucx", rdma);
+#endif
     if (name[0] == '\0') return loomSuccess;
     for (int t = 0; t < TP_MAX; t++)
-        if (strcmp(name, tp_names[t]) == 0 && transport_by_name(name)) {
+        if (strcmp(name, tp_names[t]) == 0 && transport_by_name(name) != NULL) {
             want[t] = true;
             comm->net.forced_tp = t;
             return loomSuccess;
@@ -394,6 +418,74 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
                               name, name, avail);
     return base_error(loomInvalidArgument, LOG_INIT,
                       "LOOM_TRANSPORT=%s: unknown transport (available: %s)", name, avail);
+}
+
+loomResult_t comm_set_peer_addrs(loomComm_t comm, uint8_t *buf, size_t len)
+{
+    if (comm->lay.addrs != buf) free(comm->lay.addrs);
+    free(comm->lay.addr_off);
+    comm->lay.addrs = buf;
+    comm->lay.addr_off = calloc((size_t)comm->nranks, sizeof(size_t));
+    if (comm->lay.addr_off == NULL)
+        return base_error(loomSystemError, LOG_INIT, "out of memory (transport addresses)");
+    size_t off = 0;
+    for (int q = 0; q < comm->nranks; q++) {
+        comm->lay.addr_off[q] = off;
+        off += comm->lay.peers[q].addr_bytes;
+    }
+    if (off != len)
+        return base_error(loomInternalError, LOG_INIT,
+                          "transport addresses: %zu bytes where the ranks announced %zu", len, off);
+    return loomSuccess;
+}
+
+const uint8_t *comm_peer_addr(loomComm_t comm, int peer, int tp, size_t *len)
+{
+    *len = 0;
+    if (comm->lay.addrs == NULL || comm->lay.addr_off == NULL) return NULL;
+    const uint8_t *p = comm->lay.addrs + comm->lay.addr_off[peer];
+    const uint8_t *end = p + comm->lay.peers[peer].addr_bytes;
+    for (int t = 0; t < TP_MAX && end - p >= 4; t++) {
+        uint32_t l;
+        memcpy(&l, p, 4);
+        p += 4;
+        if ((size_t)(end - p) < l) return NULL;
+        if (t == tp) {
+            *len = l;
+            return l ? p : NULL;
+        }
+        p += l;
+    }
+    return NULL;
+}
+
+/* Packs this rank's large addresses (comm_peer_addr's layout) into net.my_addr. */
+static loomResult_t pack_addrs(loomComm_t comm)
+{
+    const void *a[TP_MAX] = {0};
+    size_t l[TP_MAX] = {0}, total = 0;
+    for (int t = 0; t < TP_MAX; t++) {
+        if (comm->net.tp[t].ctx && comm->net.tp[t].ops->address)
+            LOOM_CHECK(comm->net.tp[t].ops->address(comm->net.tp[t].ctx, &a[t], &l[t]));
+        total += l[t];
+    }
+    free(comm->net.my_addr);
+    comm->net.my_addr = NULL;
+    comm->net.my_addr_len = 0;
+    if (total == 0) return loomSuccess;
+    total += 4 * TP_MAX;
+    if (total > UINT32_MAX / 2)
+        return base_error(loomInternalError, LOG_INIT, "transport addresses of %zu bytes", total);
+    uint8_t *p = comm->net.my_addr = malloc(total);
+    if (p == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (addresses)");
+    for (int t = 0; t < TP_MAX; t++) {
+        uint32_t n = (uint32_t)l[t];
+        memcpy(p, &n, 4);
+        if (n) memcpy(p + 4, a[t], n);
+        p += 4 + n;
+    }
+    comm->net.my_addr_len = (uint32_t)total;
+    return loomSuccess;
 }
 
 /* Starts the transports for `comm`, writing this rank's connection handles. */
@@ -432,12 +524,68 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
                 comm->net.tp[t].ctx = NULL;
                 continue;
             }
+            /* So is UCX when it was not asked for: TCP still reaches every node. */
+            if (t == TP_UCX && comm->net.forced_tp != TP_UCX) {
+                WARN(LOG_NET, "ucx transport unavailable (%s); other nodes use tcp",
+                     base_last_error());
+                memset(handles[t], 0, TRANSPORT_HANDLE_BYTES);
+                comm->net.tp[t].ctx = NULL;
+                continue;
+            }
             return r;
         }
         comm->net.tp[t].ops = ops;
     }
+    LOOM_CHECK(pack_addrs(comm));
     /* Heartbeats and the peers' connections are served between calls too. */
     return exec_keepalive_start(&comm->exech);
+}
+
+/* LOOM_TUNE_FILE's contents hashed, for the peers' agreement: 0 when unset, a fixed value when
+ * unreadable (tunefile_read then says why). */
+static uint32_t tune_file_hash(void)
+{
+    const char *path = param_str(PARAM_TUNE_FILE);
+    if (!path[0]) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    uint64_t h = 0x746e7566;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        h = base_hash64(buf, n, h);
+    fclose(f);
+    return (uint32_t)(h ^ (h >> 32)) | 2u;
+}
+
+/* The tuning file's sections for this communicator, per memory type. Every rank must apply the
+ * same constants (the model's choice shapes the schedule): ranks whose files differ all fall
+ * back to the built-in defaults, and rank 0 says which rank differs. */
+static void comm_tune_load(loomComm_t comm)
+{
+    for (int m = 0; m < TUNE_NMEM; m++)
+        tune_entry_clear(&comm->tune.file[m]);
+    const char *path = param_str(PARAM_TUNE_FILE);
+    for (int q = 1; q < comm->nranks; q++)
+        if (comm->lay.peers[q].tune_hash != comm->lay.peers[0].tune_hash) {
+            if (comm->rank == 0)
+                WARN(LOG_TUNING,
+                     "LOOM_TUNE_FILE: rank %d (%s) reads %s than rank 0 (%s): no rank uses a "
+                     "tuning file; the built-in defaults apply",
+                     q, comm->lay.peers[q].host,
+                     comm->lay.peers[q].tune_hash == 0 ? "no file, other" : "a different file",
+                     path[0] ? path : "unset");
+            return;
+        }
+    if (!path[0]) return;
+    for (int m = 0; m < TUNE_NMEM; m++) {
+        tune_key_t k = tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start, m);
+        if (!tunefile_read(path, &k, &comm->tune.file[m], m == 0)) return;
+    }
+    const tune_entry_t *h = &comm->tune.file[TUNE_MEM_HOST];
+    if (h->sections)
+        INFO(LOG_TUNING, "tuning file %s: %d section%s for %d ranks on %d nodes (last: %s)", path,
+             h->sections, h->sections > 1 ? "s" : "", comm->nranks, comm->lay.nnodes, h->where);
 }
 
 /* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
@@ -480,6 +628,7 @@ loomResult_t comm_layout(loomComm_t comm)
     while (comm->lay.node_ranks[comm->lay.node_start[comm->lay.node] + comm->lay.local_rank] !=
            comm->rank)
         comm->lay.local_rank++;
+    comm_tune_load(comm);
     if (comm->rank == 0 && log_enabled(LOG_INFO, LOG_INIT)) {
         char line[512];
         for (int n = 0; n < nnodes; n++) {
@@ -507,7 +656,15 @@ static loomResult_t parse_algo(int *algo)
     return registry_parse(param_str(PARAM_ALGO), algo);
 }
 
-/* What the registry's model sees of this communicator: the transports' hints. */
+/*
+ * What the registry's model sees of this communicator. Each constant is the tuning file's
+ * measured one when the file has it (loom-tune --model), else the built-in default: the
+ * transports' hints (tcp 30 us and 1 GB/s, shm 5 us and 6 GB/s: hand estimates of loopback
+ * TCP and of a one-copy memory path on the dev machine, not fitted) and gamma = 1/(5 GB/s), the
+ * host's reduction of one output byte per core (the order of src/base/reduce.c's float sum on
+ * one EPYC core of the dev machine). The network link is tcp across nodes; the node-local link
+ * is shm when it is started, else tcp inside the node.
+ */
 static registry_model_t comm_model(loomComm_t comm)
 {
     const transport_ops_t *net = comm->net.forced_tp >= 0 && comm->net.tp[comm->net.forced_tp].ops
@@ -515,13 +672,24 @@ static registry_model_t comm_model(loomComm_t comm)
                                  : comm->net.tp[TP_TCP].ops ? comm->net.tp[TP_TCP].ops
                                                             : &transport_tcp;
     const transport_ops_t *loc = comm->net.tp[TP_SHM].ops ? comm->net.tp[TP_SHM].ops : net;
+    bool shm = loc != net;
+    const tune_entry_t *f = &comm->tune.file[TUNE_MEM_HOST];
+    int lt = shm ? TUNE_SHM : TUNE_TCP;
+    bool measured = false;
+#define PICK(meas, hint) ((meas) >= 0 ? (measured = true, (meas)) : (hint))
     registry_model_t m = {.nranks = comm->nranks,
                           .nnodes = comm->lay.nnodes,
-                          .a_net = net->latency_us * 1e-6,
-                          .b_net = 1.0 / (net->bw_GBps * 1e9),
-                          .a_loc = loc->latency_us * 1e-6,
-                          .b_loc = 1.0 / (loc->bw_GBps * 1e9),
-                          .shared_mem = loc != net};
+                          .a_net = PICK(f->alpha[TUNE_TCP][TUNE_NET], net->latency_us * 1e-6),
+                          .b_net = PICK(f->beta[TUNE_TCP][TUNE_NET], 1.0 / (net->bw_GBps * 1e9)),
+                          .a_loc = PICK(f->alpha[lt][TUNE_LOCAL], loc->latency_us * 1e-6),
+                          .b_loc = PICK(f->beta[lt][TUNE_LOCAL], 1.0 / (loc->bw_GBps * 1e9)),
+                          .gamma = PICK(f->gamma, 1.0 / 5e9),
+                          .shared_mem = shm};
+#undef PICK
+    m.source = measured ? f->where : "built-in defaults";
+    /* The wake-up of blocked ranks on an oversubscribed node is added to the built-in latencies
+     * only: latencies measured there (loom-tune --model's ping-pong) already contain it. */
+    m.oversubscribed = comm->tune.oversubscribed && !measured;
     return m;
 }
 
@@ -535,12 +703,23 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
-        char why[512];
-        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
+        char why[1024];
+        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s [constants: %s]",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
-            registry_explain(&m, bytes, pick, why, sizeof(why)));
+            registry_explain(&m, bytes, pick, why, sizeof(why)), m.source);
     }
     return pick;
+}
+
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment)
+{
+    const tune_entry_t *f = &comm->tune.file[mem >= 0 && mem < TUNE_NMEM ? mem : 0];
+    *bucket = !param_is_set(PARAM_FUSION_BUCKET) && f->fusion_threshold
+                  ? f->fusion_threshold
+                  : param_size(PARAM_FUSION_BUCKET);
+    *segment = !param_is_set(PARAM_FUSION_SEGMENT) && f->fusion_segment
+                   ? f->fusion_segment
+                   : param_size(PARAM_FUSION_SEGMENT);
 }
 
 /*
@@ -559,6 +738,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
         if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
+    comm->tune.oversubscribed = any;
     int mine = comm->lay.peers[comm->rank].cores;
     if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
         comm->tune.spin_ns = 0;
@@ -586,6 +766,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     mine.rank = comm->rank;
     mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
     mine.cores = (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    mine.tune_hash = tune_file_hash();
     /* A list in LOOM_NODE_ID ("a,a,b,b") gives rank r the r-th name: one process can then hold
      * the ranks of several pretend nodes (tests of hierarchical algorithms). */
     const char *ids = param_str(PARAM_NODE_ID);
@@ -615,6 +796,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     }
 #endif
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
+    mine.addr_bytes = comm->net.my_addr_len;
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
     LOOM_CHECK(comm_layout(comm));
     for (int q = 0; q < comm->nranks; q++) {
@@ -635,7 +817,9 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
          "%d channels, slice %llu bytes",
          LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->lay.node,
          comm->lay.nnodes, comm->lay.local_rank, comm->lay.local_size,
-         comm->net.forced_tp >= 0 ? tp_names[comm->net.forced_tp] : "shm in node, tcp across",
+         comm->net.forced_tp >= 0   ? tp_names[comm->net.forced_tp]
+         : comm->net.tp[TP_UCX].ctx ? "shm in node, ucx across"
+                                    : "shm in node, tcp across",
          comm->tune.nchannels, (unsigned long long)comm->tune.slice_bytes);
     return loomSuccess;
 }

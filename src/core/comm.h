@@ -16,6 +16,7 @@
 #include "schedule.h"
 #include "sock.h"
 #include "transport.h"
+#include "tunefile.h"
 
 #define COMM_MAGIC 0x6c6f6f6d636f6d6dull /* "loomcomm" */
 #define COMM_DEAD_MAGIC 0xdeadc0de0000dead
@@ -23,7 +24,7 @@
 #define HOST_NAME_LEN 64
 
 /* Transports a communicator may use, by index. */
-enum { TP_TCP = 0, TP_SHM = 1, TP_MPI = 2, TP_MAX = 3 };
+enum { TP_TCP = 0, TP_SHM = 1, TP_MPI = 2, TP_UCX = 3, TP_MAX = 4 };
 
 /* What every rank tells the others at bootstrap. */
 typedef struct {
@@ -34,7 +35,11 @@ typedef struct {
     char host[HOST_NAME_LEN];
     uint8_t gpu_uuid[16]; /* the GPU named at init (config), all zero: none yet */
     int32_t gpu_dev;      /* its ordinal on that rank, -1: none */
-    int32_t pad;
+    /* Bytes of transport addresses too large for a handle (UCX's worker address) that follow
+     * this record in the bootstrap and in split: see comm_peer_addr. */
+    uint32_t addr_bytes;
+    uint32_t tune_hash; /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
+                           different files would choose different algorithms */
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -66,6 +71,8 @@ typedef struct {
     peer_info_t *peers;
     int node, nnodes, local_rank, local_size;
     int *node_of, *node_start, *node_ranks; /* the layout, for sched_topo_t */
+    uint8_t *addrs;   /* the peers' large addresses, in rank order (peers[q].addr_bytes each) */
+    size_t *addr_off; /* where peer q's start in addrs */
 } comm_layout_t;
 
 /* Transports and links (comm.c). */
@@ -73,6 +80,8 @@ typedef struct {
     exec_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
     int forced_tp;        /* LOOM_TRANSPORT, or -1 */
     exec_link_t *links;   /* by peer; conn NULL until a schedule needs it */
+    uint8_t *my_addr;     /* this rank's large addresses (comm_peer_addr's layout) */
+    uint32_t my_addr_len;
 } comm_net_t;
 
 /* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read
@@ -85,6 +94,10 @@ typedef struct {
     int slices_in_flight;
     uint64_t spin_ns;
     double timeout_s;
+    bool oversubscribed; /* some node of the job has more ranks than cores */
+    /* LOOM_TUNE_FILE's sections that fit this communicator, per memory type (tunefile.h);
+     * sections == 0: none (no file, or nothing in it for this key). */
+    tune_entry_t file[TUNE_NMEM];
 } comm_tune_t;
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */
@@ -159,6 +172,11 @@ struct loomComm {
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
  * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+
+/* The fusion bucket and segment sizes for a context's fields left 0, for memory type mem
+ * (TUNE_MEM_*): LOOM_FUSION_BUCKET / LOOM_FUSION_SEGMENT when set, else the tuning file's
+ * fusion_threshold / fusion_segment for this communicator, else the parameters' defaults. */
+void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *segment);
 sched_topo_t comm_topo(loomComm_t comm);
 
 /* Valid, usable communicator? Sets the error text otherwise. */
@@ -195,6 +213,14 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
 void comm_exec_fill(loomComm_t comm);
 /* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */
 void comm_devhost_fill(loomComm_t comm);
+/* Large transport addresses. A transport whose address does not fit a handle publishes it
+ * through ops->address; comm_start_transport packs every such address of this rank into
+ * net.my_addr (for each transport in TP_* order: a 32-bit length, then the bytes), which the
+ * bootstrap (or split's allgather) carries after the rank's peer_info_t. comm_set_peer_addrs
+ * takes the peers' blobs concatenated in rank order (buf is kept, freed with the communicator)
+ * and comm_peer_addr finds one transport's address of one peer (NULL, *len 0: none). */
+loomResult_t comm_set_peer_addrs(loomComm_t comm, uint8_t *buf, size_t len);
+const uint8_t *comm_peer_addr(loomComm_t comm, int peer, int tp, size_t *len);
 /* Tells every started transport to abort (peers learn `reason`). */
 void comm_abort_transports(loomComm_t comm, const char *reason);
 

@@ -16,6 +16,7 @@
 
 #include "coll.h"
 #include "comm.h"
+#include "fuse.h"
 #include "memtype.h"
 #ifdef LOOM_HAVE_CUDA
 #include "dev.h"
@@ -190,6 +191,35 @@ static loomResult_t comm_claim(loomComm_t c, const char *fn)
 static void comm_release(loomComm_t c)
 {
     uintptr_t me = (uintptr_t)&claim_self;
+    atomic_compare_exchange_strong(&c->st.owner, &me, 0);
+}
+
+loomResult_t coll_check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type)
+{
+    return check_op(comm, fn, op, type);
+}
+
+/* A fusion context claims its communicator while tensors are in flight: a public call on it then
+ * is refused by comm_claim, naming the context (owner_call) and the thread that created it. */
+loomResult_t coll_claim(loomComm_t c, const void *owner, const char *what)
+{
+    uintptr_t cur = 0;
+    if (atomic_compare_exchange_strong(&c->st.owner, &cur, (uintptr_t)owner) ||
+        cur == (uintptr_t)owner) {
+        atomic_store_explicit(&c->st.owner_call, what, memory_order_relaxed);
+        atomic_store_explicit(&c->st.owner_tid, self_tid(), memory_order_relaxed);
+        return loomSuccess;
+    }
+    const char *other = atomic_load_explicit(&c->st.owner_call, memory_order_relaxed);
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "%s: communicator %p is inside %s on thread %d; wait for it first", what,
+                      (void *)c, other ? other : "another call",
+                      atomic_load_explicit(&c->st.owner_tid, memory_order_relaxed));
+}
+
+void coll_unclaim(loomComm_t c, const void *owner)
+{
+    uintptr_t me = (uintptr_t)owner;
     atomic_compare_exchange_strong(&c->st.owner, &me, 0);
 }
 
@@ -380,7 +410,13 @@ static loomResult_t run_group(void)
         int m = 0;
         for (int i = 0; i < n; i++)
             if (gq[i].comm != NULL) gq[m++] = gq[i];
-        if (m > 0) res = coll_run(gq, m);
+        /* Small allreduces of one communicator, type and op become one (src/fusion). */
+        fuse_run_t *runs = NULL;
+        coll_op_t *orig = NULL;
+        int nruns = 0;
+        if (m > 1) res = fuse_group(gq, &m, &runs, &nruns, &orig);
+        if (res == loomSuccess && m > 0) res = coll_run(gq, m);
+        if (nruns > 0) fuse_group_finish(res, runs, nruns, orig);
     }
     for (int i = 0; i < n; i++)
         if (gq_owner[i]) {
@@ -416,7 +452,7 @@ LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, siz
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
-    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1, stream, false};
+    coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1, stream, false, 0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -435,8 +471,8 @@ LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, siz
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     }
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    coll_op_t o = {comm, OPK_BROADCAST, sendbuff, recvbuff, count,
-                   type, loomSum,       root,     stream,   false};
+    coll_op_t o = {comm,    OPK_BROADCAST, sendbuff, recvbuff, count, type,
+                   loomSum, root,          stream,   false,    0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -458,7 +494,7 @@ LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t
     } else {
         recvbuff = (void *)sendbuff == recvbuff ? recvbuff : NULL;
     }
-    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root, stream, false};
+    coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root, stream, false, 0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -475,8 +511,8 @@ LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, siz
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
                                         (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
-    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount,
-                   type, loomSum,       -1,       stream,   false};
+    coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum,
+                   -1,   stream,        false,    0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -495,8 +531,8 @@ LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff,
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
         LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
-    coll_op_t o = {comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream,
-                   false};
+    coll_op_t o = {
+        comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream, false, 0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -512,7 +548,8 @@ LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
     LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
-    coll_op_t o = {comm, OPK_ALLTOALL, sendbuff, recvbuff, count, type, loomSum, -1, stream, false};
+    coll_op_t o = {comm,    OPK_ALLTOALL, sendbuff, recvbuff, count, type,
+                   loomSum, -1,           stream,   false,    0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -526,7 +563,7 @@ LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataTy
     LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
     LOOM_CHECK(check_root(comm, fn, "peer", peer));
     LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
-    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer, stream, false};
+    coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer, stream, false, 0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }
@@ -540,7 +577,7 @@ LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t t
     LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
     LOOM_CHECK(check_root(comm, fn, "peer", peer));
     LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer, stream, false};
+    coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer, stream, false, 0};
     LOOM_CHECK(check_mem_kind(fn, &o));
     return enqueue(&o);
 }

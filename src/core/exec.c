@@ -295,7 +295,8 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
         snprintf(text, sizeof(text),
                  "operation mismatch: ranks %d and %d both called %s but cut it differently "
                  "(shape %016llx against %016llx): LOOM_ALGO, LOOM_SLICE_SIZE or LOOM_NCHANNELS "
-                 "differ between them",
+                 "differ between them, or it fuses calls that differ (the allreduces of a "
+                 "group or a fusion bucket: their counts, types, ops or order)",
                  st->peer, e->h->rank, b, (unsigned long long)theirs.shape,
                  (unsigned long long)mine->shape);
     else

@@ -1,0 +1,973 @@
+/*
+ * The fusion context (loom.h's loomFusion*, docs/fusion.md): tensors enqueued in order are cut
+ * into segments, segments are packed into buckets, and each bucket is one in-place allreduce
+ * (or, for compressed float32 sums, an all-to-all and an allgather of encoded chunks), run by
+ * core's progress thread through coll_start/coll_test. The caller's thread only queues and, in
+ * loomFusionWait*, waits on a condition variable.
+ *
+ * Why every rank forms the same buckets (the determinism argument). A bucket is a range
+ * [start, cut) of segment positions, and positions come from the enqueue order alone. Each rank
+ * computes, from its own queue, the fill point: the longest run from start of one type and op
+ * that fits the bucket limit; it is a function of the enqueued sequence, so ranks that enqueued
+ * the same tensors compute the same one. A rank proposes a cut `want` when its bucket is full
+ * (want = fill), when its oldest waiting tensor has waited the cycle time or it was asked to
+ * flush (want <= fill: what it has). Proposals are exchanged in a small allgather (a round)
+ * ahead of the bucket, and the cut is the minimum of all proposals. Every rank computes that
+ * minimum from the same gathered records, so the cut is the same everywhere, whatever each
+ * rank's clock said; every rank already holds the segments up to the cut (a proposal never
+ * exceeds what its rank has). A rank whose timer fires early only makes the cut earlier for
+ * everyone; it cannot make its own bucket differ. A round needs every rank's record, so a rank
+ * whose bucket is not ready simply joins later (its own timer, fill or flush): the early ranks'
+ * round waits in the progress thread, never in the caller.
+ *
+ * Why disagreements are errors and not wrong sums. Each segment (tensor id, its count, the
+ * segment's offset and length, type, op) is chained into a running digest. A round carries each
+ * rank's digest at its proposal; when all proposals are equal the digests are compared at once,
+ * else a second round compares the digests at the agreed cut. Equal digests mean equal buckets
+ * (up to a 64-bit hash collision). Unequal ones start a third round that gathers the bucket's
+ * segment descriptors, and every rank reports the first position where they differ, naming the
+ * tensor ids, counts, types and ops and the ranks. The bucket's allreduce also carries the
+ * digest in its descriptor (coll_op_t.tag), checked by every receiver, as a second line. A rank
+ * that waits for all (loomFusionWaitAll) with nothing left proposes an empty bucket with the
+ * FINAL flag: a round whose proposals are all empty and final closes the step, and a round in
+ * which some ranks are final and empty while others still have segments is a missing tensor,
+ * reported with the first such tensor's id. Every decision is made from gathered data that all
+ * ranks hold, so all ranks take the same branch: nobody waits for a round that others skip.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base.h"
+#include "coll.h"
+#include "fuse.h"
+#include "memtype.h"
+#include "param.h"
+#include "progress.h"
+#include "reduce.h"
+#include "schedule.h"
+
+#define FZ_TEXT 1024
+
+struct loomFusionTensor {
+    struct loomFusion *f;
+    void *buf;
+    size_t count;
+    loomDataType_t type;
+    loomRedOp_t op;
+    uint64_t id;
+    loomFusionCallback_t cb;
+    void *arg;
+    uint64_t pos; /* position in its step (since the last loomFusionWaitAll) */
+    uint64_t nseg, segs_done;
+    atomic_int done;
+    loomResult_t res;
+    struct loomFusionTensor *next;
+};
+
+typedef struct {
+    struct loomFusionTensor *t;
+    fuse_segdesc_t d;
+    uint64_t h;     /* the digest after this segment */
+    uint64_t t_enq; /* when it was enqueued (the cycle timer) */
+} fz_seg_t;
+
+enum { FZ_FULL = 1, FZ_TIMER = 2, FZ_FLUSH = 4, FZ_FINAL = 8 };
+
+/* One rank's record in a round. */
+typedef struct {
+    uint64_t want;   /* the proposed cut (absolute segment position) */
+    uint64_t avail;  /* segments this rank has */
+    uint64_t h_want; /* its digest at `want` */
+    uint32_t flags;
+    uint32_t pad;
+    fuse_segdesc_t first; /* the segment at the bucket's start, when it has one */
+    uint64_t first_pos;   /* that segment's tensor position in the step */
+} fz_rec_t;
+
+enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_SCATTER, ST_Z_GATHER };
+
+struct loomFusion {
+    loomComm_t comm;
+    int rank, nranks;
+    loomFusionConfig_t cfg;
+    uint64_t cycle_ns;
+    bool attached;
+
+    pthread_mutex_t lock; /* everything below up to `start`, and the tensors */
+    pthread_cond_t cond;
+    fz_seg_t *segs; /* segs[k] is absolute position base + k */
+    size_t nsegs, segcap;
+    uint64_t base, h_base; /* h_base: the digest before segs[0] */
+    struct loomFusionTensor *thead, **ttail;
+    uint64_t step_tensors; /* positions given in this step */
+    uint64_t pending;      /* tensors not finished */
+    uint64_t flush_to;     /* flush up to this absolute position */
+    bool waiting;          /* a thread is inside loomFusionWaitAll */
+    bool step_done;        /* the closing round agreed */
+    bool claimed;
+    loomResult_t err;
+    char errtext[FZ_TEXT];
+    loomFusionStats_t st;
+    double rel_sum;
+    uint64_t rel_n;
+
+    /* the progress thread's alone */
+    uint64_t start; /* the next bucket's first segment */
+    uint64_t step_buckets;
+    int state;
+    coll_group_t *g;
+    fz_rec_t mine, *recs;
+    uint64_t cut;
+    uint32_t cut_flags;
+    fz_seg_t *bk; /* the bucket's segments (copies) */
+    size_t nbk, bkcap;
+    fuse_segdesc_t *diag; /* nbk mine, then nranks * nbk gathered */
+    size_t bk_elems, shard;
+    loomDataType_t bk_type;
+    loomRedOp_t bk_op;
+    bool bk_inplace; /* its segments are contiguous in memory */
+    uint8_t *stage;
+    size_t stage_cap;
+    uint8_t *wsend, *wrecv;
+    size_t wscap, wrcap;
+    float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
+    size_t acc_cap, ecap, mcap, etcap, mtcap;
+    loomStats_t cs0;
+};
+
+/* ---- completion and failure ---- */
+
+static void finish_tensor_locked(struct loomFusion *f, struct loomFusionTensor *t, loomResult_t r)
+{
+    if (atomic_load(&t->done)) return;
+    t->res = r;
+    atomic_store(&t->done, 1);
+    f->pending--;
+    if (r == loomSuccess) f->st.tensors++;
+    if (t->cb) t->cb(t->id, r, t->arg);
+}
+
+/* Fails every unfinished tensor with (r, text): the context is broken from now on. */
+static void fz_fail(struct loomFusion *f, loomResult_t r, const char *text)
+{
+    pthread_mutex_lock(&f->lock);
+    if (f->err == loomSuccess) {
+        f->err = r;
+        snprintf(f->errtext, sizeof(f->errtext), "%s", text); /* logged where it was found */
+    }
+    base_set_error_text(f->errtext);
+    for (struct loomFusionTensor *t = f->thead; t; t = t->next)
+        finish_tensor_locked(f, t, f->err);
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+static loomResult_t fz_error(struct loomFusion *f)
+{
+    base_set_error_text(f->errtext);
+    return f->err;
+}
+
+/* ---- rounds ---- */
+
+static uint64_t digest_at(struct loomFusion *f, uint64_t pos)
+{
+    return pos == f->base ? f->h_base : f->segs[pos - 1 - f->base].h;
+}
+
+static loomResult_t start_ops(struct loomFusion *f, const coll_op_t *ops, int n)
+{
+    LOOM_CHECK(coll_usable(f->comm, "loomFusion"));
+    return coll_start(ops, n, &f->g);
+}
+
+static loomResult_t start_gather(struct loomFusion *f, const void *send, void *recv, size_t bytes)
+{
+    coll_op_t o = {.comm = f->comm,
+                   .kind = OPK_ALLGATHER,
+                   .send = send,
+                   .recv = recv,
+                   .count = bytes,
+                   .type = loomUint8,
+                   .op = loomSum,
+                   .root = -1};
+    return start_ops(f, &o, 1);
+}
+
+/* The bucket limit and the fill point from f->start (lock held); *full when the next segment
+ * does not fit (or is of another type or op), or the limit is reached exactly. */
+static uint64_t fill_point(struct loomFusion *f, bool *full)
+{
+    uint64_t avail = f->base + f->nsegs, k = f->start;
+    size_t limit = f->step_buckets == 0 ? f->cfg.firstBucketBytes : f->cfg.bucketBytes, bytes = 0;
+    *full = false;
+    if (k == avail) return k;
+    const fz_seg_t *s0 = &f->segs[k - f->base];
+    for (; k < avail; k++) {
+        const fz_seg_t *s = &f->segs[k - f->base];
+        size_t sb = s->d.len * red_type_size((loomDataType_t)s->d.type);
+        if (s->d.type != s0->d.type || s->d.op != s0->d.op ||
+            (k > f->start && bytes + sb > limit)) {
+            *full = true;
+            return k;
+        }
+        bytes += sb;
+        if (bytes >= limit) {
+            *full = true;
+            return k + 1;
+        }
+    }
+    return k;
+}
+
+/* In the idle state: whether to propose a cut now; returns the sleep hint. */
+static uint64_t maybe_round(struct loomFusion *f, bool *progressed)
+{
+    pthread_mutex_lock(&f->lock);
+    if (f->err != loomSuccess) {
+        pthread_mutex_unlock(&f->lock);
+        return UINT64_MAX;
+    }
+    uint64_t avail = f->base + f->nsegs, sleep = UINT64_MAX, want = f->start;
+    bool final = f->waiting && !f->step_done && f->flush_to >= avail;
+    bool full;
+    uint64_t fill = fill_point(f, &full);
+    uint32_t flags = 0;
+    if (fill > f->start) {
+        uint64_t waited = base_now_ns() - f->segs[f->start - f->base].t_enq;
+        if (full) {
+            flags = FZ_FULL, want = fill;
+        } else if (f->flush_to > f->start) {
+            flags = FZ_FLUSH, want = LOOM_MIN(fill, f->flush_to);
+        } else if (waited >= f->cycle_ns) {
+            flags = FZ_TIMER, want = fill;
+        } else {
+            sleep = f->cycle_ns - waited;
+        }
+    }
+    if (want == f->start && !final) {
+        pthread_mutex_unlock(&f->lock);
+        return sleep;
+    }
+    if (final) flags |= FZ_FINAL;
+    fz_rec_t *m = &f->mine;
+    memset(m, 0, sizeof(*m));
+    m->want = want;
+    m->avail = avail;
+    m->h_want = digest_at(f, want);
+    m->flags = flags;
+    if (avail > f->start) {
+        m->first = f->segs[f->start - f->base].d;
+        m->first_pos = f->segs[f->start - f->base].t->pos;
+    }
+    f->st.rounds++;
+    pthread_mutex_unlock(&f->lock);
+    *progressed = true;
+    loomResult_t r = start_gather(f, m, f->recs, sizeof(*m));
+    if (r != loomSuccess) {
+        fz_fail(f, r, base_last_error());
+        return UINT64_MAX;
+    }
+    f->state = ST_ROUND;
+    return 0;
+}
+
+static void ranks_text(char *buf, size_t len, const bool *sel, int n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int r = 0; r < n && o + 12 < len; r++)
+        if (sel[r]) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? "," : "", r);
+}
+
+static void seg_text(char *buf, size_t len, const fuse_segdesc_t *d)
+{
+    snprintf(buf, len, "id %llu (%llu x %s, op %u, elements %llu..%llu)", (unsigned long long)d->id,
+             (unsigned long long)d->count, red_type_name((loomDataType_t)d->type), d->op,
+             (unsigned long long)d->off, (unsigned long long)(d->off + d->len));
+}
+
+static loomResult_t start_bucket(struct loomFusion *f);
+
+/* A round gathered: decide the cut, the same way on every rank. */
+static loomResult_t after_round(struct loomFusion *f)
+{
+    int p = f->nranks;
+    uint64_t c = UINT64_MAX, w = 0;
+    for (int r = 0; r < p; r++) {
+        c = LOOM_MIN(c, f->recs[r].want);
+        w = LOOM_MAX(w, f->recs[r].want);
+    }
+    if (c == f->start) {
+        if (w == f->start) { /* every rank is final with nothing left: the step is complete */
+            pthread_mutex_lock(&f->lock);
+            f->step_done = true;
+            f->step_buckets = 0;
+            pthread_cond_broadcast(&f->cond);
+            pthread_mutex_unlock(&f->lock);
+            f->state = ST_IDLE;
+            return loomSuccess;
+        }
+        /* some ranks waited for all with nothing left, others still have segments */
+        bool lack[p], have[p];
+        int q = -1;
+        for (int r = 0; r < p; r++) {
+            lack[r] = f->recs[r].want == f->start;
+            have[r] = !lack[r];
+            if (have[r] && q < 0) q = r;
+        }
+        char a[256], b[256], d[160];
+        ranks_text(a, sizeof(a), have, p);
+        ranks_text(b, sizeof(b), lack, p);
+        seg_text(d, sizeof(d), &f->recs[q].first);
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "loomFusion: ranks disagree at tensor position %llu of this step: "
+                          "rank(s) %s enqueued tensor %s there, but rank(s) %s called "
+                          "loomFusionWaitAll without it (a missing tensor)",
+                          (unsigned long long)f->recs[q].first_pos, a, d, b);
+    }
+    f->cut = c;
+    if (f->state == ST_ROUND) {
+        f->cut_flags = 0;
+        for (int r = 0; r < p; r++)
+            if (f->recs[r].want == c) f->cut_flags |= f->recs[r].flags;
+    }
+    if (f->state == ST_ROUND && w != c) {
+        /* proposals differ: compare the digests at the agreed cut in a second round */
+        memset(&f->mine, 0, sizeof(f->mine));
+        f->mine.want = c;
+        pthread_mutex_lock(&f->lock);
+        f->mine.h_want = digest_at(f, c);
+        pthread_mutex_unlock(&f->lock);
+        f->st.rounds++;
+        f->state = ST_VERIFY;
+        return start_gather(f, &f->mine, f->recs, sizeof(f->mine));
+    }
+    bool same = true;
+    for (int r = 1; r < p; r++)
+        same &= f->recs[r].h_want == f->recs[0].h_want;
+    if (!same) {
+        /* gather the bucket's descriptors to say where the ranks part */
+        size_t n = (size_t)(c - f->start);
+        free(f->diag);
+        f->diag = malloc((size_t)(p + 1) * n * sizeof(*f->diag));
+        if (f->diag == NULL)
+            return base_error(loomSystemError, LOG_COLL,
+                              "loomFusion: ranks disagree on bucket %llu, and there is no memory "
+                              "to say where",
+                              (unsigned long long)f->st.buckets);
+        pthread_mutex_lock(&f->lock);
+        for (size_t k = 0; k < n; k++)
+            f->diag[k] = f->segs[f->start + k - f->base].d;
+        pthread_mutex_unlock(&f->lock);
+        f->st.rounds++;
+        f->state = ST_DIAG;
+        return start_gather(f, f->diag, f->diag + n, n * sizeof(*f->diag));
+    }
+    return start_bucket(f);
+}
+
+static loomResult_t after_diag(struct loomFusion *f)
+{
+    int p = f->nranks;
+    size_t n = (size_t)(f->cut - f->start);
+    const fuse_segdesc_t *all = f->diag + n;
+    for (size_t k = 0; k < n; k++) {
+        bool differ[p], any = false;
+        for (int r = 0; r < p; r++) {
+            differ[r] = memcmp(&all[(size_t)r * n + k], &all[k], sizeof(*all)) != 0;
+            any |= differ[r];
+        }
+        if (!any) continue;
+        int q = 0;
+        while (!differ[q])
+            q++;
+        char a[160], b[160], rk[256];
+        seg_text(a, sizeof(a), &all[k]);
+        seg_text(b, sizeof(b), &all[(size_t)q * n + k]);
+        ranks_text(rk, sizeof(rk), differ, p);
+        uint64_t pos;
+        pthread_mutex_lock(&f->lock);
+        pos = f->segs[f->start + k - f->base].t->pos;
+        pthread_mutex_unlock(&f->lock);
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "loomFusion: ranks disagree at tensor position %llu of this step "
+                          "(segment %zu of bucket %llu): rank 0 enqueued tensor %s, rank %d "
+                          "enqueued tensor %s (differing ranks: %s); every rank must enqueue "
+                          "the same tensors (count, type, op) in the same order",
+                          (unsigned long long)pos, k, (unsigned long long)f->st.buckets, a, q, b,
+                          rk);
+    }
+    return base_error(loomInvalidUsage, LOG_COLL,
+                      "loomFusion: ranks disagree on bucket %llu (their digests differ), but its "
+                      "segments compare equal: an earlier disagreement",
+                      (unsigned long long)f->st.buckets);
+}
+
+/* ---- buckets ---- */
+
+static loomResult_t grow(void **p, size_t *cap, size_t want, size_t es)
+{
+    if (want <= *cap) return loomSuccess;
+    size_t n = LOOM_MAX(want, *cap * 2);
+    void *q = realloc(*p, n * es);
+    if (q == NULL)
+        return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory (%zu bytes)",
+                          n * es);
+    *p = q;
+    *cap = n;
+    return loomSuccess;
+}
+
+static bool compressed(const struct loomFusion *f)
+{
+    return f->cfg.wire != loomFusionWireExact && f->bk_type == loomFloat32 &&
+           (f->bk_op == loomSum || f->bk_op == loomAvg);
+}
+
+static void pack(struct loomFusion *f, uint8_t *dst)
+{
+    size_t es = red_type_size(f->bk_type), off = 0;
+    for (size_t k = 0; k < f->nbk; k++) {
+        const fz_seg_t *s = &f->bk[k];
+        memcpy(dst + off * es, (uint8_t *)s->t->buf + s->d.off * es, s->d.len * es);
+        off += s->d.len;
+    }
+}
+
+static void unpack(struct loomFusion *f, const uint8_t *src)
+{
+    size_t es = red_type_size(f->bk_type), off = 0;
+    for (size_t k = 0; k < f->nbk; k++) {
+        const fz_seg_t *s = &f->bk[k];
+        memcpy((uint8_t *)s->t->buf + s->d.off * es, src + off * es, s->d.len * es);
+        off += s->d.len;
+    }
+}
+
+static uint8_t *seg_ptr(const fz_seg_t *s, size_t es)
+{
+    return (uint8_t *)s->t->buf + s->d.off * es;
+}
+
+/* Bucket [start, cut) agreed and verified: copy its segments out and start it. */
+static loomResult_t start_bucket(struct loomFusion *f)
+{
+    size_t n = (size_t)(f->cut - f->start);
+    LOOM_CHECK(grow((void **)&f->bk, &f->bkcap, n, sizeof(*f->bk)));
+    pthread_mutex_lock(&f->lock);
+    memcpy(f->bk, &f->segs[f->start - f->base], n * sizeof(*f->bk));
+    uint64_t tag = digest_at(f, f->cut) | 1;
+    pthread_mutex_unlock(&f->lock);
+    f->nbk = n;
+    f->bk_type = (loomDataType_t)f->bk[0].d.type;
+    f->bk_op = (loomRedOp_t)f->bk[0].d.op;
+    f->bk_elems = 0;
+    for (size_t k = 0; k < n; k++)
+        f->bk_elems += f->bk[k].d.len;
+    size_t es = red_type_size(f->bk_type), bytes = f->bk_elems * es;
+    (void)loomCommGetStats(f->comm, &f->cs0);
+    coll_op_t o = {.comm = f->comm,
+                   .kind = OPK_ALLREDUCE,
+                   .count = f->bk_elems,
+                   .type = f->bk_type,
+                   .op = f->bk_op,
+                   .root = -1,
+                   .tag = tag};
+    /* Segments that lie back to back in memory (a large tensor's, or a framework's flat
+     * gradient buffer) are reduced where they are: no copy in, no copy out. */
+    f->bk_inplace = true;
+    for (size_t k = 0; k + 1 < n && f->bk_inplace; k++)
+        f->bk_inplace = seg_ptr(&f->bk[k], es) + f->bk[k].d.len * es == seg_ptr(&f->bk[k + 1], es);
+    if (!compressed(f)) {
+        void *buf;
+        if (f->bk_inplace) {
+            buf = seg_ptr(&f->bk[0], es);
+        } else {
+            LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, bytes, 1));
+            pack(f, f->stage);
+            buf = f->stage;
+        }
+        o.send = o.recv = buf;
+        f->state = ST_DATA;
+        return start_ops(f, &o, 1);
+    }
+    /* Compressed: each rank encodes its bucket in p shards; the all-to-all brings rank j every
+     * rank's shard j, which it decodes and sums in float32 in rank order; the allgather of the
+     * re-encoded sums gives every rank every shard (the owner too uses the decoded value, so
+     * all ranks end bit-identical). Each shard crosses the wire twice as 16-bit values: half
+     * the bytes of the exact ring's reduce-scatter and allgather. */
+    int p = f->nranks;
+    size_t per = (f->bk_elems + (size_t)p - 1) / (size_t)p;
+    f->shard = (per + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK;
+    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
+    LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, (size_t)p * f->shard * sizeof(float), 1));
+    LOOM_CHECK(grow((void **)&f->wsend, &f->wscap, (size_t)p * wb, 1));
+    LOOM_CHECK(grow((void **)&f->wrecv, &f->wrcap, (size_t)p * wb, 1));
+    LOOM_CHECK(grow((void **)&f->acc, &f->acc_cap, f->shard, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->e_in, &f->ecap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
+    LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
+    pack(f, f->stage);
+    float *x = (float *)(void *)f->stage;
+    for (int j = 0; j < p; j++) {
+        size_t lo = (size_t)j * f->shard;
+        size_t nj = lo >= f->bk_elems ? 0 : LOOM_MIN(f->shard, f->bk_elems - lo);
+        fuse_encode(f->cfg.wire, x + lo, nj, f->shard, NULL, f->wsend + (size_t)j * wb);
+    }
+    o.kind = OPK_ALLTOALL;
+    o.send = f->wsend;
+    o.recv = f->wrecv;
+    o.count = wb;
+    o.type = loomUint8;
+    o.op = loomSum;
+    f->state = ST_Z_SCATTER;
+    return start_ops(f, &o, 1);
+}
+
+/* All-to-all done: decode and sum this rank's shard, re-encode it with its error bound. */
+static loomResult_t z_reduce(struct loomFusion *f)
+{
+    int p = f->nranks;
+    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
+    float *e = f->e_tmp, *m = f->m_tmp;
+    for (size_t c = 0; c < nch; c++)
+        f->e_in[c] = f->m_in[c] = 0;
+    for (int r = 0; r < p; r++) {
+        fuse_decode(f->cfg.wire, f->wrecv + (size_t)r * wb, f->shard, f->acc, r > 0, e, m);
+        for (size_t c = 0; c < nch; c++) {
+            f->e_in[c] += e[c];
+            f->m_in[c] += m[c];
+        }
+    }
+    float div = f->bk_op == loomAvg ? (float)p : 1.0f;
+    if (f->bk_op == loomAvg)
+        for (size_t i = 0; i < f->shard; i++)
+            f->acc[i] /= div;
+    uint8_t *out = f->wsend;
+    fuse_encode(f->cfg.wire, f->acc, f->shard, f->shard, NULL, out);
+    /* The chunk's relative error bound: what the inputs' encodings lost (each rank measured
+     * its own), what the sum's encoding lost, and float32 accumulation (p roundings of at most
+     * 2^-24 of the running magnitude), over the chunk's magnitude scale, the sum of the
+     * inputs' largest magnitudes (docs/fusion.md). */
+    for (size_t c = 0; c < nch; c++) {
+        double scale = f->m_in[c] / div;
+        double bound = (f->e_in[c] / div + fuse_chunk_err(out, c) + p * 0x1p-24 * scale);
+        fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
+    }
+    coll_op_t o = {.comm = f->comm,
+                   .kind = OPK_ALLGATHER,
+                   .send = out,
+                   .recv = f->wrecv,
+                   .count = wb,
+                   .type = loomUint8,
+                   .op = loomSum,
+                   .root = -1};
+    f->state = ST_Z_GATHER;
+    return start_ops(f, &o, 1);
+}
+
+/* The bucket's values are in place (exact) or gathered (compressed): finish its tensors. */
+static void bucket_done(struct loomFusion *f)
+{
+    size_t es = red_type_size(f->bk_type);
+    double relmax = 0, relsum = 0;
+    uint64_t reln = 0;
+    if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
+    if (f->state == ST_Z_GATHER) {
+        size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
+        float *x = (float *)(void *)f->stage, *e = f->e_tmp;
+        for (int j = 0; j < f->nranks; j++) {
+            fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
+                        false, e, NULL);
+            for (size_t c = 0; c < nch; c++) {
+                if (((size_t)j * f->shard + c * FUSE_CHUNK) >= f->bk_elems) break;
+                relmax = LOOM_MAX(relmax, (double)e[c]);
+                relsum += e[c];
+                reln++;
+            }
+        }
+        unpack(f, f->stage);
+    }
+    loomStats_t cs = f->cs0;
+    (void)loomCommGetStats(f->comm, &cs);
+    pthread_mutex_lock(&f->lock);
+    f->st.buckets++;
+    f->st.segments += f->nbk;
+    f->st.bytes += f->bk_elems * es;
+    f->st.wireBytes += cs.bytes_sent - f->cs0.bytes_sent;
+    if (f->cut_flags & FZ_FULL)
+        f->st.fullCuts++;
+    else if (f->cut_flags & FZ_FLUSH)
+        f->st.flushCuts++;
+    else
+        f->st.timerCuts++;
+    if (f->state == ST_Z_GATHER) {
+        f->st.compressedBuckets++;
+        f->st.maxRelError = LOOM_MAX(f->st.maxRelError, relmax);
+        f->rel_sum += relsum;
+        f->rel_n += reln;
+        f->st.meanRelError = f->rel_n ? f->rel_sum / (double)f->rel_n : 0;
+    }
+    for (size_t k = 0; k < f->nbk; k++) {
+        struct loomFusionTensor *t = f->bk[k].t;
+        if (++t->segs_done == t->nseg) finish_tensor_locked(f, t, loomSuccess);
+    }
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+    f->start = f->cut;
+    f->step_buckets++;
+    f->state = ST_IDLE;
+}
+
+static loomResult_t advance_state(struct loomFusion *f)
+{
+    switch (f->state) {
+    case ST_ROUND:
+    case ST_VERIFY: return after_round(f);
+    case ST_DIAG: return after_diag(f);
+    case ST_Z_SCATTER: return z_reduce(f);
+    case ST_DATA:
+    case ST_Z_GATHER: bucket_done(f); return loomSuccess;
+    default: return loomSuccess;
+    }
+}
+
+static uint64_t fz_poll(void *arg, bool *progressed)
+{
+    struct loomFusion *f = arg;
+    log_set_rank(f->rank);
+    if (f->g) {
+        bool done = false, moved = false;
+        loomResult_t r = coll_advance(f->g, &done, &moved);
+        *progressed |= moved;
+        if (!done) return 0;
+        f->g = NULL;
+        *progressed = true;
+        if (r != loomSuccess) {
+            /* the network's failure, said in the context's terms */
+            static const char *const what[] = {"",
+                                               "the agreement round",
+                                               "the digest round",
+                                               "the mismatch report",
+                                               "the allreduce",
+                                               "the compressed all-to-all",
+                                               "the compressed allgather"};
+            char text[FZ_TEXT];
+            snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
+                     (unsigned long long)f->st.buckets, what[f->state], base_last_error());
+            f->state = ST_IDLE;
+            fz_fail(f, r, text);
+            return UINT64_MAX;
+        }
+        r = advance_state(f);
+        if (r != loomSuccess) {
+            f->state = ST_IDLE;
+            fz_fail(f, r, base_last_error());
+            return UINT64_MAX;
+        }
+        if (f->g) return 0;
+    }
+    if (f->state != ST_IDLE) return UINT64_MAX;
+    return maybe_round(f, progressed);
+}
+
+/* ---- the public calls ---- */
+
+static loomResult_t check_ctx(loomFusion_t f, const char *fn)
+{
+    if (f == NULL) return base_error(loomInvalidArgument, LOG_COLL, "%s: fusion is NULL", fn);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
+                                          const loomFusionConfig_t *config)
+{
+    const char *fn = "loomFusionCreate";
+    base_clear_error();
+    if (out == NULL) return base_error(loomInvalidArgument, LOG_COLL, "%s: fusion is NULL", fn);
+    loomFusionConfig_t c = LOOM_FUSION_CONFIG_INITIALIZER;
+    if (config) {
+        if (config->magic != LOOM_FUSION_CONFIG_MAGIC || config->size < 3 * sizeof(size_t))
+            return base_error(loomInvalidArgument, LOG_COLL,
+                              "%s: config is not a loomFusionConfig_t (magic %#x, size %zu): "
+                              "start from LOOM_FUSION_CONFIG_INITIALIZER",
+                              fn, config->magic, config->size);
+        memcpy(&c, config, LOOM_MIN(config->size, sizeof(c)));
+        c.size = sizeof(c);
+        c.version = LOOM_FUSION_CONFIG_VERSION;
+    }
+    if (c.bucketBytes == 0) c.bucketBytes = param_size(PARAM_FUSION_BUCKET);
+    if (c.firstBucketBytes == 0) c.firstBucketBytes = param_size(PARAM_FUSION_FIRST_BUCKET);
+    if (c.segmentBytes == 0) c.segmentBytes = param_size(PARAM_FUSION_SEGMENT);
+    if (c.cycleUs == 0) c.cycleUs = (uint64_t)param_int(PARAM_FUSION_CYCLE_US);
+    if (c.wire == loomFusionWireExact) {
+        const char *w = param_str(PARAM_FUSION_WIRE);
+        c.wire = strcmp(w, "bf16") == 0   ? loomFusionWireBf16
+                 : strcmp(w, "fp16") == 0 ? loomFusionWireFp16
+                                          : loomFusionWireExact;
+    }
+    if (c.wire < 0 || c.wire >= loomFusionNumWires)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: wire format %d (expected exact 0, bf16 1, fp16 2)", fn, c.wire);
+    c.segmentBytes = LOOM_MIN(c.segmentBytes, c.bucketBytes);
+    LOOM_CHECK(coll_hold(comm, fn));
+    struct loomFusion *f = calloc(1, sizeof(*f));
+    if (f) f->recs = calloc((size_t)coll_nranks(comm), sizeof(*f->recs));
+    if (f == NULL || f->recs == NULL) {
+        if (f) free(f);
+        coll_drop(comm);
+        return base_error(loomSystemError, LOG_COLL, "%s: out of memory", fn);
+    }
+    f->comm = comm;
+    f->rank = coll_rank(comm);
+    f->nranks = coll_nranks(comm);
+    f->cfg = c;
+    f->cycle_ns = c.cycleUs == LOOM_FUSION_NEVER || c.cycleUs > UINT64_MAX / 1000
+                      ? UINT64_MAX
+                      : c.cycleUs * 1000;
+    f->h_base = 0x6c6f6f6d66757365ull;
+    f->ttail = &f->thead;
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    loomResult_t r = progress_attach(fz_poll, f, coll_spin_ns(comm));
+    if (r != loomSuccess) {
+        free(f->recs);
+        free(f);
+        coll_drop(comm);
+        return r;
+    }
+    f->attached = true;
+    INFO(LOG_COLL,
+         "fusion context %p: buckets of %zu bytes (first %zu), segments of %zu, cycle %llu us, "
+         "wire %s",
+         (void *)f, c.bucketBytes, c.firstBucketBytes, c.segmentBytes,
+         (unsigned long long)c.cycleUs,
+         c.wire == 0   ? "exact"
+         : c.wire == 1 ? "bf16"
+                       : "fp16");
+    *out = f;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionGetConfig(loomFusion_t f, loomFusionConfig_t *config)
+{
+    LOOM_CHECK(check_ctx(f, "loomFusionGetConfig"));
+    if (config == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "loomFusionGetConfig: config is NULL");
+    *config = f->cfg;
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionEnqueue(loomFusion_t f, void *buff, size_t count,
+                                           loomDataType_t type, loomRedOp_t op, uint64_t id,
+                                           cudaStream_t stream, loomFusionCallback_t cb,
+                                           void *cb_arg, loomFusionHandle_t *handle)
+{
+    const char *fn = "loomFusionEnqueue";
+    base_clear_error();
+    LOOM_CHECK(check_ctx(f, fn));
+    if ((int)type < 0 || type >= loomNumTypes)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: tensor %llu: invalid datatype %d", fn,
+                          (unsigned long long)id, (int)type);
+    size_t es = red_type_size(type), bytes;
+    if (__builtin_mul_overflow(count, es, &bytes) || bytes > (size_t)INT64_MAX)
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "%s: tensor %llu: count %zu overflows the address space", fn,
+                          (unsigned long long)id, count);
+    if (count > 0 && buff == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "%s: tensor %llu: buff is NULL", fn,
+                          (unsigned long long)id);
+    if (count > 0 && (stream != NULL || mem_type_of(buff) != MEM_HOST))
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: tensor %llu: %p is not host memory (or a stream was given); this "
+                          "build's fusion contexts reduce host memory only",
+                          fn, (unsigned long long)id, buff);
+    pthread_mutex_lock(&f->lock);
+    loomResult_t r = f->err;
+    if (r != loomSuccess) {
+        pthread_mutex_unlock(&f->lock);
+        return fz_error(f);
+    }
+    if ((r = coll_usable(f->comm, fn)) != loomSuccess ||
+        (r = coll_check_op(f->comm, fn, op, type)) != loomSuccess) {
+        pthread_mutex_unlock(&f->lock);
+        return r;
+    }
+    if (!f->claimed) {
+        r = coll_claim(f->comm, f, "loomFusion (tensors in flight until loomFusionWaitAll)");
+        if (r != loomSuccess) {
+            pthread_mutex_unlock(&f->lock);
+            return r;
+        }
+        f->claimed = true;
+    }
+    size_t seg = LOOM_MAX(f->cfg.segmentBytes / es, 1);
+    uint64_t nseg = count == 0 ? 0 : (count + seg - 1) / seg;
+    struct loomFusionTensor *t = calloc(1, sizeof(*t));
+    if (t == NULL ||
+        grow((void **)&f->segs, &f->segcap, f->nsegs + nseg, sizeof(*f->segs)) != loomSuccess) {
+        free(t);
+        pthread_mutex_unlock(&f->lock);
+        return base_error(loomSystemError, LOG_COLL, "%s: tensor %llu: out of memory", fn,
+                          (unsigned long long)id);
+    }
+    *t = (struct loomFusionTensor){.f = f,
+                                   .buf = buff,
+                                   .count = count,
+                                   .type = type,
+                                   .op = op,
+                                   .id = id,
+                                   .cb = cb,
+                                   .arg = cb_arg,
+                                   .pos = f->step_tensors++,
+                                   .nseg = nseg};
+    *f->ttail = t;
+    f->ttail = &t->next;
+    f->pending++;
+    uint64_t now = base_now_ns(), h = digest_at(f, f->base + f->nsegs);
+    for (uint64_t k = 0; k < nseg; k++) {
+        fz_seg_t *s = &f->segs[f->nsegs++];
+        s->t = t;
+        s->d = (fuse_segdesc_t){.id = id,
+                                .count = count,
+                                .off = k * seg,
+                                .len = LOOM_MIN(seg, count - k * seg),
+                                .type = (uint32_t)type,
+                                .op = (uint32_t)op};
+        h = s->h = fuse_chain(h, &s->d);
+        s->t_enq = now;
+    }
+    if (nseg == 0) finish_tensor_locked(f, t, loomSuccess);
+    pthread_mutex_unlock(&f->lock);
+    if (handle) *handle = t;
+    if (nseg) progress_wake();
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionFlush(loomFusion_t f)
+{
+    LOOM_CHECK(check_ctx(f, "loomFusionFlush"));
+    pthread_mutex_lock(&f->lock);
+    f->flush_to = f->base + f->nsegs;
+    loomResult_t r = f->err;
+    pthread_mutex_unlock(&f->lock);
+    progress_wake();
+    return r == loomSuccess ? loomSuccess : fz_error(f);
+}
+
+LOOM_EXPORT loomResult_t loomFusionTest(loomFusionHandle_t h, int *done)
+{
+    if (h == NULL || done == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "loomFusionTest: NULL handle or done");
+    *done = atomic_load(&h->done);
+    if (!*done) return loomSuccess;
+    if (h->res != loomSuccess) return fz_error(h->f);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionWait(loomFusionHandle_t h)
+{
+    if (h == NULL) return base_error(loomInvalidArgument, LOG_COLL, "loomFusionWait: NULL handle");
+    struct loomFusion *f = h->f;
+    pthread_mutex_lock(&f->lock);
+    /* the tensor's bucket may need a flush to leave (its rank's timer does it too) */
+    while (!atomic_load(&h->done))
+        pthread_cond_wait(&f->cond, &f->lock);
+    pthread_mutex_unlock(&f->lock);
+    return h->res == loomSuccess ? loomSuccess : fz_error(f);
+}
+
+/* Frees the step's tensors and segments (lock held; all finished). */
+static void step_reset_locked(struct loomFusion *f)
+{
+    for (struct loomFusionTensor *t = f->thead, *n; t; t = n) {
+        n = t->next;
+        free(t);
+    }
+    f->thead = NULL;
+    f->ttail = &f->thead;
+    if (f->nsegs) f->h_base = f->segs[f->nsegs - 1].h;
+    f->base += f->nsegs;
+    f->nsegs = 0;
+    f->step_tensors = 0;
+}
+
+LOOM_EXPORT loomResult_t loomFusionWaitAll(loomFusion_t f)
+{
+    base_clear_error();
+    LOOM_CHECK(check_ctx(f, "loomFusionWaitAll"));
+    pthread_mutex_lock(&f->lock);
+    f->flush_to = f->base + f->nsegs;
+    f->waiting = true;
+    f->step_done = false;
+    pthread_mutex_unlock(&f->lock);
+    progress_wake();
+    pthread_mutex_lock(&f->lock);
+    while (!f->step_done && f->err == loomSuccess)
+        pthread_cond_wait(&f->cond, &f->lock);
+    f->waiting = false;
+    f->step_done = false;
+    loomResult_t r = f->err;
+    if (r == loomSuccess) step_reset_locked(f);
+    /* a failed context runs nothing more: the communicator is the caller's again */
+    if (f->claimed) coll_unclaim(f->comm, f);
+    f->claimed = false;
+    pthread_mutex_unlock(&f->lock);
+    return r == loomSuccess ? loomSuccess : fz_error(f);
+}
+
+LOOM_EXPORT loomResult_t loomFusionGetStats(loomFusion_t f, loomFusionStats_t *stats)
+{
+    LOOM_CHECK(check_ctx(f, "loomFusionGetStats"));
+    if (stats == NULL)
+        return base_error(loomInvalidArgument, LOG_COLL, "loomFusionGetStats: stats is NULL");
+    pthread_mutex_lock(&f->lock);
+    *stats = f->st;
+    pthread_mutex_unlock(&f->lock);
+    return loomSuccess;
+}
+
+LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
+{
+    if (f == NULL) return loomSuccess;
+    pthread_mutex_lock(&f->lock);
+    bool busy = f->pending > 0 && f->err == loomSuccess;
+    pthread_mutex_unlock(&f->lock);
+    if (busy) (void)loomFusionWaitAll(f);
+    if (f->attached) progress_detach(f);
+    /* a group can still run only when the context failed outside a round: drive it out */
+    while (f->g) {
+        bool done = false;
+        (void)coll_test(f->g, &done);
+        if (done) f->g = NULL;
+    }
+    pthread_mutex_lock(&f->lock);
+    for (struct loomFusionTensor *t = f->thead; t; t = t->next)
+        finish_tensor_locked(f, t, loomInvalidUsage);
+    step_reset_locked(f);
+    if (f->claimed) coll_unclaim(f->comm, f);
+    pthread_mutex_unlock(&f->lock);
+    coll_drop(f->comm);
+    pthread_mutex_destroy(&f->lock);
+    pthread_cond_destroy(&f->cond);
+    free(f->segs);
+    free(f->recs);
+    free(f->bk);
+    free(f->diag);
+    free(f->stage);
+    free(f->wsend);
+    free(f->wrecv);
+    free(f->acc);
+    free(f->e_in);
+    free(f->m_in);
+    free(f->e_tmp);
+    free(f->m_tmp);
+    free(f);
+    return loomSuccess;
+}
