@@ -491,7 +491,9 @@ static loomResult_t check_locked(exec_t *e)
     bool waits_idle = false;
     for (int k = 0; k < e->ninflight && !waits_idle; k++) {
         const exec_link_t *l = &h->links[e->s->steps[e->inflight[k]].peer];
-        if (l->conn && transport_peer_call(l->conn) == TRANSPORT_CALL_NONE) waits_idle = true;
+        if (l->conn && transport_peer_call_known(l->conn) &&
+            transport_peer_call(l->conn) == TRANSPORT_CALL_NONE)
+            waits_idle = true;
     }
     atomic_store(&h->call_state, waits_idle ? TRANSPORT_CALL_WAITS_IDLE : TRANSPORT_CALL_IN);
     uint64_t op_limit = (uint64_t)(h->op_timeout_s * 1e9);
@@ -527,7 +529,10 @@ static loomResult_t check_locked(exec_t *e)
         for (int k = 0; k < e->ninflight && w == NULL; k++) {
             const sched_step_t *st = &e->s->steps[e->inflight[k]];
             const exec_link_t *l = &h->links[st->peer];
-            if (l->conn && transport_peer_call(l->conn) == TRANSPORT_CALL_IN) w = st;
+            /* A transport whose heartbeats say nothing (mpi, ucx) keeps the old rule. */
+            if (l->conn && (!transport_peer_call_known(l->conn) ||
+                            transport_peer_call(l->conn) == TRANSPORT_CALL_IN))
+                w = st;
         }
         if (w == NULL) return loomSuccess;
         const sched_desc_t *wd = &e->s->descs[w->desc];

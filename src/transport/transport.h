@@ -144,6 +144,7 @@ typedef struct {
     uint64_t last_activity_ns; /* the last sign of life the transport counts */
     int pending;               /* requests posted and not yet complete */
     int peer_call;             /* TRANSPORT_CALL_* of the peer's last heartbeat */
+    bool peer_call_known;      /* a heartbeat said it (tcp, shm); else the rules assume a call */
 } transport_conn_head_t;
 #define TRANSPORT_CONN_HEAD_FIRST(type, member)                                                    \
     _Static_assert(offsetof(type, member) == 0, "the connection must start with its head")
@@ -174,6 +175,7 @@ const char *transport_peer_name(transport_conn_t *conn);
 const char *transport_conn_error(transport_conn_t *conn);
 /* The peer's TRANSPORT_CALL_* state, as its last heartbeat said. */
 int transport_peer_call(transport_conn_t *conn);
+bool transport_peer_call_known(transport_conn_t *conn);
 /* This rank's state for its heartbeats; a received one (any value) recorded in the head. */
 int transport_my_call(const transport_setup_t *setup);
 void transport_peer_call_set(transport_conn_head_t *h, uint32_t v);
