@@ -1047,6 +1047,217 @@ START_TEST(test_abort_other_thread)
 }
 END_TEST
 
+/* ---- 9: liveness: late ranks, busy ranks, LOOM_OP_TIMEOUT, two communicators ------------- */
+
+/* A rank that is alive is never an error, however long it computes between calls or before its
+ * first one: its progress thread heartbeats and answers its peers' connections. LOOM_TIMEOUT
+ * names only ranks that show no sign of life; LOOM_OP_TIMEOUT, when set, bounds the wait. */
+
+#define LV_NRANKS 3
+#define LV_COUNT 65536
+static const char *const lv_transports[] = {"tcp", "shm"};
+
+typedef struct {
+    int sleeper;            /* the rank that computes */
+    int sleep_before;       /* ... before this iteration (0: before its first collective) */
+    double sleep_s;         /* for this long */
+    int iters;              /* allreduces each rank runs */
+    int res[LV_NRANKS];     /* the first failing call's result, loomSuccess if none */
+    int iter[LV_NRANKS];    /* its iteration */
+    double secs[LV_NRANKS]; /* how long it took */
+    char text[LV_NRANKS][TEXT_MAX];
+} live_t;
+
+/* One allreduce of LV_COUNT int32 with exact sums (iteration `it` salts the input); returns 0,
+ * or 1 with *res and text set (also for a wrong value). */
+static int live_allreduce(loomComm_t comm, int rank, int nranks, int it, int32_t *send,
+                          int32_t *recv, size_t count, loomResult_t *res, char *text)
+{
+    uint32_t salt = (uint32_t)it * 2654435761u;
+    for (size_t i = 0; i < count; i++)
+        send[i] = (int32_t)((uint32_t)(rank + 1) * ((i ^ salt) & 0xffff));
+    memset(recv, 0xa5, count * sizeof(int32_t));
+    *res = loomAllReduce(send, recv, count, loomInt32, loomSum, comm, NULL);
+    if (*res != loomSuccess) {
+        collect_text(comm, text, TEXT_MAX);
+        return 1;
+    }
+    int32_t tri = nranks * (nranks + 1) / 2;
+    for (size_t i = 0; i < count; i++)
+        if (recv[i] != tri * (int32_t)((i ^ salt) & 0xffff)) {
+            snprintf(text, TEXT_MAX, "iteration %d: [%zu] = %d, want %d", it, i, recv[i],
+                     tri * (int32_t)((i ^ salt) & 0xffff));
+            *res = loomNumResults;
+            return 1;
+        }
+    return 0;
+}
+
+static int live_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    live_t *L = p;
+    int32_t *send = malloc(LV_COUNT * sizeof(int32_t)), *recv = malloc(LV_COUNT * sizeof(int32_t));
+    if (send == NULL || recv == NULL) return RC_LOOM_ERROR;
+    L->res[rank] = loomSuccess;
+    for (int it = 0; it < L->iters; it++) {
+        if (rank == L->sleeper && it == L->sleep_before) usleep((useconds_t)(L->sleep_s * 1e6));
+        double t0 = now_s();
+        loomResult_t r;
+        int bad = live_allreduce(comm, rank, nranks, it, send, recv, LV_COUNT, &r, L->text[rank]);
+        if (bad) {
+            L->res[rank] = r;
+            L->iter[rank] = it;
+            L->secs[rank] = now_s() - t0;
+            fprintf(stderr, "rank %d: iteration %d failed after %.2f s with %d: %s\n", rank, it,
+                    L->secs[rank], (int)r, L->text[rank]);
+            break;
+        }
+    }
+    free(send);
+    free(recv);
+    return 0;
+}
+
+static live_t *live_setup(int transport, const char *timeout, const char *op_timeout)
+{
+    setenv("LOOM_TRANSPORT", lv_transports[transport], 1);
+    setenv("LOOM_TIMEOUT", timeout, 1);
+    if (op_timeout)
+        setenv("LOOM_OP_TIMEOUT", op_timeout, 1);
+    else
+        unsetenv("LOOM_OP_TIMEOUT");
+    param_reset_cache();
+    return shared_map(sizeof(live_t));
+}
+
+static void live_expect_success(const live_t *L, const int *status, const char *what)
+{
+    for (int r = 0; r < LV_NRANKS; r++) {
+        ck_assert_msg(status[r] == 0, "%s: rank %d: status %d", what, r, status[r]);
+        ck_assert_msg(L->res[r] == loomSuccess, "%s: rank %d: iteration %d failed with %d: %s",
+                      what, r, L->iter[r], L->res[r], L->text[r]);
+    }
+}
+
+START_TEST(test_late_rank)
+{
+    /* Rank 1 reaches its first collective 7 s after the others, with LOOM_HANDSHAKE_TIMEOUT=1:
+     * rank 0 connects to it (and used to give up after the handshake timeout: nobody accepted),
+     * rank 2 waits for its connection. A link the late rank has not made yet carries no
+     * heartbeats, so LOOM_TIMEOUT (10 s here) bounds that wait. */
+    live_t *L = live_setup(_i, "10", NULL);
+    *L = (live_t){.sleeper = 1, .sleep_before = 0, .sleep_s = 7, .iters = 3};
+    int status[LV_NRANKS];
+    double t0 = now_s();
+    h_run_procs(LV_NRANKS, live_rank, L, 40, status);
+    double wall = now_s() - t0;
+    live_expect_success(L, status, lv_transports[_i]);
+    ck_assert_msg(wall >= 7 && wall < 25, "the job took %.1f s", wall);
+}
+END_TEST
+
+START_TEST(test_busy_rank)
+{
+    /* Rank 2 computes for 5 s between two collectives with LOOM_TIMEOUT=2 while the others
+     * wait inside the next one. (LOOM_TIMEOUT=1 can be too short for a first connection on a
+     * machine loaded ten times over.) */
+    live_t *L = live_setup(_i, "2", NULL);
+    *L = (live_t){.sleeper = 2, .sleep_before = 2, .sleep_s = 5, .iters = 4};
+    int status[LV_NRANKS];
+    h_run_procs(LV_NRANKS, live_rank, L, 30, status);
+    live_expect_success(L, status, lv_transports[_i]);
+}
+END_TEST
+
+START_TEST(test_op_timeout)
+{
+    /* LOOM_OP_TIMEOUT=3 (LOOM_TIMEOUT=2): the ranks waiting on a rank that computes for 9 s
+     * give up after about 3 s, naming the operation, its seq, and the peers they wait on. */
+    live_t *L = live_setup(_i, "2", "3");
+    *L = (live_t){.sleeper = 2, .sleep_before = 1, .sleep_s = 9, .iters = 3};
+    int status[LV_NRANKS];
+    h_run_procs(LV_NRANKS, live_rank, L, 30, status);
+    bool named = false;
+    for (int r = 0; r < LV_NRANKS; r++) {
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        if (r == L->sleeper) continue;
+        const char *t = L->text[r];
+        ck_assert_msg(L->res[r] == loomRemoteError && L->iter[r] == 1,
+                      "rank %d: iteration %d gave %d: %s", r, L->iter[r], L->res[r], t);
+        ck_assert_msg(strstr(t, "LOOM_OP_TIMEOUT=3") && strstr(t, "allreduce seq 1"),
+                      "rank %d: '%s'", r, t);
+        ck_assert_msg(L->secs[r] >= 2.8 && L->secs[r] < 6, "rank %d gave up after %.2f s", r,
+                      L->secs[r]);
+        named |= names_rank(t, L->sleeper) && strstr(t, "outside calls") != NULL;
+    }
+    ck_assert_msg(named, "no survivor named rank %d as outside calls", L->sleeper);
+    /* The sleeper learns why when it comes back. */
+    ck_assert_msg(L->res[L->sleeper] != loomSuccess, "rank %d: its call succeeded", L->sleeper);
+}
+END_TEST
+
+/* Two communicators per process, each driven by its own thread: one without pauses, one that
+ * computes longer than LOOM_TIMEOUT between calls. The progress thread heartbeats on each while
+ * its thread is outside a call, and must never step on the other's (or its own) connections:
+ * every result exact, nobody blamed. */
+typedef struct {
+    loomComm_t comm;
+    int rank, nranks, iters;
+    useconds_t pause_us;
+    loomResult_t res;
+    char text[TEXT_MAX];
+} lv_driver_t;
+
+static void *lv_drive(void *p)
+{
+    lv_driver_t *d = p;
+    size_t count = LV_COUNT / 4;
+    int32_t *send = malloc(count * sizeof(int32_t)), *recv = malloc(count * sizeof(int32_t));
+    d->res = loomSuccess;
+    for (int it = 0; it < d->iters && send && recv; it++) {
+        if (d->pause_us && it % 2 == 1) usleep(d->pause_us);
+        if (live_allreduce(d->comm, d->rank, d->nranks, it, send, recv, count, &d->res, d->text))
+            break;
+    }
+    free(send);
+    free(recv);
+    return NULL;
+}
+
+static int two_comms_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    live_t *L = p;
+    loomComm_t other = NULL;
+    if (loomCommSplit(comm, 0, nranks - rank, &other, NULL) != loomSuccess) {
+        collect_text(comm, L->text[rank], TEXT_MAX);
+        L->res[rank] = loomNumResults;
+        return 0;
+    }
+    int orank = nranks - 1 - rank; /* the key reversed the order */
+    lv_driver_t busy = {.comm = comm, .rank = rank, .nranks = nranks, .iters = 150};
+    lv_driver_t slow = {
+        .comm = other, .rank = orank, .nranks = nranks, .iters = 6, .pause_us = 2300000};
+    pthread_t t;
+    pthread_create(&t, NULL, lv_drive, &busy);
+    lv_drive(&slow);
+    pthread_join(t, NULL);
+    loomCommDestroy(other);
+    L->res[rank] = busy.res != loomSuccess ? busy.res : slow.res;
+    snprintf(L->text[rank], TEXT_MAX, "%.1000s | %.1000s", busy.text, slow.text);
+    if (L->res[rank] != loomSuccess)
+        fprintf(stderr, "rank %d: %d: %s\n", rank, L->res[rank], L->text[rank]);
+    return 0;
+}
+
+START_TEST(test_two_comms)
+{
+    live_t *L = live_setup(_i, "1.5", NULL);
+    int status[LV_NRANKS];
+    h_run_procs(LV_NRANKS, two_comms_rank, L, 60, status);
+    live_expect_success(L, status, lv_transports[_i]);
+}
+END_TEST
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 /* ---- 8: an application deadlock ---------------------------------------------------------- */
@@ -1128,6 +1339,26 @@ int main(void)
          .test = test_abort_other_thread,
          .timeout_s = 20},
         {.name = "app_deadlock", .tags = "transport", .test = test_app_deadlock, .timeout_s = 30},
+        {.name = "late_rank",
+         .tags = "transport",
+         .test = test_late_rank,
+         .timeout_s = 60,
+         .loops = 2},
+        {.name = "busy_rank",
+         .tags = "transport",
+         .test = test_busy_rank,
+         .timeout_s = 40,
+         .loops = 2},
+        {.name = "op_timeout",
+         .tags = "transport",
+         .test = test_op_timeout,
+         .timeout_s = 45,
+         .loops = 2},
+        {.name = "two_comms",
+         .tags = "transport",
+         .test = test_two_comms,
+         .timeout_s = 80,
+         .loops = 2},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     /* Each test in its own process: tests kill and stop children, and set parameters. */

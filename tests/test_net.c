@@ -755,6 +755,59 @@ START_TEST(test_handshake_timeout)
 }
 END_TEST
 
+START_TEST(test_handshake_patient)
+{
+    /* A patient connector (the transports') whose listener has not said its first word after
+     * twice LOOM_HANDSHAKE_TIMEOUT is still waiting, not failed: the peer may not have reached
+     * loom yet. Once the listener speaks, the handshake completes. Then a listener that stops
+     * in the middle is still dropped after the handshake timeout. */
+    set_param("LOOM_HANDSHAKE_TIMEOUT", "1");
+    int cfd, afd;
+    sock_addr_t srv, cli;
+    static hs_t c, a;
+    hs_hello_t hello = {.comm_id = 7, .from_rank = 0, .to_rank = 1, .chan = 0, .nchan = 1};
+    make_pair(&cfd, &afd, &srv, &cli);
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    c.patient = true;
+    uint64_t until = base_now_ns() + 2200000000ull;
+    while (base_now_ns() < until) {
+        bool prog = false;
+        ck_assert_msg(hs_progress(&c, &prog) == loomSuccess, "gave up: '%s'", c.err);
+        usleep(20000);
+    }
+    ck_assert_int_eq(c.state, HS_RECV_CHALLENGE);
+    ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_a), loomSuccess);
+    loomResult_t rc, ra;
+    drive_pair(&c, &a, &rc, &ra);
+    ck_assert_msg(rc == loomSuccess && c.state == HS_DONE, "connector: '%s'", c.err);
+    ck_assert_msg(ra == loomSuccess && a.state == HS_DONE, "acceptor: '%s'", a.err);
+    close(cfd);
+    close(afd);
+
+    /* The listener sends its challenge, then nothing: the clock started with its first byte. */
+    make_pair(&cfd, &afd, &srv, &cli);
+    hs_connect_init(&c, cfd, &srv, key_a, &hello);
+    c.patient = true;
+    ck_assert_int_eq(hs_accept_init(&a, afd, &cli, key_a), loomSuccess);
+    bool prog = false;
+    ck_assert_int_eq(hs_progress(&a, &prog), loomSuccess); /* the challenge goes */
+    uint64_t t0 = base_now_ns();
+    loomResult_t r = loomSuccess;
+    while (r == loomSuccess && base_now_ns() - t0 < 4000000000ull) {
+        prog = false;
+        r = hs_progress(&c, &prog); /* the HELLO goes; the WELCOME never comes */
+        usleep(10000);
+    }
+    double s = (double)(base_now_ns() - t0) * 1e-9;
+    ck_assert_int_eq(r, loomRemoteError);
+    ck_assert_msg(s >= 0.9 && s < 3, "gave up after %.2f s", s);
+    ck_assert_msg(strstr(c.err, "LOOM_HANDSHAKE_TIMEOUT") != NULL, "'%s'", c.err);
+    close(cfd);
+    close(afd);
+    set_param("LOOM_HANDSHAKE_TIMEOUT", NULL);
+}
+END_TEST
+
 /* ---- 5. several sockets per peer ----------------------------------------------------------- */
 
 #define NSOCKS 4
@@ -926,6 +979,7 @@ static Suite *net_suite(void)
         {.name = "handshake_old_version", .test = test_handshake_old_version},
         {.name = "handshake_not_loom", .test = test_handshake_not_loom},
         {.name = "handshake_timeout", .test = test_handshake_timeout},
+        {.name = "handshake_patient", .test = test_handshake_patient},
         {.name = "many_sockets", .test = test_many_sockets},
         {.name = "shm_modes", .test = test_shm_modes},
     };

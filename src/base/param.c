@@ -27,12 +27,19 @@ static const param_desc_t params[PARAM_COUNT] = {
                           "write the log to this file instead of stderr (%h: host, %p: pid)", ANY},
     [PARAM_TIMEOUT] =
         {"TIMEOUT", PARAM_T_DOUBLE, "30", "s",
-         "seconds without progress from a peer after which a wait fails naming it; inf: no limit",
+         "seconds without a sign of life (data or heartbeat) from a peer a call waits on, after "
+         "which the call fails naming it as dead, stopped or unreachable; inf: no limit",
          NUM(0.1, INFINITY, DEFAULT), .inf = true},
     [PARAM_HANDSHAKE_TIMEOUT] =
         {"HANDSHAKE_TIMEOUT", PARAM_T_DOUBLE, "5", "s",
-         "seconds an incoming connection may take to authenticate; inf: no limit",
+         "seconds a connection may stay silent in the middle of its authentication (a peer that "
+         "has not yet arrived is bounded by LOOM_TIMEOUT instead); inf: no limit",
          NUM(0.1, INFINITY, DEFAULT), .inf = true},
+    [PARAM_OP_TIMEOUT] =
+        {"OP_TIMEOUT", PARAM_T_DOUBLE, "0", "s",
+         "seconds one operation may wait on live peers (computing, or not yet in the call) "
+         "before it fails naming them; 0: no limit (the default)",
+         NUM(0, INFINITY, DEFAULT), .inf = true},
     [PARAM_SOCKET_IFNAME] = {"SOCKET_IFNAME", PARAM_T_STR, "", "",
                              "interfaces to use: prefixes, '^' to exclude, '=' for exact names, "
                              "comma-separated (default: first non-loopback interface, else lo)",

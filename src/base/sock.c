@@ -383,7 +383,8 @@ loomResult_t hs_accept_init(hs_t *h, int fd, const sock_addr_t *peer, const uint
     put32(h->buf + 4, HS_VERSION);
     memcpy(h->buf + 8, h->nonce, 16);
     hs_next(h, HS_SEND_CHALLENGE, HS_CHALLENGE_BYTES);
-    h->deadline_ns = hs_deadline();
+    h->start_ns = base_now_ns();
+    h->deadline_ns = h->start_ns + (uint64_t)(param_double(PARAM_HANDSHAKE_TIMEOUT) * 1e9);
     return loomSuccess;
 }
 
@@ -466,6 +467,10 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
             if ((r = hs_io(h, false, progressed)) < 0) return loomRemoteError;
             if (r == 0) goto pending;
             if (!hs_magic_ok(h, HS_MAGIC_CHALLENGE, "challenge")) return loomRemoteError;
+            if (h->patient) { /* the listener spoke: from now on the handshake is timed */
+                h->patient = false;
+                h->deadline_ns = hs_deadline();
+            }
             memcpy(h->nonce, h->buf + 8, 16);
             hello_encode(&h->hello, h->buf);
             if (hs_mac(h, HS_CTX_HELLO, h->buf, HS_HELLO_FIELDS, h->buf + HS_HELLO_FIELDS) !=
@@ -539,6 +544,14 @@ loomResult_t hs_progress(hs_t *h, bool *progressed)
         }
     }
 pending:
+    /* A patient connector's peer has not said its first word: it may not have reached loom yet
+     * (a rank still loading its model); the caller's liveness rule bounds that wait. The clock
+     * starts with the first byte. */
+    if (h->patient && h->state <= HS_RECV_CHALLENGE) {
+        if (h->done == 0) return loomSuccess;
+        h->patient = false;
+        h->deadline_ns = hs_deadline();
+    }
     if (base_now_ns() > h->deadline_ns) {
         hs_fail(h, "handshake not finished within LOOM_HANDSHAKE_TIMEOUT=%g s (state %d)",
                 param_double(PARAM_HANDSHAKE_TIMEOUT), (int)h->state);
@@ -547,11 +560,130 @@ pending:
     return loomSuccess;
 }
 
+/* "1234567" -> "1,234,567" */
+static void thousands(uint64_t v, char *buf, size_t len)
+{
+    char raw[32];
+    int n = snprintf(raw, sizeof(raw), "%llu", (unsigned long long)v);
+    size_t o = 0;
+    for (int i = 0; i < n && o + 2 < len; i++) {
+        if (i > 0 && (n - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = raw[i];
+    }
+    buf[o] = '\0';
+}
+
+void hs_pending_report(hs_pending_t *p, log_subsys_t subsys, const char *who)
+{
+    if (p->refused > 1 || p->dropped > 0) {
+        char n[32], d[64] = "";
+        thousands(p->refused, n, sizeof(n));
+        if (p->dropped) {
+            char dn[32];
+            thousands(p->dropped, dn, sizeof(dn));
+            snprintf(d, sizeof(d), ", %s of them dropped to make room", dn);
+        }
+        double s = (double)(base_now_ns() - p->window_ns) * 1e-9;
+        WARN(subsys, "%s refused %s connections from %s%s in the last %.0f s%s (last: %s)", who, n,
+             p->refused_from, p->refused_many_hosts ? " and other addresses" : "", s < 1 ? 1 : s, d,
+             p->last_cause);
+    }
+    p->refused = p->dropped = 0;
+    p->refused_many_hosts = false;
+    p->refused_from[0] = '\0';
+    p->window_ns = base_now_ns();
+}
+
+/* The host part of an address, for counting refusals per peer. */
+static void addr_host(const sock_addr_t *a, char *buf, size_t len)
+{
+    sock_addr_str(a, buf, len);
+    char *colon = strrchr(buf, ':');
+    if (colon && (a->sa.ss_family == AF_INET || (colon > buf && colon[-1] == ']'))) *colon = '\0';
+    if (a->sa.ss_family == AF_INET6 && buf[0] == '[') {
+        size_t l = strlen(buf);
+        memmove(buf, buf + 1, l);
+        if (l >= 2 && buf[l - 2] == ']') buf[l - 2] = '\0';
+    }
+}
+
+/* A stranger refused (failed handshake) or dropped (no room): closed and counted. The first of
+ * a window is logged in full; the rest only in the window's summary line. */
+static void refuse(hs_pending_t *p, hs_t *h, bool dropped, log_subsys_t subsys, const char *who)
+{
+    uint64_t now = base_now_ns();
+    if (p->window_ns == 0) p->window_ns = now;
+    if (now - p->window_ns >= HS_REFUSE_LOG_NS) hs_pending_report(p, subsys, who);
+    char host[SOCK_ADDR_STRLEN];
+    addr_host(&h->peer, host, sizeof(host));
+    if (p->refused_from[0] == '\0')
+        snprintf(p->refused_from, sizeof(p->refused_from), "%s", host);
+    else if (strcmp(p->refused_from, host) != 0)
+        p->refused_many_hosts = true;
+    if (dropped)
+        snprintf(p->last_cause, sizeof(p->last_cause),
+                 "%s: dropped, %d connections had not authenticated yet", host, HS_PENDING_MAX);
+    else
+        snprintf(p->last_cause, sizeof(p->last_cause), "%.150s", h->err);
+    if (p->refused++ == 0) {
+        if (dropped)
+            WARN(subsys,
+                 "%s dropped an incoming connection from %s: %d connections had not "
+                 "authenticated yet (the oldest goes first)",
+                 who, host, HS_PENDING_MAX);
+        else
+            WARN(subsys, "%s refused an incoming connection from %s", who, h->err);
+    }
+    p->dropped += dropped;
+    close(h->fd);
+}
+
+/* Drops the oldest pending handshake, if it had its grace time; false when none did. */
+static bool drop_oldest(hs_pending_t *p, log_subsys_t subsys, const char *who)
+{
+    int old = -1;
+    for (int i = 0; i < p->n; i++)
+        if (old < 0 || p->hs[i].start_ns < p->hs[old].start_ns) old = i;
+    if (old < 0 || base_now_ns() - p->hs[old].start_ns < HS_PENDING_GRACE_NS) return false;
+    p->hs[old].err[0] = '\0';
+    refuse(p, &p->hs[old], true, subsys, who);
+    p->hs[old] = p->hs[--p->n];
+    return true;
+}
+
 void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
                          log_subsys_t subsys, const char *who, void (*done)(void *arg, hs_t *hs),
                          void *arg, bool *progressed)
 {
+    /* First the handshakes under way, each only when its socket is ready or its time is up:
+     * a few hundred idle strangers cost one poll(2), not a recv(2) each. */
+    if (p->n > 0) {
+        struct pollfd fds[HS_PENDING_MAX];
+        int nf = hs_pending_pollfds(p, fds, HS_PENDING_MAX);
+        if (poll(fds, (nfds_t)nf, 0) < 0) nf = 0;
+        uint64_t now = base_now_ns();
+        /* Walk backwards: a finished or failed entry takes the last one's place. */
+        for (int i = p->n - 1; i >= 0; i--) {
+            hs_t *h = &p->hs[i];
+            bool ready = i < nf && fds[i].revents != 0;
+            if (!ready && h->state != HS_DONE && now <= h->deadline_ns) continue;
+            if (hs_progress(h, progressed) != loomSuccess) {
+                refuse(p, h, false, subsys, who);
+                p->hs[i] = p->hs[--p->n];
+            } else if (h->state == HS_DONE) {
+                hs_t fin = *h;
+                p->hs[i] = p->hs[--p->n];
+                done(arg, &fin);
+            }
+        }
+    }
+    if (p->window_ns && (p->refused > 1 || p->dropped) &&
+        base_now_ns() - p->window_ns >= HS_REFUSE_LOG_NS)
+        hs_pending_report(p, subsys, who);
     for (;;) {
+        /* No room: the oldest stranger goes, once it had its chance; else the rest wait in the
+         * kernel's backlog for the next round. */
+        if (p->n >= HS_PENDING_MAX && !drop_oldest(p, subsys, who)) break;
         sock_addr_t peer;
         memset(&peer, 0, sizeof(peer));
         peer.len = sizeof(peer.sa);
@@ -576,27 +708,23 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
             p->hs = n;
             p->cap = ncap;
         }
-        if (hs_accept_init(&p->hs[p->n], fd, &peer, secret) != loomSuccess) {
+        hs_t *h = &p->hs[p->n];
+        if (hs_accept_init(h, fd, &peer, secret) != loomSuccess) {
             close(fd);
             continue;
         }
-        p->n++;
-    }
-    for (int i = 0; i < p->n;) {
-        hs_t *h = &p->hs[i];
+        /* The challenge goes at once (an empty socket takes it); a quick peer may even have
+         * finished already. */
         if (hs_progress(h, progressed) != loomSuccess) {
-            WARN(subsys, "%s refused an incoming connection from %s", who, h->err);
-            close(h->fd);
-        } else if (h->state == HS_DONE) {
-            hs_t fin = *h;
-            p->hs[i] = p->hs[--p->n];
-            done(arg, &fin);
-            continue;
-        } else {
-            i++;
+            refuse(p, h, false, subsys, who);
             continue;
         }
-        p->hs[i] = p->hs[--p->n];
+        if (h->state == HS_DONE) {
+            hs_t fin = *h;
+            done(arg, &fin);
+            continue;
+        }
+        p->n++;
     }
 }
 

@@ -11,7 +11,15 @@
  * (libsodium's keyed crypto_generichash; the MACs are compared with sodium_memcmp.)
  * A peer that cannot prove K, or sends anything malformed, is logged with its address and closed;
  * the secret itself never crosses the wire. A connection that does not finish within
- * LOOM_HANDSHAKE_TIMEOUT is dropped.
+ * LOOM_HANDSHAKE_TIMEOUT is dropped. The timeout measures a peer that stopped talking in the
+ * middle of the handshake: a patient connector (the transports': their peer may not have reached
+ * its first call yet) waits without limit until the listener says its first word, and leaves that
+ * wait to the caller's liveness rule (LOOM_TIMEOUT).
+ *
+ * Strangers are bounded: a listener keeps at most HS_PENDING_MAX connections that have not proved
+ * themselves (the oldest is dropped first once it had HS_PENDING_GRACE_NS to finish), and its
+ * refusals are logged at most once per HS_REFUSE_LOG_NS with a count ("refused 1,234 connections
+ * from 127.0.0.1 in the last 10 s").
  */
 #ifndef LOOM_BASE_SOCK_H
 #define LOOM_BASE_SOCK_H
@@ -88,6 +96,8 @@ typedef struct {
     uint8_t buf[128];
     size_t len, done;
     uint64_t deadline_ns;
+    uint64_t start_ns; /* acceptor: when accepted (the oldest stranger is dropped first) */
+    bool patient;      /* connector: no deadline until the listener's first byte */
     sock_addr_t peer;
     char err[256];
 } hs_t;
@@ -106,18 +116,32 @@ short hs_events(const hs_t *h);
 loomResult_t hs_run_blocking(hs_t *h);
 
 /* Incoming connections still proving who they are: the acceptor's side, for every listener. */
+#define HS_PENDING_MAX 128
+#define HS_PENDING_GRACE_NS 200000000ull /* a legitimate peer finishes in far less */
+#define HS_REFUSE_LOG_NS 10000000000ull
 typedef struct {
     hs_t *hs;
     int n, cap;
+    /* refusals since the last line written about them */
+    uint64_t refused, dropped;
+    uint64_t window_ns; /* when the window of refusals being counted started */
+    char refused_from[SOCK_ADDR_STRLEN];
+    bool refused_many_hosts;
+    char last_cause[160];
 } hs_pending_t;
 
-/* Accepts every connection waiting on listen_fd, then advances each pending handshake: a
- * finished one is handed to done(arg, hs), which owns its descriptor from then on; a failed one
- * is logged, naming `who` (the listener) and the peer, and closed. */
+/* Advances the pending handshakes that have something to read or write (one poll(2) finds them)
+ * and those whose time ran out, then accepts what waits on listen_fd: a finished handshake is
+ * handed to done(arg, hs), which owns its descriptor from then on; a failed one is closed and
+ * counted, and logged (naming `who`, the listener, and the peer) at most once per
+ * HS_REFUSE_LOG_NS. */
 void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16],
                          log_subsys_t subsys, const char *who, void (*done)(void *arg, hs_t *hs),
                          void *arg, bool *progressed);
 int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max);
+/* Writes the line about refusals not yet reported (also done by hs_pending_progress once their
+ * window is over). */
+void hs_pending_report(hs_pending_t *p, log_subsys_t subsys, const char *who);
 /* Closes what is still pending. */
 void hs_pending_free(hs_pending_t *p);
 

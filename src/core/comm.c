@@ -203,8 +203,10 @@ void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
 
 void comm_abort_transports(loomComm_t comm, const char *reason)
 {
+    exec_host_lock(&comm->exech); /* the progress thread's keepalive moves them too */
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->abort(comm->net.tp[t].ctx, reason);
+    exec_host_unlock(&comm->exech);
 }
 
 static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi", "ucx"};
@@ -289,6 +291,7 @@ void comm_exec_fill(loomComm_t comm)
     h->stats = &comm->stats;
     h->conn = exec_conn;
     h->set_error = exec_set_error;
+    exec_host_init(h);
 }
 
 static loomResult_t parse_algo(int *algo);
@@ -300,6 +303,7 @@ void comm_free(loomComm_t comm)
 #ifdef LOOM_HAVE_CUDA
     dev_free(&comm->dev.host);
 #endif
+    exec_keepalive_stop(&comm->exech);
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->fini(comm->net.tp[t].ctx);
     if (comm->st.wake_fd >= 0) close(comm->st.wake_fd);
@@ -495,7 +499,8 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
         .comm_id = comm->lay.comm_id,
         /* comm_tune_for_cores may raise the slice 4x once the layout is
          * known */
-        .max_message = LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE))};
+        .max_message = LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE)),
+        .call_state = &comm->exech.call_state};
     memcpy(setup.secret, comm->lay.secret, 16);
     if (want[TP_TCP]) {
         sock_addr_t a;
@@ -531,7 +536,9 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
         }
         comm->net.tp[t].ops = ops;
     }
-    return pack_addrs(comm);
+    LOOM_CHECK(pack_addrs(comm));
+    /* Heartbeats and the peers' connections are served between calls too. */
+    return exec_keepalive_start(&comm->exech);
 }
 
 /* LOOM_TUNE_FILE's contents hashed, for the peers' agreement: 0 when unset, a fixed value when

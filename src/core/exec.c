@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "exec.h"
+#include "param.h"
+#include "progress.h"
 
 #define EXEC_MAX_INFLIGHT 512
 #define EXEC_TEXT_MAX 1024 /* an error text: the operation, then the transport's cause */
@@ -97,6 +99,8 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, lo
     size_t n = s->nsteps;
     if (e == NULL) goto oom;
     e->h = h;
+    atomic_fetch_add(&h->running, 1);
+    atomic_store(&h->call_state, TRANSPORT_CALL_IN);
     e->s = s;
     e->bufs = bufs;
     e->esize = red_type_size(type);
@@ -141,6 +145,8 @@ oom:
 void exec_free(exec_t *e)
 {
     if (e == NULL) return;
+    exec_host_t *h = e->h;
+    exec_host_lock(h);
     /* A run that failed leaves requests in flight. Those still queued in their transport are
      * freed with the connection, but a receive that completed with an error (a message of
      * another length) has left every queue, and only its test releases it. */
@@ -152,6 +158,8 @@ void exec_free(exec_t *e)
         (void)e->h->links[e->s->steps[i].peer].ops->test(e->reqs[i], &done, meta);
         e->reqs[i] = NULL;
     }
+    exec_host_unlock(h);
+    if (atomic_fetch_sub(&h->running, 1) == 1) atomic_store(&h->call_state, TRANSPORT_CALL_NONE);
     free(e->state);
     free(e->reqs);
     free(e->slot);
@@ -357,7 +365,7 @@ static loomResult_t complete(exec_t *e, bool *progressed)
     return loomSuccess;
 }
 
-loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
+static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
 {
     exec_host_t *h = e->h;
     *done = false;
@@ -392,13 +400,23 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
     return loomSuccess;
 }
 
+loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed)
+{
+    exec_host_lock(e->h);
+    loomResult_t r = progress_locked(e, done, progressed);
+    exec_host_unlock(e->h);
+    return r;
+}
+
 int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
 {
     int n = 0;
-    const exec_host_t *h = e->h;
+    exec_host_t *h = e->h;
     if (max > 0 && h->wake_fd >= 0) fds[n++] = (struct pollfd){.fd = h->wake_fd, .events = POLLIN};
+    exec_host_lock(h);
     for (int t = 0; t < h->ntp; t++)
         if (h->tp[t].ctx) n += h->tp[t].ops->pollfds(h->tp[t].ctx, fds + n, max - n);
+    exec_host_unlock(h);
     return n;
 }
 
@@ -409,9 +427,78 @@ bool exec_host_no_fds(const exec_host_t *h)
     return false;
 }
 
-loomResult_t exec_check_timeout(exec_t *e)
+static const char *call_state_text(int st)
+{
+    switch (st) {
+    case TRANSPORT_CALL_IN: return "inside a call";
+    case TRANSPORT_CALL_WAITS_IDLE: return "inside a call, waiting on a rank outside calls";
+    default: return "outside calls (computing?)";
+    }
+}
+
+/* LOOM_OP_TIMEOUT: the operation, how long, and every peer it waits on with its state. */
+static loomResult_t op_timeout_error(exec_t *e, uint64_t waited)
 {
     exec_host_t *h = e->h;
+    const sched_step_t *w = &e->s->steps[e->inflight[0]];
+    char d[160], peers[640] = "";
+    desc_str(&e->s->descs[w->desc], d, sizeof(d));
+    size_t o = 0;
+    int listed = 0, more = 0;
+    for (int k = 0; k < e->ninflight; k++) {
+        int peer = e->s->steps[e->inflight[k]].peer;
+        bool seen = false; /* each peer once (only on this error path: quadratic is fine) */
+        for (int j = 0; j < k && !seen; j++)
+            seen = e->s->steps[e->inflight[j]].peer == peer;
+        if (seen) continue;
+        const exec_link_t *l = &h->links[peer];
+        if (listed == 6 || l->conn == NULL || o + 4 >= sizeof(peers)) {
+            more++;
+            continue;
+        }
+        int n = snprintf(peers + o, sizeof(peers) - o, "%s%s: %s", listed ? "; " : "",
+                         l->ops->peer_name(l->conn), call_state_text(transport_peer_call(l->conn)));
+        o = LOOM_MIN(o + (size_t)LOOM_MAX(n, 0), sizeof(peers) - 1);
+        listed++;
+    }
+    char m[48] = "";
+    if (more) snprintf(m, sizeof(m), " and %d more", more);
+    loomResult_t r = base_error(loomRemoteError, LOG_COLL,
+                                "%s: not finished within LOOM_OP_TIMEOUT=%g s (%.1f s); rank %d "
+                                "waits on %s%s (alive: their heartbeats arrive)",
+                                d, h->op_timeout_s, (double)waited * 1e-9, h->rank,
+                                peers[0] ? peers : "no peer", m);
+    h->set_error(h, r, base_last_error());
+    return r;
+}
+
+static loomResult_t check_locked(exec_t *e);
+
+loomResult_t exec_check_timeout(exec_t *e)
+{
+    exec_host_lock(e->h);
+    loomResult_t r = check_locked(e);
+    exec_host_unlock(e->h);
+    return r;
+}
+
+static loomResult_t check_locked(exec_t *e)
+{
+    exec_host_t *h = e->h;
+    uint64_t now = base_now_ns();
+    /* What this rank's heartbeats say: whether it waits on a rank outside calls (a peer that
+     * then waits on us is not in a deadlock with us). */
+    bool waits_idle = false;
+    for (int k = 0; k < e->ninflight && !waits_idle; k++) {
+        const exec_link_t *l = &h->links[e->s->steps[e->inflight[k]].peer];
+        if (l->conn && transport_peer_call_known(l->conn) &&
+            transport_peer_call(l->conn) == TRANSPORT_CALL_NONE)
+            waits_idle = true;
+    }
+    atomic_store(&h->call_state, waits_idle ? TRANSPORT_CALL_WAITS_IDLE : TRANSPORT_CALL_IN);
+    uint64_t op_limit = (uint64_t)(h->op_timeout_s * 1e9);
+    if (op_limit > 0 && e->ninflight > 0 && now - e->start_ns > op_limit)
+        return op_timeout_error(e, now - e->start_ns);
     uint64_t limit = (uint64_t)(h->timeout_s * 1e9);
     if (limit == 0) return loomSuccess;
     /* Only peers this schedule is waiting on count; the stalest one is named. */
@@ -429,16 +516,28 @@ loomResult_t exec_check_timeout(exec_t *e)
         }
     }
     if (worst <= limit) {
-        /* Heartbeats prove the peers alive, yet nothing finishes: the ranks wait on each other.
-         * That is not loom's fault: point-to-point calls that do not match (both ranks
-         * receiving, say) are the application's; in a collective, a live peer that sends
-         * nothing is inside something else or has not called it. Never hang silently: after
-         * twice the timeout, say what this rank waits for. */
-        uint64_t stuck = base_now_ns() - e->last_step_ns;
+        /* Heartbeats prove the peers alive, yet nothing finishes. A peer outside calls is
+         * computing (or loading, or checkpointing): wait for it, however long (LOOM_OP_TIMEOUT
+         * bounds that if the user wants). Point-to-point calls that do not match (both ranks
+         * receiving, say) are the application's: after twice LOOM_TIMEOUT with the peer inside a
+         * call that waits on nobody outside calls, say what this rank waits for. A collective is
+         * left alone: in a ring, a rank waits on a neighbour that is inside the call and waits
+         * itself on a computing rank further along. */
+        uint64_t stuck = now - e->last_step_ns;
         if (e->ninflight == 0 || stuck <= 2 * limit) return loomSuccess;
-        const sched_step_t *w = &e->s->steps[e->inflight[0]];
+        const sched_step_t *w = NULL;
+        for (int k = 0; k < e->ninflight && w == NULL; k++) {
+            const sched_step_t *st = &e->s->steps[e->inflight[k]];
+            const exec_link_t *l = &h->links[st->peer];
+            /* A transport whose heartbeats say nothing (mpi, ucx) keeps the old rule. */
+            if (l->conn && (!transport_peer_call_known(l->conn) ||
+                            transport_peer_call(l->conn) == TRANSPORT_CALL_IN))
+                w = st;
+        }
+        if (w == NULL) return loomSuccess;
         const sched_desc_t *wd = &e->s->descs[w->desc];
         bool p2p = wd->kind == OPK_SEND || wd->kind == OPK_RECV;
+        if (!p2p) return loomSuccess;
         bool sending = w->kind == STEP_SEND;
         char d[160], more[48] = "";
         desc_str(wd, d, sizeof(d));
@@ -483,4 +582,66 @@ void exec_host_release(exec_host_t *h)
     free(h->staging);
     h->staging = NULL;
     h->staging_bytes = 0;
+}
+
+void exec_host_init(exec_host_t *h)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&h->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    atomic_init(&h->running, 0);
+    atomic_init(&h->call_state, TRANSPORT_CALL_NONE);
+    h->op_timeout_s = param_double(PARAM_OP_TIMEOUT);
+    /* Often enough for the heartbeats (transport_ping_ns) and to answer a late peer's
+     * handshake well within LOOM_HANDSHAKE_TIMEOUT (the wait for the first word is not timed);
+     * an idle process wakes a few times a second per communicator (250 ms by default). */
+    uint64_t hs_ns = (uint64_t)(LOOM_MIN(param_double(PARAM_HANDSHAKE_TIMEOUT), 60.0) * 1e9);
+    h->keepalive_ns = LOOM_MAX(LOOM_MIN(transport_ping_ns(), hs_ns) / 4, 1000000ull);
+}
+
+void exec_host_lock(exec_host_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+}
+
+void exec_host_unlock(exec_host_t *h)
+{
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* The progress thread's poll function: heartbeats and connection setup while no schedule runs.
+ * Errors stay on their connections, for the next call to find. */
+static uint64_t keepalive_poll(void *arg, bool *progressed)
+{
+    (void)progressed; /* not reported: the thread would spin on the heartbeats' bookkeeping */
+    exec_host_t *h = arg;
+    bool moved = false;
+    if (atomic_load(&h->running) == 0 && !atomic_load(h->aborting) &&
+        pthread_mutex_trylock(&h->lock) == 0) {
+        /* Transports without descriptors (MPI) are left out: MPI may refuse calls from this
+         * thread (MPI_THREAD_FUNNELED), and its peers' liveness is MPI's business. */
+        for (int t = 0; t < h->ntp && atomic_load(&h->running) == 0; t++)
+            if (h->tp[t].ctx && !(h->tp[t].ops->caps & TRANSPORT_CAP_POLL))
+                (void)h->tp[t].ops->progress(h->tp[t].ctx, &moved);
+        pthread_mutex_unlock(&h->lock);
+    }
+    /* Something moved (a peer's connection being authenticated): come back soon. */
+    return moved ? 1000000ull : h->keepalive_ns;
+}
+
+loomResult_t exec_keepalive_start(exec_host_t *h)
+{
+    if (h->keepalive_on) return loomSuccess;
+    LOOM_CHECK(progress_attach(keepalive_poll, h, 0));
+    h->keepalive_on = true;
+    return loomSuccess;
+}
+
+void exec_keepalive_stop(exec_host_t *h)
+{
+    if (!h->keepalive_on) return;
+    progress_detach(h);
+    h->keepalive_on = false;
 }

@@ -14,6 +14,7 @@
 #define LOOM_CORE_EXEC_H
 
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -45,8 +46,9 @@ struct exec_host {
     int rank, nranks;
     int nchannels, slices_in_flight; /* receive-and-reduce staging: slots per channel */
     double timeout_s;                /* LOOM_TIMEOUT: no sign of life from a peer; 0: none */
-    exec_link_t *links;              /* by peer, owned by core */
-    const exec_tp_t *tp;             /* the started transports, ntp of them */
+    double op_timeout_s; /* LOOM_OP_TIMEOUT: how long one operation may wait on live peers */
+    exec_link_t *links;  /* by peer, owned by core */
+    const exec_tp_t *tp; /* the started transports, ntp of them */
     int ntp;
     int wake_fd;                /* written by abort: part of what a blocked wait watches */
     const atomic_int *aborting; /* set by loomCommAbort: fail at the next step */
@@ -60,7 +62,28 @@ struct exec_host {
      * exec_host_release. */
     uint8_t *staging;
     size_t staging_bytes;
+    /* Liveness between calls (exec_keepalive_start): the progress thread moves the transports
+     * (heartbeats, accepting and authenticating the peers' connections) while no schedule of
+     * this communicator runs. `lock` (recursive: an error inside a step aborts the transports
+     * under it) is held by whoever moves them: exec_progress, exec_pollfds, exec_check_timeout
+     * and exec_free on the caller's thread, the keepalive on the progress thread, and core's
+     * abort of the transports. The keepalive only tries it, and does nothing while `running`
+     * (a schedule runs: its caller's progress heartbeats itself). */
+    pthread_mutex_t lock;
+    atomic_int running;
+    atomic_int call_state; /* TRANSPORT_CALL_*: what this rank's heartbeats say */
+    bool keepalive_on;
+    uint64_t keepalive_ns;
 };
+
+/* Fills the executor's own parts of h (lock, states, LOOM_OP_TIMEOUT); once, before any use. */
+void exec_host_init(exec_host_t *h);
+/* Attaches the keepalive to the progress thread (once the transports are started) and detaches
+ * it (before they are freed; returns once it no longer runs). */
+loomResult_t exec_keepalive_start(exec_host_t *h);
+void exec_keepalive_stop(exec_host_t *h);
+void exec_host_lock(exec_host_t *h);
+void exec_host_unlock(exec_host_t *h);
 
 typedef struct exec exec_t;
 /* Starts running `sched` with buffer pointers `bufs` (kept by reference until exec_free). */
@@ -72,8 +95,15 @@ loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed);
 int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
 /* Whether a started transport of h has no descriptors to wait on (TRANSPORT_CAP_POLL). */
 bool exec_host_no_fds(const exec_host_t *h);
-/* Gives up when a peer this schedule waits on showed no sign of life for LOOM_TIMEOUT, or when
- * nothing finished for twice that although every peer is alive: the error names the peer. */
+/* The timeout rules, each error naming the operation (kind and seq) and the peers:
+ * - a peer this schedule waits on showed no sign of life (no byte, no heartbeat) for
+ *   LOOM_TIMEOUT: it is dead, stopped or unreachable;
+ * - LOOM_OP_TIMEOUT (default off) passed since the operation started, although the peers are
+ *   alive: the error lists the peers it waits on and what their heartbeats say they do;
+ * - point to point only: nothing finished for twice LOOM_TIMEOUT while the peer is inside a call
+ *   of this communicator that waits on no rank outside calls: the ranks wait on each other
+ *   (loomInvalidUsage). A collective waits on live peers without limit but LOOM_OP_TIMEOUT:
+ *   a rank that computes, loads or checkpoints between calls is not an error. */
 loomResult_t exec_check_timeout(exec_t *e);
 void exec_free(exec_t *e);
 /* Frees what the executor keeps in `h` between calls. */

@@ -111,6 +111,27 @@ const char *transport_conn_error(transport_conn_t *conn)
     return ((const transport_conn_head_t *)(void *)conn)->fail.text;
 }
 
+int transport_peer_call(transport_conn_t *conn)
+{
+    return ((const transport_conn_head_t *)(void *)conn)->peer_call;
+}
+
+int transport_my_call(const transport_setup_t *setup)
+{
+    return setup->call_state ? atomic_load(setup->call_state) : TRANSPORT_CALL_NONE;
+}
+
+bool transport_peer_call_known(transport_conn_t *conn)
+{
+    return ((const transport_conn_head_t *)(void *)conn)->peer_call_known;
+}
+
+void transport_peer_call_set(transport_conn_head_t *h, uint32_t v)
+{
+    h->peer_call_known = true;
+    h->peer_call = v <= TRANSPORT_CALL_WAITS_IDLE ? (int)v : TRANSPORT_CALL_NONE;
+}
+
 const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello)
 {
     if (hello->comm_id != setup->comm_id) return "it belongs to another communicator";

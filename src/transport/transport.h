@@ -16,6 +16,7 @@
 #define LOOM_TRANSPORT_H
 
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,6 +47,9 @@ typedef struct {
     struct sockaddr_storage bind; /* the address chosen by LOOM_SOCKET_IFNAME (port ignored) */
     socklen_t bind_len;
     size_t max_message; /* the largest message this communicator will post */
+    /* What this rank's heartbeats say about it (a TRANSPORT_CALL_* value, kept by the
+     * executor); NULL: always TRANSPORT_CALL_NONE. */
+    const atomic_int *call_state;
 } transport_setup_t;
 
 /* What connect_addr learns of a peer: its handle, its large address, and whether core's node
@@ -56,6 +60,16 @@ typedef struct {
     size_t addr_len;
     bool same_node;
 } transport_peer_t;
+
+/* The state a heartbeat carries: whether the sender is inside a call of this communicator, and
+ * whether that call waits on a rank that is outside every call (computing, loading, writing a
+ * checkpoint). A peer is blamed for a wait that never ends only when it is in a call that waits
+ * on nobody idle: then the ranks wait on each other (see exec_check_timeout). */
+enum {
+    TRANSPORT_CALL_NONE = 0, /* outside calls (heartbeats of the progress thread), or unknown */
+    TRANSPORT_CALL_IN = 1,
+    TRANSPORT_CALL_WAITS_IDLE = 2,
+};
 
 typedef struct {
     const char *name;
@@ -129,6 +143,8 @@ typedef struct {
     char name[96];             /* "rank 3 (10.0.0.2:41234)": how every message names the peer */
     uint64_t last_activity_ns; /* the last sign of life the transport counts */
     int pending;               /* requests posted and not yet complete */
+    int peer_call;             /* TRANSPORT_CALL_* of the peer's last heartbeat */
+    bool peer_call_known;      /* a heartbeat said it (tcp, shm); else the rules assume a call */
 } transport_conn_head_t;
 #define TRANSPORT_CONN_HEAD_FIRST(type, member)                                                    \
     _Static_assert(offsetof(type, member) == 0, "the connection must start with its head")
@@ -157,13 +173,21 @@ int transport_conn_handshake(transport_conn_head_t *h, hs_t *hs, bool *progresse
 uint64_t transport_conn_idle_ns(const transport_conn_head_t *h, bool connecting, bool *pending);
 const char *transport_peer_name(transport_conn_t *conn);
 const char *transport_conn_error(transport_conn_t *conn);
+/* The peer's TRANSPORT_CALL_* state, as its last heartbeat said. */
+int transport_peer_call(transport_conn_t *conn);
+bool transport_peer_call_known(transport_conn_t *conn);
+/* This rank's state for its heartbeats; a received one (any value) recorded in the head. */
+int transport_my_call(const transport_setup_t *setup);
+void transport_peer_call_set(transport_conn_head_t *h, uint32_t v);
 
 /* Why an authenticated hello is refused by this rank (another communicator, another rank, or a
  * rank that should have been the acceptor), or NULL when it is welcome. */
 const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello);
 
-/* Heartbeats let a peer that waits on us tell "alive but waiting for someone else" from
- * "stalled": a quarter of LOOM_TIMEOUT, between 50 ms and 1 s. */
+/* Heartbeats let a peer that waits on us tell "alive" (computing, or waiting for someone else)
+ * from "stalled or dead": a quarter of LOOM_TIMEOUT, between 50 ms and 1 s. They go whether or
+ * not this rank is inside a call: between calls the progress thread sends them
+ * (exec_keepalive). */
 uint64_t transport_ping_ns(void);
 
 /* Whether to look at the listener now: always while `wanted` (a connection waits for its peer or

@@ -39,7 +39,7 @@
 #define SHM_MSG_ACK 2
 #define SHM_MSG_ABORT 3
 #define SHM_MSG_MODE 4
-#define SHM_MSG_PING 5 /* "alive and inside a call": read eagerly like every control message */
+#define SHM_MSG_PING 5 /* "alive", slot: its TRANSPORT_CALL_* state; read eagerly like the rest */
 #define SHM_ABORT_TEXT_MAX 1024
 #define SHM_BOUNCE_SLOTS 8
 
@@ -241,6 +241,7 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
             c->fd = fd;
             c->state = CS_HANDSHAKE;
             hs_connect_init(&c->hs, fd, &peer_addr, ctx->setup.secret, &hello);
+            c->hs.patient = true; /* as tcp's: the peer may not serve its listener yet */
         }
     }
     *out = c;
@@ -564,7 +565,7 @@ static void read_control(transport_conn_t *c, bool *progressed)
             }
             handle_mode(c, &m.mode, passed_fd);
             break;
-        case SHM_MSG_PING: break;
+        case SHM_MSG_PING: transport_peer_call_set(&c->head, m.desc.slot); break;
         case SHM_MSG_ABORT:
             ((char *)&m)[LOOM_MIN((size_t)n, sizeof(m) - 1)] = '\0';
             conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, m.abort.text);
@@ -668,13 +669,11 @@ static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
 {
     if (ctx->abort.aborted) return loomSuccess;
-    bool want_accept = ctx->pend.n > 0;
-    for (int i = 0; i < ctx->nactive && !want_accept; i++)
-        if (ctx->active[i]->state != CS_READY && !ctx->active[i]->head.fail.failed)
-            want_accept = true;
-    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
+    /* Data first, then the listener (see tcp_progress). */
+    bool want_accept = false;
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
+        if (c->state != CS_READY && !c->head.fail.failed) want_accept = true;
         if (c->head.fail.failed || c->fd < 0) continue;
         if (c->state == CS_HANDSHAKE) {
             if (transport_conn_handshake(&c->head, &c->hs, progressed) <= 0) continue;
@@ -690,11 +689,13 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
                 shm_msg_t m;
                 memset(&m, 0, sizeof(shm_desc_t));
                 m.type = SHM_MSG_PING;
+                m.desc.slot = (uint32_t)transport_my_call(&ctx->setup);
                 out_push(c, &m);
             }
         }
         if (c->nout) out_flush(c, progressed);
     }
+    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
     return loomSuccess;
 }
 
@@ -702,8 +703,6 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 {
     int n = 0;
     if (ctx->abort.aborted) return 0;
-    if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     for (int i = 0; i < ctx->nactive && n < max; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->head.fail.failed || c->fd < 0) continue;
@@ -711,6 +710,8 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
         if (c->nout) ev |= POLLOUT;
         fds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }
+    if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     return n;
 }
 

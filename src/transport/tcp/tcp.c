@@ -29,7 +29,7 @@
 #define TCP_MAGIC 0x4c4f4f4du /* "LOOM" */
 #define TCP_FRAME_DATA 1
 #define TCP_FRAME_ABORT 2
-#define TCP_FRAME_PING 3 /* a header alone: "I am alive and inside a call" */
+#define TCP_FRAME_PING 3 /* a header alone: "I am alive"; flags: its TRANSPORT_CALL_* state */
 #define TCP_MAX_SOCKS 16
 #define TCP_ABORT_TEXT_MAX 1024
 
@@ -186,6 +186,10 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
             c->socks[i].fd = fd;
             c->socks[i].state = SK_HANDSHAKE;
             hs_connect_init(&c->socks[i].hs, fd, &addr, ctx->setup.secret, &hello);
+            /* The peer may not be serving its listener yet (its progress thread starts with its
+             * communicator, but a kernel's backlog accepts before that): LOOM_TIMEOUT, not the
+             * handshake's, bounds the wait for its first word. */
+            c->socks[i].hs.patient = true;
         }
         TRACE(LOG_NET, "tcp: connecting to %s with %d sockets", c->head.name, c->nsocks);
     }
@@ -339,8 +343,10 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
         *progressed = true;
         c->head.last_activity_ns = base_now_ns();
         r->done += (size_t)n;
-        if (r->done == H && r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING)
+        if (r->done == H && r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING) {
+            transport_peer_call_set(&c->head, r->hdr.flags);
             r->done = 0; /* a heartbeat: nothing to deliver */
+        }
     }
     return header_ok(c, s, r) ? 1 : -1;
 }
@@ -396,6 +402,7 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
         }
         if (recv(s->fd, &h, sizeof(h), MSG_DONTWAIT) != (ssize_t)sizeof(h)) return;
         c->head.last_activity_ns = base_now_ns();
+        transport_peer_call_set(&c->head, h.flags);
     }
 }
 
@@ -403,7 +410,9 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
 static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
 {
     if (s->sq.head || now - s->last_send_ns < c->ctx->ping_ns) return;
-    tcp_frame_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_PING};
+    tcp_frame_t h = {.magic = TCP_MAGIC,
+                     .type = TCP_FRAME_PING,
+                     .flags = (uint16_t)transport_my_call(&c->ctx->setup)};
     ssize_t n = send(s->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == (ssize_t)sizeof(h)) {
         s->last_send_ns = now;
@@ -543,16 +552,16 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
 static loomResult_t tcp_progress(transport_ctx_t *ctx, bool *progressed)
 {
     if (ctx->abort.aborted) return loomSuccess;
-    /* The listener matters while a connection waits for its peer's sockets or a handshake is
-     * under way. */
-    bool want_accept = ctx->pend.n > 0;
-    for (int i = 0; i < ctx->nactive && !want_accept; i++)
-        if (ctx->active[i]->nready < ctx->active[i]->nsocks) want_accept = true;
-    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
+    /* Data first: whatever strangers do at the listener, the job's sockets are served before. */
+    bool want_accept = false;
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (!c->head.fail.failed) conn_progress(c, progressed);
+        if (c->nready < c->nsocks) want_accept = true;
     }
+    /* The listener matters at every round only while one of the job's connections waits for
+     * its peer's sockets; pending strangers are looked at every TRANSPORT_ACCEPT_EVERY_NS. */
+    if (transport_accept_due(&ctx->next_accept_ns, want_accept)) accept_progress(ctx, progressed);
     return loomSuccess;
 }
 
@@ -560,8 +569,8 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
 {
     int n = 0;
     if (ctx->abort.aborted) return 0;
-    if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
+    /* The job's sockets first: the waiter's array is bounded, and a flood of strangers must not
+     * push them out of it. */
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->head.fail.failed) continue;
@@ -575,6 +584,8 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
             if (ev) fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
         }
     }
+    if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+    n += hs_pending_pollfds(&ctx->pend, fds + n, max - n);
     return n;
 }
 
