@@ -55,7 +55,9 @@ typedef enum {
     loomNumResults = 8
 } loomResult_t;
 
-/* Data types, numbered as ncclDataType_t. */
+/* Data types, numbered as ncclDataType_t. Float16, bfloat16 and the 8-bit floats are combined in
+ * float32 and rounded to nearest even once per step; the 8-bit floats saturate to their largest
+ * finite value (no infinities come out) and a NaN becomes the canonical NaN 0x7f. */
 typedef enum {
     loomInt8 = 0,
     loomChar = 0,
@@ -72,7 +74,9 @@ typedef enum {
     loomFloat64 = 8,
     loomDouble = 8,
     loomBfloat16 = 9,
-    loomNumTypes = 10
+    loomFloat8e4m3 = 10, /* OCP E4M3 (no infinities, largest finite 448) */
+    loomFloat8e5m2 = 11, /* OCP E5M2 (largest finite 57344) */
+    loomNumTypes = 12
 } loomDataType_t;
 
 /* Reduction operations, numbered as ncclRedOp_t. Values from loomNumOps up to loomMaxRedOp are

@@ -1,11 +1,15 @@
 /*
- * loom-perf: collective benchmarks with the table of nccl-tests, so results read beside NCCL's.
+ * loom-perf: collective benchmarks that speak nccl-tests: its flags (perf_args.c), its header,
+ * table and summary lines, its JSON (-J), and its program names (all_reduce_perf, ... are links
+ * to this program; argv[0] picks the collective), so results read beside NCCL's.
  *
- * time   mean per iteration of the timed loop, in microseconds, averaged over ranks
+ * time   per call of the timed loop (-n iterations of -m calls), in microseconds: the mean over
+ *        ranks (-a: rank 0's, min or max); -C 1: the host's time to issue the calls
  * algbw  bytes / time, bytes being the size column (GB/s = 1e9 bytes/s)
- * busbw  algbw scaled to what each link carries: allreduce 2(p-1)/p, reduce-scatter and
- *        allgather (p-1)/p, broadcast, reduce and alltoall (p-1)/p for alltoall, 1 otherwise
- * #wrong elements differing from the exact expected result, summed over ranks (-c 1)
+ * busbw  algbw scaled to what each link carries: allreduce 2(p-1)/p; reduce-scatter, allgather,
+ *        alltoall, gather, scatter (p-1)/p; broadcast, reduce, sendrecv 1
+ * #wrong elements differing from the exact expected result, summed over ranks, after the timed
+ *        loop (-c N checked runs from fresh inputs; the first with any wrong element ends them)
  *
  * Ranks: `-P k` forks k local ranks as children of this process (no launcher needed); otherwise
  * one rank per process from the launcher's environment (mpirun, srun, torchrun, or
@@ -56,43 +60,19 @@
 
 #include "loom.h"
 #include "loom_internal.h"
+#include "perf_args.h"
+#include "perf_json.h"
+#include "reduce.h"
 
-typedef enum {
-    C_ALLREDUCE,
-    C_BROADCAST,
-    C_REDUCE,
-    C_ALLGATHER,
-    C_REDUCESCATTER,
-    C_ALLTOALL
-} coll_t;
-static const char *coll_names[] = {"allreduce", "broadcast",     "reduce",
-                                   "allgather", "reducescatter", "alltoall"};
-static const char *loom_fn[] = {"loomAllReduce", "loomBroadcast",     "loomReduce",
-                                "loomAllGather", "loomReduceScatter", "loomAlltoAll"};
-
-typedef enum { BE_LOOM, BE_NCCL } backend_t;
-
-typedef struct {
-    uint64_t minb, maxb;
-    double factor;
-    uint64_t step;
-    int iters, warmup, check, root, nranks_local;
-    int types[loomNumTypes], ntypes;
-    int ops[loomNumOps], nops;
-    coll_t coll;
-    int mem_device;
-    int host_time; /* --host-time: print the host's enqueue time per call (device buffers) */
-    int gpu_time;  /* --gpu-time: time the calls queued behind a gate on the stream (-P) */
-    backend_t backend;
-    const char *nccl_lib;
-    const char *csv, *json;
-    int blocking_inplace; /* 0: oop only, 1: both */
-} opts_t;
-
-static const char *type_names[] = {"int8",   "uint8", "int32", "uint32", "int64",
-                                   "uint64", "half",  "float", "double", "bfloat16"};
-static const size_t type_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
+static const char *const loom_fn[C_NUM] = {"loomAllReduce",
+                                           "loomBroadcast",
+                                           "loomReduce",
+                                           "loomAllGather",
+                                           "loomReduceScatter",
+                                           "loomAlltoAll",
+                                           "loomSend/loomRecv (sendrecv)",
+                                           "loomSend/loomRecv (gather)",
+                                           "loomSend/loomRecv (scatter)"};
 
 /* -P with --backend nccl: rank 0's child publishes NCCL's unique id here (state 1), or says that
  * it failed before it could (state -1); mapped MAP_SHARED before fork. */
@@ -140,75 +120,7 @@ _Noreturn static void die(int rank, const char *what, loomResult_t r, loomComm_t
         if (r_ != loomSuccess) die(rank, #call, r_, comm);                                         \
     } while (0)
 
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return -1;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        v *= 1024;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        v *= 1024 * 1024;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        v *= 1024.0 * 1024 * 1024;
-        end++;
-        break;
-    default: break;
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return -1;
-    *out = (uint64_t)v;
-    return 0;
-}
-
 /* ---- exact inputs ---- */
-
-static uint16_t f2h(float f)
-{
-    /* values are small integers: exact in half */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    if (f == 0) return (uint16_t)sign;
-    int e = (int)((x >> 23) & 0xff) - 127 + 15;
-    return (uint16_t)(sign | ((uint32_t)e << 10) | ((x >> 13) & 0x3ff));
-}
-static float h2f(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0 && m == 0)
-        x = sign;
-    else if (e == 0) {
-        float v = ldexpf((float)m, -24);
-        return (h & 0x8000) ? -v : v;
-    } else
-        x = sign | ((e - 15 + 127) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-static uint16_t f2bf(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    return (uint16_t)(x >> 16);
-}
-static float bf2f(uint16_t b)
-{
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 /* Rank r's value at element i for op: chosen so that any order of the reduction is exact. */
 static double input_value(int type, int op, int r, size_t i, int p)
@@ -225,10 +137,10 @@ static double input_value(int type, int op, int r, size_t i, int p)
         return is_unsigned ? v : v - 15;
     }
     default: {
-        int span =
-            (type == loomHalf || type == loomBfloat16 || type == loomInt8 || type == loomUint8)
-                ? 3
-                : 17;
+        int span = (type == loomHalf || type == loomBfloat16 || type == loomInt8 ||
+                    type == loomUint8 || type == loomFloat8e4m3 || type == loomFloat8e5m2)
+                       ? 3
+                       : 17;
         int v = (int)((i * 5 + (size_t)r * 3) % (size_t)span);
         bool is_unsigned = type == loomUint8 || type == loomUint32 || type == loomUint64;
         return is_unsigned ? v : v - span / 2;
@@ -245,10 +157,12 @@ static void store(int type, void *buf, size_t i, double v)
     case loomUint32: ((uint32_t *)buf)[i] = (uint32_t)(int64_t)v; break;
     case loomInt64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case loomUint64: ((uint64_t *)buf)[i] = (uint64_t)(int64_t)v; break;
-    case loomHalf: ((uint16_t *)buf)[i] = f2h((float)v); break;
+    case loomHalf: ((uint16_t *)buf)[i] = red_float_to_half((float)v); break;
     case loomFloat: ((float *)buf)[i] = (float)v; break;
     case loomDouble: ((double *)buf)[i] = v; break;
-    case loomBfloat16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
+    case loomBfloat16: ((uint16_t *)buf)[i] = red_float_to_bf16((float)v); break;
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: ((uint8_t *)buf)[i] = red_float_to_fp8(type, (float)v); break;
     }
 }
 
@@ -261,17 +175,32 @@ static double load(int type, const void *buf, size_t i)
     case loomUint32: return ((const uint32_t *)buf)[i];
     case loomInt64: return (double)((const int64_t *)buf)[i];
     case loomUint64: return (double)((const uint64_t *)buf)[i];
-    case loomHalf: return h2f(((const uint16_t *)buf)[i]);
+    case loomHalf: return red_half_to_float(((const uint16_t *)buf)[i]);
     case loomFloat: return ((const float *)buf)[i];
     case loomDouble: return ((const double *)buf)[i];
-    case loomBfloat16: return bf2f(((const uint16_t *)buf)[i]);
+    case loomBfloat16: return red_bf16_to_float(((const uint16_t *)buf)[i]);
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: return red_fp8_to_float(type, ((const uint8_t *)buf)[i]);
     }
     return 0;
 }
 
 /* What element i must hold after a reduction over p ranks (inputs of input_value). */
+/* -o mulsum: rank r's inputs are multiplied by 1 + r % 2 before the sum (exact: small
+ * integers in every type). */
+static double premul_scalar(int r)
+{
+    return 1.0 + (double)(r % 2);
+}
+
 static double expected_reduced(int type, int op, size_t i, int p)
 {
+    if (op == PERF_OP_MULSUM) {
+        double acc = 0;
+        for (int r = 0; r < p; r++)
+            acc += premul_scalar(r) * input_value(type, op, r, i, p);
+        return acc;
+    }
     double acc = input_value(type, op, 0, i, p);
     for (int r = 1; r < p; r++) {
         double v = input_value(type, op, r, i, p);
@@ -286,20 +215,16 @@ static double expected_reduced(int type, int op, size_t i, int p)
         bool integer = type <= loomUint64;
         if (integer)
             acc = trunc(acc / p);
-        else if (type == loomFloat)
-            acc = (double)((float)acc / (float)p);
-        else if (type == loomHalf)
-            acc = (double)((float)acc / (float)p);
-        else if (type == loomBfloat16)
-            acc = (double)((float)acc / (float)p);
-        else
+        else if (type == loomDouble)
             acc = acc / p;
+        else /* float32 arithmetic for float and the narrower floats */
+            acc = (double)((float)acc / (float)p);
     }
     return acc;
 }
 
 /* The value the type holds for v (inputs and exact results are small integers, so this is
- * exact; avg of float16/bfloat16 is compared with a tolerance below). */
+ * exact; avg of float16/bfloat16 and the 8-bit floats are compared with a tolerance below). */
 static double as_type(int type, double v)
 {
     uint8_t tmp[8];
@@ -335,6 +260,11 @@ typedef struct {
     int (*GroupStart)(void);
     int (*GroupEnd)(void);
     const char *(*GetLastError)(nccl_comm_t);
+    int (*CommRegister)(nccl_comm_t, void *, size_t, void **);
+    /* ncclRedOpCreatePreMulSum(op, scalar, type, residence, comm), ncclRedOpDestroy */
+    int (*RedOpCreatePreMulSum)(int *, void *, int, int, nccl_comm_t);
+    int (*RedOpDestroy)(int, nccl_comm_t);
+    int (*CommDeregister)(nccl_comm_t, void *);
     int version;
     char path[4096]; /* the file dlopen found */
 } nccl_t;
@@ -378,6 +308,10 @@ static const nccl_t *nccl_load(const char *lib, char *why, size_t whylen)
     NCCL_SYM(GroupStart, "ncclGroupStart", 0);
     NCCL_SYM(GroupEnd, "ncclGroupEnd", 0);
     NCCL_SYM(GetLastError, "ncclGetLastError", 0);
+    NCCL_SYM(CommRegister, "ncclCommRegister", 0);
+    NCCL_SYM(RedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", 0);
+    NCCL_SYM(RedOpDestroy, "ncclRedOpDestroy", 0);
+    NCCL_SYM(CommDeregister, "ncclCommDeregister", 0);
 #undef NCCL_SYM
     Dl_info di;
     if (dladdr(anchor, &di) && di.dli_fname && di.dli_fname[0])
@@ -522,39 +456,183 @@ static void stream_sync(ctx_t *x)
 #endif
 }
 
+/* Elements in the output and input buffers for `count` (nccl-tests' counts: gather's root and
+ * scatter's root hold count per rank; the others' buffers are as large, unused). */
 static size_t out_count(coll_t c, size_t count, int p)
 {
-    return (c == C_ALLGATHER || c == C_ALLTOALL) ? count * (size_t)p : count;
+    return (c == C_ALLGATHER || c == C_ALLTOALL || c == C_GATHER) ? count * (size_t)p : count;
 }
 static size_t in_count(coll_t c, size_t count, int p)
 {
-    return (c == C_REDUCESCATTER || c == C_ALLTOALL) ? count * (size_t)p : count;
+    return (c == C_REDUCESCATTER || c == C_ALLTOALL || c == C_SCATTER) ? count * (size_t)p : count;
 }
 
 /* size column semantics as nccl-tests: bytes of the larger buffer */
 static size_t count_for_bytes(coll_t c, uint64_t bytes, size_t es, int p)
 {
     size_t n = (size_t)(bytes / es);
-    if (c == C_ALLGATHER || c == C_REDUCESCATTER || c == C_ALLTOALL) n /= (size_t)p;
+    if (c == C_ALLGATHER || c == C_REDUCESCATTER || c == C_ALLTOALL || c == C_GATHER ||
+        c == C_SCATTER)
+        n /= (size_t)p;
     return n;
 }
 
+static bool coll_reduces(coll_t c)
+{
+    return c == C_ALLREDUCE || c == C_REDUCE || c == C_REDUCESCATTER;
+}
+
+/* nccl-tests' bus bandwidth factors */
 static double bus_factor(coll_t c, int p)
 {
     switch (c) {
     case C_ALLREDUCE: return p > 1 ? 2.0 * (p - 1) / p : 0;
     case C_ALLGATHER:
     case C_REDUCESCATTER:
-    case C_ALLTOALL: return p > 1 ? (double)(p - 1) / p : 0;
+    case C_ALLTOALL:
+    case C_GATHER:
+    case C_SCATTER: return p > 1 ? (double)(p - 1) / p : 0;
     default: return 1;
     }
 }
 
+/* Point to point and groups with the backend under test; a failure is fatal, naming the call
+ * and the peer. */
+static void xgroup_start(ctx_t *x)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int r = x->nccl->GroupStart();
+        if (r != 0) nccl_fail(x, "ncclGroupStart", r);
+        return;
+    }
+#endif
+    CHECK(x->rank, x->comm, loomGroupStart());
+}
+
+static void xgroup_end(ctx_t *x)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int r = x->nccl->GroupEnd();
+        if (r != 0) nccl_fail(x, "ncclGroupEnd", r);
+        return;
+    }
+#endif
+    CHECK(x->rank, x->comm, loomGroupEnd());
+}
+
+static void xsend(ctx_t *x, const void *buf, size_t count, int type, int peer)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int r = x->nccl->Send(buf, count, type, peer, x->ncomm, x->stream);
+        if (r != 0) {
+            char what[64];
+            snprintf(what, sizeof(what), "ncclSend to rank %d", peer);
+            nccl_fail(x, what, r);
+        }
+        return;
+    }
+#endif
+    loomResult_t r = loomSend(buf, count, type, peer, x->comm, x->stream);
+    if (r != loomSuccess) {
+        char what[64];
+        snprintf(what, sizeof(what), "loomSend to rank %d", peer);
+        die(x->rank, what, r, x->comm);
+    }
+}
+
+static void xrecv(ctx_t *x, void *buf, size_t count, int type, int peer)
+{
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int r = x->nccl->Recv(buf, count, type, peer, x->ncomm, x->stream);
+        if (r != 0) {
+            char what[64];
+            snprintf(what, sizeof(what), "ncclRecv from rank %d", peer);
+            nccl_fail(x, what, r);
+        }
+        return;
+    }
+#endif
+    loomResult_t r = loomRecv(buf, count, type, peer, x->comm, x->stream);
+    if (r != loomSuccess) {
+        char what[64];
+        snprintf(what, sizeof(what), "loomRecv from rank %d", peer);
+        die(x->rank, what, r, x->comm);
+    }
+}
+
+/* sendrecv, gather and scatter as nccl-tests builds them: send/receive pairs in one group.
+ * sendrecv: each rank sends to the next and receives from the previous; gather: every rank
+ * sends its count to the root, which receives rank r's into block r; scatter: the root sends
+ * block r to rank r. */
+static void run_p2p(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type)
+{
+    int p = x->nranks, me = x->rank, root = x->o->root;
+    size_t bytes = count * perf_type_sizes[type];
+    xgroup_start(x);
+    switch (c) {
+    case C_SENDRECV:
+        xsend(x, s, count, type, (me + 1) % p);
+        xrecv(x, r, count, type, (me + p - 1) % p);
+        break;
+    case C_GATHER:
+        xsend(x, s, count, type, root);
+        if (me == root)
+            for (int peer = 0; peer < p; peer++)
+                xrecv(x, (uint8_t *)r + (size_t)peer * bytes, count, type, peer);
+        break;
+    case C_SCATTER:
+        if (me == root)
+            for (int peer = 0; peer < p; peer++)
+                xsend(x, (const uint8_t *)s + (size_t)peer * bytes, count, type, peer);
+        xrecv(x, r, count, type, root);
+        break;
+    default: break;
+    }
+    xgroup_end(x);
+}
+
 /* Runs collective c (host memory), or enqueues it on the rank's stream (device memory), with the
  * chosen backend; dies on an error. */
+static void run_coll_op(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op);
+
+/* -o mulsum as nccl-tests runs it: this rank's pre-multiplied sum is created (the scalar read
+ * from host memory at once), used for the one call and destroyed. */
 static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op)
 {
+    if (op != PERF_OP_MULSUM || !coll_reduces(c)) {
+        run_coll_op(x, c, s, r, count, type, op == PERF_OP_MULSUM ? loomSum : op);
+        return;
+    }
+    uint8_t scalar[8];
+    store(type, scalar, 0, premul_scalar(x->rank));
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int nop = 0, res = x->nccl->RedOpCreatePreMulSum(&nop, scalar, type, 1, x->ncomm);
+        if (res != 0) nccl_fail(x, "ncclRedOpCreatePreMulSum", res);
+        run_coll_op(x, c, s, r, count, type, nop);
+        res = x->nccl->RedOpDestroy(nop, x->ncomm);
+        if (res != 0) nccl_fail(x, "ncclRedOpDestroy", res);
+        return;
+    }
+#endif
+    loomRedOp_t lop;
+    CHECK(x->rank, x->comm,
+          loomRedOpCreatePreMulSum(&lop, scalar, type, loomScalarHostImmediate, x->comm));
+    run_coll_op(x, c, s, r, count, type, (int)lop);
+    CHECK(x->rank, x->comm, loomRedOpDestroy(lop, x->comm));
+}
+
+static void run_coll_op(ctx_t *x, coll_t c, const void *s, void *r, size_t count, int type, int op)
+{
     const opts_t *o = x->o;
+    if (c == C_SENDRECV || c == C_GATHER || c == C_SCATTER) {
+        run_p2p(x, c, s, r, count, type);
+        return;
+    }
 #ifdef LOOM_HAVE_CUDA
     if (x->nccl) {
         const nccl_t *n = x->nccl;
@@ -590,7 +668,7 @@ static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, i
                 break;
             }
             /* NCCL before 2.28: grouped send/receive, as nccl-tests does */
-            size_t bytes = count * type_sizes[type];
+            size_t bytes = count * perf_type_sizes[type];
             what = "ncclGroupStart";
             res = n->GroupStart();
             for (int peer = 0; res == 0 && peer < x->nranks; peer++) {
@@ -607,6 +685,7 @@ static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, i
             }
             break;
         }
+        default: break;
         }
         if (res != 0) nccl_fail(x, what, res);
         return;
@@ -621,18 +700,20 @@ static void run_coll(ctx_t *x, coll_t c, const void *s, void *r, size_t count, i
     case C_ALLGATHER: res = loomAllGather(s, r, count, type, x->comm, st); break;
     case C_REDUCESCATTER: res = loomReduceScatter(s, r, count, type, op, x->comm, st); break;
     case C_ALLTOALL: res = loomAlltoAll(s, r, count, type, x->comm, st); break;
+    default: break;
     }
     if (res != loomSuccess) die(x->rank, loom_fn[c], res, x->comm);
 }
 
-/* Sums n doubles over the ranks, in place: the ranks' own bookkeeping (barrier, results, layout).
- * Host memory: a loom allreduce on the host buffer. Device memory: through a small device buffer
- * on the rank's stream, with the backend under test, synchronised. */
-static void allreduce_doubles(ctx_t *x, double *v, size_t n)
+/* Sums n 8-byte words (loomFloat64 or loomInt64) over the ranks, in place: the ranks' own
+ * bookkeeping (barrier, results, layout). Host memory: a loom allreduce on the host buffer. Device
+ * memory: through a small device buffer on the rank's stream, with the backend under test,
+ * synchronised. */
+static void allreduce_words(ctx_t *x, void *v, size_t n, int type)
 {
 #ifdef LOOM_HAVE_CUDA
     if (x->o->mem_device) {
-        size_t bytes = n * sizeof(double);
+        size_t bytes = n * 8;
         if (bytes > x->scratch_bytes) {
             fprintf(stderr,
                     "loom-perf: rank %d: internal error: %zu bytes for a %zu-byte scratch "
@@ -641,13 +722,18 @@ static void allreduce_doubles(ctx_t *x, double *v, size_t n)
             fatal();
         }
         CU(x, "cuMemcpyHtoDAsync", x->d->cuMemcpyHtoDAsync(x->scratch, v, bytes, x->stream));
-        run_coll(x, C_ALLREDUCE, hptr(x->scratch), hptr(x->scratch), n, loomDouble, loomSum);
+        run_coll(x, C_ALLREDUCE, hptr(x->scratch), hptr(x->scratch), n, type, loomSum);
         CU(x, "cuMemcpyDtoHAsync", x->d->cuMemcpyDtoHAsync(v, x->scratch, bytes, x->stream));
         stream_sync(x);
         return;
     }
 #endif
-    CHECK(x->rank, x->comm, loomAllReduce(v, v, n, loomDouble, loomSum, x->comm, NULL));
+    CHECK(x->rank, x->comm, loomAllReduce(v, v, n, type, loomSum, x->comm, NULL));
+}
+
+static void allreduce_doubles(ctx_t *x, double *v, size_t n)
+{
+    allreduce_words(x, v, n, loomFloat64);
 }
 
 static double now_us(void)
@@ -708,7 +794,7 @@ static double gate_open(ctx_t *x)
 static void tape_ready(ctx_t *x, int type, int op)
 {
     if (x->tape && x->tape_type == type && x->tape_op == op) return;
-    size_t es = type_sizes[type];
+    size_t es = perf_type_sizes[type];
     size_t chunk = STAGE_BYTES / es;
     if (x->tape_maxn < chunk) chunk = x->tape_maxn > 0 ? x->tape_maxn : 1;
     size_t period = (size_t)3 * 17 * 31 * (size_t)x->nranks;
@@ -743,7 +829,7 @@ static void fill_seg(ctx_t *x, uint8_t *dst, size_t g, size_t n, size_t es)
 static void fill_input(ctx_t *x, void *buf, size_t count, int type, int op)
 {
     int p = x->nranks, r = x->rank;
-    size_t es = type_sizes[type];
+    size_t es = perf_type_sizes[type];
     tape_ready(x, type, op);
     if (x->o->coll == C_ALLTOALL) {
         /* the block bound for rank b holds global indices r*count + 7b + 0 .. count-1 */
@@ -771,7 +857,10 @@ static long check_range(ctx_t *x, const void *buf, size_t i0, size_t m, size_t c
         case C_REDUCE: want = expected_reduced(type, op, i, p); break;
         case C_REDUCESCATTER: want = expected_reduced(type, op, (size_t)r * count + i, p); break;
         case C_BROADCAST: want = input_value(type, op, x->o->root, i, p); break;
-        case C_ALLGATHER: want = input_value(type, op, (int)(i / count), i % count, p); break;
+        case C_ALLGATHER:
+        case C_GATHER: want = input_value(type, op, (int)(i / count), i % count, p); break;
+        case C_SCATTER: want = input_value(type, op, x->o->root, (size_t)r * count + i, p); break;
+        case C_SENDRECV: want = input_value(type, op, (r + p - 1) % p, i, p); break;
         case C_ALLTOALL: {
             /* rank `from` filled the element bound for rank r with this index */
             int from = (int)(i / count);
@@ -786,6 +875,11 @@ static long check_range(ctx_t *x, const void *buf, size_t i0, size_t m, size_t c
         double tol = 0;
         if (op == loomAvg && (type == loomHalf || type == loomBfloat16))
             tol = fabs(want) * (type == loomHalf ? 1e-3 : 8e-3);
+        /* the 8-bit floats hold integers exactly only up to 8 (E5M2) or 16 (E4M3): past that a
+         * partial sum rounds, wherever the algorithm's order puts it; one unit in the last
+         * place of the result is allowed */
+        if (type == loomFloat8e4m3 || type == loomFloat8e5m2)
+            tol = fabs(want) * (type == loomFloat8e4m3 ? 0.125 : 0.25);
         if (fabs(got - want) > tol) wrong++;
     }
     return wrong;
@@ -797,10 +891,10 @@ static long check_range(ctx_t *x, const void *buf, size_t i0, size_t m, size_t c
 static long check_output(ctx_t *x, const void *buf, size_t count, int type, int op)
 {
     coll_t c = x->o->coll;
-    if (c == C_REDUCE && x->rank != x->o->root) return 0;
+    if ((c == C_REDUCE || c == C_GATHER) && x->rank != x->o->root) return 0;
     size_t n = out_count(c, count, x->nranks);
     if (!x->o->mem_device) return check_range(x, buf, 0, n, count, type, op);
-    size_t es = type_sizes[type], chunk = x->stage_bytes / es;
+    size_t es = perf_type_sizes[type], chunk = x->stage_bytes / es;
     size_t nwin = 1, win = n;
     if (n * es > CHECK_FULL_BYTES) {
         nwin = CHECK_WINDOWS;
@@ -820,20 +914,35 @@ static long check_output(ctx_t *x, const void *buf, size_t count, int type, int 
     return wrong;
 }
 
-/* Mean over ranks of each value; sum over ranks of wrong counts. */
-static void reduce_results(ctx_t *x, double *t, int nt, long *w, int nw)
+/* The time the table shows for each of the nt placements, from every rank's own (-a: rank 0's,
+ * the mean, the smallest or the largest). Collective. */
+static void combine_times(ctx_t *x, double *t, int nt)
 {
-    double buf[8];
-    memcpy(buf, t, sizeof(double) * (size_t)nt);
-    for (int i = 0; i < nw; i++)
-        buf[nt + i] = (double)w[i];
-    allreduce_doubles(x, buf, (size_t)(nt + nw));
+    int p = x->nranks;
+    size_t n = (size_t)p * (size_t)nt;
+    double *v = calloc(n, sizeof(double));
+    if (!v) {
+        fprintf(stderr, "loom-perf: rank %d: out of memory\n", x->rank);
+        fatal();
+    }
     for (int i = 0; i < nt; i++)
-        t[i] = buf[i] / x->nranks;
-    for (int i = 0; i < nw; i++)
-        w[i] = (long)buf[nt + i];
+        v[(size_t)i * p + x->rank] = t[i];
+    allreduce_words(x, v, n, loomFloat64);
+    for (int i = 0; i < nt; i++) {
+        const double *r = v + (size_t)i * p;
+        double acc = r[0];
+        for (int k = 1; k < p; k++) {
+            switch (x->o->average) {
+            case AVG_MIN: acc = r[k] < acc ? r[k] : acc; break;
+            case AVG_MAX: acc = r[k] > acc ? r[k] : acc; break;
+            case AVG_MEAN: acc += r[k]; break;
+            default: break;
+            }
+        }
+        t[i] = x->o->average == AVG_MEAN ? acc / p : acc;
+    }
+    free(v);
 }
-
 /* A benchmark buffer of `bytes` (zeroed), in the memory under test; NULL if out of memory. */
 static void *buf_alloc(ctx_t *x, size_t bytes)
 {
@@ -871,31 +980,204 @@ static void buf_free(ctx_t *x, void *p)
     free(p);
 }
 
-/* Device memory: the header's lines on the backend, the GPUs and the method. Collective. */
-static void device_header(ctx_t *x)
+/* ---- -T: a wait that lasts longer than the timeout ends the rank, naming what it waited for ----
+ */
+
+static char g_timeout_msg[512];
+static size_t g_timeout_len;
+
+static void on_timeout(int sig)
 {
-#ifdef LOOM_HAVE_CUDA
+    (void)sig;
+    ssize_t w = write(2, g_timeout_msg, g_timeout_len);
+    (void)w;
+    _exit(2);
+}
+
+static void timeout_arm(ctx_t *x, const char *what, size_t bytes, int type)
+{
+    const opts_t *o = x->o;
+    if (o->timeout_s <= 0) return;
+    int n = snprintf(g_timeout_msg, sizeof(g_timeout_msg),
+                     "%s: rank %d: -T %d: %s %s of %zu bytes (%s) did not complete within "
+                     "%d s\n",
+                     o->prog, x->rank, o->timeout_s, perf_coll_names[o->coll], what, bytes,
+                     perf_type_names[type], o->timeout_s);
+    g_timeout_len = n > 0 && (size_t)n < sizeof(g_timeout_msg) ? (size_t)n : 0;
+    alarm((unsigned)o->timeout_s);
+}
+
+static void timeout_disarm(const ctx_t *x)
+{
+    if (x->o->timeout_s > 0) alarm(0);
+}
+
+/* ---- the header, the table, the JSON file ---- */
+
+/* A number in `width` columns as nccl-tests shows it: two decimals while they fit, then one,
+ * then none, then an exponent. */
+static void fmt_num(double v, int width, char *out, size_t n)
+{
+    int digits = 0;
+    for (double lim = 1; v >= lim && digits < 40; lim *= 10)
+        digits++;
+    if (digits < width - 2)
+        snprintf(out, n, "%*.2f", width, v);
+    else if (digits < width - 1)
+        snprintf(out, n, "%*.1f", width, v);
+    else if (digits <= width)
+        snprintf(out, n, "%*.0f", width, v);
+    else
+        snprintf(out, n, "%*.1e", width, v);
+}
+
+static bool coll_rooted(coll_t c)
+{
+    return c == C_BROADCAST || c == C_REDUCE || c == C_GATHER || c == C_SCATTER;
+}
+
+static void now_str(char *buf, size_t n)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+/* -J FILE: created new (never over a file there: FILE.0, FILE.1, ... are tried, as nccl-tests
+ * does); NULL with a line on stderr if it cannot be. */
+static FILE *json_open(const char *prog, const char *path, char *used, size_t n)
+{
+    snprintf(used, n, "%s", path);
+    for (int i = 0; i < 1000; i++) {
+        int fd = open(used, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            FILE *f = fdopen(fd, "w");
+            if (!f) close(fd);
+            return f;
+        }
+        if (errno != EEXIST) break;
+        snprintf(used, n, "%s.%d", path, i);
+    }
+    fprintf(stderr, "%s: -J %s: cannot create %s: %s\n", prog, path, used, strerror(errno));
+    return NULL;
+}
+
+/* What each rank tells rank 0 for the "Using devices" lines: pid, GPU, PCI, host name, GPU
+ * name (int64 words, so that a sum over ranks, each filling its own slot, gathers them). */
+#define INFO_NAME_WORDS 8
+#define INFO_WORDS (3 + 2 * INFO_NAME_WORDS)
+
+static void version_str(int code, char *buf, size_t n)
+{
+    snprintf(buf, n, "%d.%d.%d", code / 10000, code / 100 % 100, code % 100);
+}
+
+/* The header block (collective: every rank sends its line to rank 0) and the JSON file's
+ * start. */
+static int header(ctx_t *x, jw_t *jw)
+{
     const opts_t *o = x->o;
     int p = x->nranks;
-    double *v = calloc((size_t)p * 3, sizeof(double));
+    int64_t *v = calloc((size_t)p * INFO_WORDS, sizeof(int64_t));
     if (!v) {
         fprintf(stderr, "loom-perf: rank %d: out of memory\n", x->rank);
         fatal();
     }
-    v[3 * x->rank] = (double)getpid();
-    v[3 * x->rank + 1] = x->gpu;
-    v[3 * x->rank + 2] = (double)x->pci;
-    allreduce_doubles(x, v, (size_t)p * 3);
-    if (x->rank == 0) {
-        if (x->nccl) {
-            char ver[32];
-            nccl_version_str(x->nccl->version, ver, sizeof(ver));
-            printf("# backend: nccl %s (%s)\n", ver, x->nccl->path);
-        } else {
-            int ver = 0;
-            loomGetVersion(&ver);
-            printf("# backend: loom %d.%d.%d\n", ver / 10000, ver / 100 % 100, ver % 100);
+    int64_t *mine = v + (size_t)x->rank * INFO_WORDS;
+    char host[INFO_NAME_WORDS * 8] = {0}, gpu[INFO_NAME_WORDS * 8] = {0};
+    if (gethostname(host, sizeof(host) - 1) != 0) snprintf(host, sizeof(host), "?");
+    host[sizeof(host) - 1] = 0;
+    memcpy(gpu, x->gpu_name, strnlen(x->gpu_name, sizeof(gpu) - 1));
+    mine[0] = (int64_t)getpid();
+    mine[1] = x->gpu;
+    mine[2] = x->pci;
+    memcpy(mine + 3, host, sizeof(host));
+    memcpy(mine + 3 + INFO_NAME_WORDS, gpu, sizeof(gpu));
+    allreduce_words(x, v, (size_t)p * INFO_WORDS, loomInt64);
+    if (x->rank != 0) {
+        free(v);
+        return 0;
+    }
+    int lver = 0;
+    loomGetVersion(&lver);
+    char hv[32], lv[32];
+    version_str(LOOM_VERSION_CODE, hv, sizeof(hv));
+    version_str(lver, lv, sizeof(lv));
+    char be[4400];
+    snprintf(be, sizeof(be), "loom %s", lv);
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        char nv[32];
+        nccl_version_str(x->nccl->version, nv, sizeof(nv));
+        snprintf(be, sizeof(be), "nccl %s (%s)", nv, x->nccl->path);
+    }
+#endif
+    printf("# loom-perf: loom version %s (library %s), backend %s, %s memory\n", hv, lv, be,
+           o->mem_device ? "device" : "host");
+    printf("# Collective test starting: %s (%s, %d ranks)\n", o->prog, perf_coll_names[o->coll], p);
+    printf("# nThread %d nGpus %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
+           "iters: %d agg iters: %d validation: %d graph: %d\n",
+           o->nthreads, o->ngpus, (unsigned long long)o->minb, (unsigned long long)o->maxb,
+           (unsigned long long)(o->factor > 1 ? o->factor : o->step),
+           o->factor > 1 ? "factor" : "bytes", o->warmup, o->iters, o->agg, o->check, o->graphs);
+    if (o->blocking)
+        printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
+    if (o->parallel_init)
+        printf("# Parallel Init Enabled: one rank per process, so each initialises on its own\n");
+    printf("#\n# Using devices\n");
+    if (jw->f) {
+        jw_obj(jw, "config");
+        jw_int(jw, "nthreads", o->nthreads);
+        jw_int(jw, "ngpus", o->ngpus);
+        jw_u64(jw, "minimum_bytes", o->minb);
+        jw_u64(jw, "maximum_bytes", o->maxb);
+        if (o->factor > 1)
+            jw_u64(jw, "step_factor", o->factor);
+        else
+            jw_u64(jw, "step_bytes", o->step);
+        jw_int(jw, "warmup_iters", o->warmup);
+        jw_int(jw, "iterations", o->iters);
+        jw_int(jw, "aggregated_iterations", o->agg);
+        jw_int(jw, "validation", o->check);
+        jw_int(jw, "graph", o->graphs);
+        jw_bool_str(jw, "blocking_collectives", o->blocking != 0);
+        jw_bool_str(jw, "per_iter_timing", false);
+        jw_bool_str(jw, "parallel_init", o->parallel_init != 0);
+        jw_list(jw, "devices");
+    }
+    for (int r = 0; r < p; r++) {
+        const int64_t *e = v + (size_t)r * INFO_WORDS;
+        char h[INFO_NAME_WORDS * 8 + 1] = {0}, g[INFO_NAME_WORDS * 8 + 1] = {0}, hex[32];
+        memcpy(h, e + 3, INFO_NAME_WORDS * 8);
+        memcpy(g, e + 3 + INFO_NAME_WORDS, INFO_NAME_WORDS * 8);
+        int64_t pci = e[2];
+        if (o->mem_device)
+            snprintf(hex, sizeof(hex), "%04x:%02x:%02x", (unsigned)(pci >> 16) & 0xffffu,
+                     (unsigned)(pci >> 8) & 0xffu, (unsigned)pci & 0xffu);
+        else
+            snprintf(hex, sizeof(hex), "host");
+        const char *info = o->mem_device ? g : "host memory";
+        printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s\n", r, 0, (int)e[0], h,
+               (int)e[1], hex, info);
+        if (jw->f) {
+            jw_obj(jw, NULL);
+            jw_int(jw, "rank", r);
+            jw_int(jw, "group", 0);
+            jw_int(jw, "pid", e[0]);
+            jw_str(jw, "hostname", h);
+            jw_int(jw, "device", e[1]);
+            jw_str(jw, "device_hex", hex);
+            jw_str(jw, "device_info", info);
+            jw_end(jw, '}');
         }
+    }
+    if (jw->f) {
+        jw_end(jw, ']');
+        jw_end(jw, '}');
+    }
+    free(v);
+    if (o->mem_device) {
         if (o->gpu_time)
             printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: GPU "
                    "time, host clock from opening the gate the calls queued behind to the end "
@@ -904,75 +1186,217 @@ static void device_header(ctx_t *x)
             printf("# memory: device (cuMemAlloc), one non-blocking stream per rank; time: host "
                    "clock from the first timed call to the end of cuStreamSynchronize, / "
                    "iterations\n");
-        printf("# GPU: %s (rank 0)\n", x->gpu_name);
-        for (int r = 0; r < p && r < 64; r++) {
-            int64_t pci = (int64_t)v[3 * r + 2];
-            printf("#   rank %3d  pid %7d  GPU %2d  PCI %04x:%02x:%02x\n", r, (int)v[3 * r],
-                   (int)v[3 * r + 1], (unsigned)(pci >> 16), (unsigned)(pci >> 8) & 0xffu,
-                   (unsigned)pci & 0xffu);
-        }
-        if (p > 64) printf("#   (%d more ranks)\n", p - 64);
         if (o->check && o->maxb > CHECK_FULL_BYTES)
             printf("# check: outputs over %zu MiB per rank are checked on %d windows of %zu MiB "
                    "spread over the buffer\n",
                    CHECK_FULL_BYTES >> 20, CHECK_WINDOWS, CHECK_WINDOW_BYTES >> 20);
+#ifdef LOOM_HAVE_CUDA
         if (x->nccl_skip_inplace)
-            printf("# in-place alltoall is not valid NCCL usage: not run (0 and #wrong -1 in its "
-                   "columns)\n");
-        fflush(stdout);
-    }
-    free(v);
-#else
-    (void)x;
+            printf("# in-place alltoall is not valid NCCL usage: not run (N/A in its columns)\n");
 #endif
+    }
+    if (o->coll == C_SENDRECV)
+        printf("# in-place sendrecv would send from the buffer it receives into: not run (N/A "
+               "in its columns)\n");
+    const char *tl = o->cputime ? "cputime" : "time";
+    printf("#\n");
+    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place  "
+           "        \n",
+           "", "", "", "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size", "count",
+           "type", "redop", "root", tl, "algbw", "busbw", "#wrong", tl, "algbw", "busbw", "#wrong");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+           "");
+    fflush(stdout);
+    if (jw->f) jw_list(jw, "results");
+    return 0;
+}
+
+/* The JSON file's first fields: nccl-tests' (version 2 of its layout, times, arguments,
+ * environment) and loom's. Only LOOM_* and NCCL_* variables are listed; LOOM_JOB_SECRET's value
+ * is not written. */
+extern char **environ;
+static void json_start(ctx_t *x, jw_t *jw)
+{
+    const opts_t *o = x->o;
+    char ts[64];
+    now_str(ts, sizeof(ts));
+    jw_obj(jw, NULL);
+    jw_int(jw, "version", 2);
+    jw_str(jw, "start_time", ts);
+    jw_list(jw, "args");
+    for (int i = 0; i < o->argc; i++)
+        jw_str(jw, NULL, o->argv[i]);
+    jw_end(jw, ']');
+    jw_list(jw, "env");
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "LOOM_", 5) && strncmp(*e, "NCCL_", 5)) continue;
+        if (!strncmp(*e, "LOOM_JOB_SECRET=", 16))
+            jw_str(jw, NULL, "LOOM_JOB_SECRET=(set; not written)");
+        else
+            jw_str(jw, NULL, *e);
+    }
+    jw_end(jw, ']');
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl)
+        jw_int(jw, "nccl_version", x->nccl->version);
+    else
+#endif
+        jw_null(jw, "nccl_version");
+    int lver = 0;
+    loomGetVersion(&lver);
+    char hv[32], lv[32];
+    version_str(LOOM_VERSION_CODE, hv, sizeof(hv));
+    version_str(lver, lv, sizeof(lv));
+    jw_obj(jw, "loom");
+    jw_str(jw, "version", hv);
+    jw_str(jw, "library_version", lv);
+    jw_int(jw, "library_version_code", lver);
+    jw_str(jw, "program", o->prog);
+    jw_str(jw, "collective", perf_coll_names[o->coll]);
+    jw_str(jw, "backend", o->backend == BE_NCCL ? "nccl" : "loom");
+    jw_str(jw, "memory", o->mem_device ? "device" : "host");
+    jw_int(jw, "ranks", x->nranks);
+    jw_int(jw, "local_ranks", o->nranks_local);
+    jw_str(jw, "average", (const char *[]){"rank0", "mean", "min", "max"}[o->average]);
+    jw_end(jw, '}');
+}
+
+static void json_placement(jw_t *jw, const char *key, const opts_t *o, bool ran, double t,
+                           double alg, double bus, long wrong)
+{
+    if (!ran) {
+        jw_null(jw, key);
+        return;
+    }
+    jw_obj(jw, key);
+    jw_double(jw, o->cputime ? "cpu_time" : "time", t);
+    jw_double(jw, "alg_bw", alg);
+    jw_double(jw, "bus_bw", bus);
+    if (o->check)
+        jw_double(jw, "nwrong", (double)wrong);
+    else
+        jw_null(jw, "nwrong");
+    jw_end(jw, '}');
+}
+
+/* The ranks meet: the warm-up done (and, for device memory, the stream drained). */
+static void meet(ctx_t *x)
+{
+    if (x->o->mem_device) {
+        stream_sync(x);
+        double bar = 0;
+        allreduce_doubles(x, &bar, 1);
+        return;
+    }
+    double z[1] = {0};
+    CHECK(x->rank, x->comm, loomAllReduce(z, z, 0, loomFloat64, loomSum, x->comm, NULL));
+    double bar = 0;
+    CHECK(x->rank, x->comm, loomAllReduce(&bar, &bar, 1, loomFloat64, loomSum, x->comm, NULL));
+}
+
+/* LOOM_PERF_CORRUPT=R (tests): rank R spoils the first element of every output it checks, after
+ * the collective, so that the check's counting is seen to work. */
+static int corrupt_rank(void)
+{
+    const char *s = getenv("LOOM_PERF_CORRUPT");
+    if (!s || !*s) return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*end || v < 0 || v > INT32_MAX) ? -1 : (int)v;
+}
+
+static void corrupt_output(ctx_t *x, void *r, int type)
+{
+    uint8_t bad[8];
+    store(type, bad, 0, 101); /* no input or result here is 101 */
+    put_bytes(x, r, bad, perf_type_sizes[type]);
+    stream_sync(x);
+}
+
+/* Registers (or, with reg NULL, deregisters) a buffer for -R. */
+static void *reg_buf(ctx_t *x, void *buf, size_t bytes)
+{
+    void *h = NULL;
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        int r = x->nccl->CommRegister(x->ncomm, buf, bytes, &h);
+        if (r != 0) nccl_fail(x, "ncclCommRegister", r);
+        return h;
+    }
+#endif
+    CHECK(x->rank, x->comm, loomCommRegister(x->comm, buf, bytes, &h));
+    return h;
+}
+
+static void dereg_buf(ctx_t *x, void *h)
+{
+    if (!h) return;
+#ifdef LOOM_HAVE_CUDA
+    if (x->nccl) {
+        x->nccl->CommDeregister(x->ncomm, h);
+        return;
+    }
+#endif
+    loomCommDeregister(x->comm, h);
 }
 
 static int run_rank(ctx_t *x)
 {
     const opts_t *o = x->o;
     int p = x->nranks;
-    FILE *csv = NULL, *json = NULL;
+    if (perf_check_job(o, p, x->rank != 0)) return 2;
+    FILE *csv = NULL;
+    jw_t jw = {0};
+    /* rank 0's files; a failure there ends every rank at once (not after LOOM_TIMEOUT) */
+    double cannot = 0;
     if (x->rank == 0) {
-        printf("# loom-perf %s: %d ranks, %d warmup + %d timed iterations, check %s\n",
-               coll_names[o->coll], p, o->warmup, o->iters, o->check ? "on" : "off");
-        fflush(stdout);
-    }
-    if (o->mem_device) device_header(x);
-    if (x->rank == 0) {
-        printf("#\n#                                                  out-of-place                "
-               "       in-place\n");
-        printf("#       size         count      type   redop    root     time   algbw   busbw "
-               "#wrong     time   algbw   busbw #wrong\n");
-        printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)   "
-               "          (us)  (GB/s)  (GB/s)\n");
-        fflush(stdout);
         if (o->csv && !(csv = fopen(o->csv, "w"))) {
-            fprintf(stderr, "loom-perf: cannot write %s: %s\n", o->csv, strerror(errno));
-            return 2;
+            fprintf(stderr, "%s: --csv %s: cannot write: %s\n", o->prog, o->csv, strerror(errno));
+            cannot = 1;
         }
         if (csv)
             fprintf(csv, "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
                          "ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
-        if (o->json && !(json = fopen(o->json, "w"))) {
-            fprintf(stderr, "loom-perf: cannot write %s: %s\n", o->json, strerror(errno));
-            return 2;
+        if (o->json && !cannot) {
+            char used[4200];
+            jw.f = json_open(o->prog, o->json, used, sizeof(used));
+            if (jw.f) {
+                printf("# Writing JSON output to %s\n", used);
+                json_start(x, &jw);
+            } else {
+                cannot = 1;
+            }
         }
-        if (json)
-            fprintf(json, "{\"collective\": \"%s\", \"ranks\": %d, \"results\": [\n",
-                    coll_names[o->coll], p);
     }
-    bool skip_ip = false; /* the in-place column is not run */
+    allreduce_doubles(x, &cannot, 1);
+    if (cannot) {
+        if (csv) fclose(csv);
+        if (jw.f) fclose(jw.f);
+        return 2;
+    }
+    if (o->timeout_s > 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_timeout;
+        sigaction(SIGALRM, &sa, NULL);
+    }
+    header(x, &jw);
+    /* the in-place column is not run: sendrecv would send from the buffer it receives into */
+    bool skip_ip = o->coll == C_SENDRECV;
 #ifdef LOOM_HAVE_CUDA
-    skip_ip = x->nccl_skip_inplace;
+    skip_ip = skip_ip || x->nccl_skip_inplace;
 #endif
+    int spoil = corrupt_rank();
     uint64_t maxb = o->maxb;
-    int first_json = 1;
-    long total_wrong = 0;
+    long failed = 0; /* results (size, placement) with wrong elements */
     double bw_sum = 0;
     int nbw = 0;
+    double per_call = (double)o->iters * (double)o->agg;
     for (int ti = 0; ti < o->ntypes; ti++) {
         int type = o->types[ti];
-        size_t es = type_sizes[type];
+        size_t es = perf_type_sizes[type];
         size_t maxcount = count_for_bytes(o->coll, maxb, es, p);
         size_t maxin = in_count(o->coll, maxcount, p), maxout = out_count(o->coll, maxcount, p);
         size_t big = maxin > maxout ? maxin : maxout;
@@ -981,111 +1405,158 @@ static int run_rank(ctx_t *x)
         uint8_t *rbuf = sbuf ? buf_alloc(x, big * es + 64) : NULL;
         if (!sbuf || !rbuf) {
             if (o->mem_device) fatal(); /* said why; the other ranks cannot go on alone */
-            fprintf(stderr, "loom-perf: out of memory for %zu bytes\n", big * es);
+            fprintf(stderr, "loom-perf: rank %d: out of memory for %zu bytes\n", x->rank, big * es);
             return 2;
+        }
+        void *hs = NULL, *hr = NULL;
+        if (o->local_register) {
+            hs = reg_buf(x, sbuf, maxin * es + 64);
+            hr = reg_buf(x, rbuf, big * es + 64);
         }
         for (int oi = 0; oi < o->nops; oi++) {
             int op = o->ops[oi];
-            for (uint64_t bytes = o->minb; bytes <= maxb;) {
-                size_t count = count_for_bytes(o->coll, bytes, es, p);
-                size_t sizeb = out_count(o->coll, count, p) * es;
-                if (o->coll == C_REDUCESCATTER) sizeb = count * (size_t)p * es;
-                double t[2] = {0, 0};
-                long w[2] = {0, 0};
-                for (int ip = 0; ip < 2; ip++) {
-                    if (ip && skip_ip) continue;
-                    void *s = sbuf, *r = rbuf;
-                    if (ip) {
-                        r = rbuf;
-                        s = rbuf;
-                        if (o->coll == C_ALLGATHER) s = rbuf + (size_t)x->rank * count * es;
-                    }
-                    void *inbuf = s;
-                    if (ip && o->coll == C_REDUCESCATTER)
-                        inbuf = rbuf, r = rbuf + (size_t)x->rank * count * es;
-                    /* real data even unchecked: untouched host pages read as the shared zero
-                     * page and time far faster than any real buffer */
-                    fill_input(x, inbuf, count, type, op);
-                    if (o->check) {
-                        run_coll(x, o->coll, s, r, count, type, op);
-                        w[ip] = check_output(x, r, count, type, op);
-                    }
-                    for (int i = 0; i < o->warmup; i++)
-                        run_coll(x, o->coll, s, r, count, type, op);
-                    if (o->mem_device) {
-                        /* the warm-up done, the ranks meet (on the stream, synchronised) */
+            const char *opname = coll_reduces(o->coll) ? perf_op_names[op] : "none";
+            for (int cyc = 0; o->cycles == 0 || cyc < o->cycles; cyc++) {
+                for (uint64_t bytes = o->minb; bytes <= maxb;) {
+                    size_t count = count_for_bytes(o->coll, bytes, es, p);
+                    size_t sizeb = (in_count(o->coll, count, p) > out_count(o->coll, count, p)
+                                        ? in_count(o->coll, count, p)
+                                        : out_count(o->coll, count, p)) *
+                                   es;
+                    double t[2] = {0, 0};
+                    long w[2] = {0, 0};
+                    for (int ip = 0; ip < 2; ip++) {
+                        if (ip && skip_ip) continue;
+                        /* in place: the input lives in the output buffer (the rank's block of
+                         * the larger buffer for allgather, gather, reduce-scatter, scatter) */
+                        void *s = sbuf, *r = rbuf, *inbuf = sbuf;
+                        if (ip) {
+                            s = r = inbuf = rbuf;
+                            uint8_t *mine = rbuf + (size_t)x->rank * count * es;
+                            if (o->coll == C_ALLGATHER || o->coll == C_GATHER) s = inbuf = mine;
+                            if (o->coll == C_REDUCESCATTER || o->coll == C_SCATTER) r = mine;
+                        }
+                        /* real data even unchecked: untouched host pages read as the shared
+                         * zero page and time far faster than any real buffer */
+                        fill_input(x, inbuf, count, type, op);
+                        timeout_arm(x, "warm-up", sizeb, type);
+                        for (int i = 0; i < o->warmup; i++)
+                            run_coll(x, o->coll, s, r, count, type, op);
+                        meet(x);
+                        timeout_disarm(x);
+                        timeout_arm(x, "timed loop", sizeb, type);
+                        double t0 = now_us(), ts = t0;
+#ifdef LOOM_HAVE_CUDA
+                        if (x->gate) gate_shut(x);
+#endif
+                        for (int i = 0; i < o->iters; i++) {
+                            if (o->agg > 1) xgroup_start(x);
+                            for (int a = 0; a < o->agg; a++)
+                                run_coll(x, o->coll, s, r, count, type, op);
+                            if (o->agg > 1) xgroup_end(x);
+                            if (o->blocking) meet(x);
+                        }
+                        double tq = now_us();
+#ifdef LOOM_HAVE_CUDA
+                        if (x->gate) t0 = gate_open(x);
+#endif
                         stream_sync(x);
-                        double bar = 0;
-                        allreduce_doubles(x, &bar, 1);
+                        double tend = now_us();
+                        timeout_disarm(x);
+                        t[ip] = ((o->cputime ? tq : tend) - t0) / per_call;
+                        /* where the host, not the GPU, bounds a size, this is close to t */
+                        if (o->host_time && o->mem_device)
+                            fprintf(stderr,
+                                    "# rank %d %zu B %s: host %.2f us per call to enqueue, "
+                                    "%.2f us per call in all\n",
+                                    x->rank, sizeb, ip ? "in place" : "out of place",
+                                    (tq - ts) / per_call, (tend - t0) / per_call);
+                        /* -c N: N checked runs after the timed loop, from fresh inputs; the
+                         * first with wrong elements on any rank ends them */
+                        for (int c = 0; c < o->check; c++) {
+                            fill_input(x, inbuf, count, type, op);
+                            timeout_arm(x, "checked call", sizeb, type);
+                            run_coll(x, o->coll, s, r, count, type, op);
+                            stream_sync(x);
+                            timeout_disarm(x);
+                            if (spoil == x->rank && out_count(o->coll, count, p) > 0 &&
+                                !((o->coll == C_REDUCE || o->coll == C_GATHER) &&
+                                  x->rank != o->root))
+                                corrupt_output(x, r, type);
+                            double wr = (double)check_output(x, r, count, type, op);
+                            allreduce_doubles(x, &wr, 1);
+                            w[ip] = (long)wr;
+                            if (w[ip]) break;
+                        }
+                    }
+                    combine_times(x, t, 2);
+                    if (x->rank == 0) {
+                        double alg[2], bus[2];
+                        for (int i = 0; i < 2; i++) {
+                            alg[i] = t[i] > 0 ? (double)sizeb / t[i] / 1e3 : 0;
+                            bus[i] = alg[i] * bus_factor(o->coll, p);
+                        }
+                        int root = coll_rooted(o->coll) ? o->root : -1;
+                        printf("%12zu  %12zu  %8s  %6s  %6d", sizeb, count, perf_type_names[type],
+                               opname, root);
+                        for (int ip = 0; ip < 2; ip++) {
+                            if (ip && skip_ip) {
+                                printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+                                continue;
+                            }
+                            char ts_[32], as[32], bs[32], ws[32];
+                            fmt_num(t[ip], 7, ts_, sizeof(ts_));
+                            fmt_num(alg[ip], 6, as, sizeof(as));
+                            fmt_num(bus[ip], 6, bs, sizeof(bs));
+                            if (o->check)
+                                snprintf(ws, sizeof(ws), "%6ld", w[ip]);
+                            else
+                                snprintf(ws, sizeof(ws), "%6s", "N/A");
+                            printf("  %7s  %6s  %6s  %6s", ts_, as, bs, ws);
+                            bw_sum += bus[ip];
+                            nbw++;
+                            if (w[ip]) failed++;
+                        }
+                        printf("\n");
+                        fflush(stdout);
+                        long wip = skip_ip ? -1L : w[1];
+                        if (csv)
+                            fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%ld,%.3f,%.4f,%.4f,%ld\n",
+                                    sizeb, count, perf_type_names[type], opname, root, t[0], alg[0],
+                                    bus[0], o->check ? w[0] : -1L, t[1], alg[1], bus[1],
+                                    o->check ? wip : -1L);
+                        if (jw.f) {
+                            char rs[16];
+                            snprintf(rs, sizeof(rs), "%d", root);
+                            jw_obj(&jw, NULL);
+                            jw_u64(&jw, "size", sizeb);
+                            jw_u64(&jw, "count", count);
+                            jw_str(&jw, "type", perf_type_names[type]);
+                            jw_str(&jw, "redop", opname);
+                            jw_str(&jw, "root", rs);
+                            json_placement(&jw, "out_of_place", o, true, t[0], alg[0], bus[0],
+                                           w[0]);
+                            json_placement(&jw, "in_place", o, !skip_ip, t[1], alg[1], bus[1],
+                                           w[1]);
+                            jw_int(&jw, "actual_iterations", o->iters);
+                            jw_str(&jw, "experiment_name", o->prog);
+                            jw_end(&jw, '}');
+                            fflush(jw.f);
+                        }
+                    }
+                    if (o->factor > 1) {
+                        uint64_t nb = bytes * o->factor;
+                        bytes = nb > bytes && nb / o->factor == bytes ? nb : maxb + 1;
+                        if (bytes == 0) bytes = maxb + 1;
                     } else {
-                        CHECK(x->rank, x->comm,
-                              loomAllReduce(t, t, 0, loomDouble, loomSum, x->comm, NULL));
-                        double bar = 0;
-                        CHECK(x->rank, x->comm,
-                              loomAllReduce(&bar, &bar, 1, loomDouble, loomSum, x->comm, NULL));
+                        uint64_t nb = bytes + o->step;
+                        bytes = nb > bytes ? nb : maxb + 1;
                     }
-                    double t0 = now_us(), ts = t0;
-#ifdef LOOM_HAVE_CUDA
-                    if (x->gate) gate_shut(x);
-#endif
-                    for (int i = 0; i < o->iters; i++)
-                        run_coll(x, o->coll, s, r, count, type, op);
-                    double tq = now_us();
-#ifdef LOOM_HAVE_CUDA
-                    if (x->gate) t0 = gate_open(x);
-#endif
-                    stream_sync(x);
-                    t[ip] = (now_us() - t0) / (o->iters > 0 ? o->iters : 1);
-                    /* where the host, not the GPU, bounds a size, this is close to t */
-                    if (o->host_time && o->mem_device)
-                        fprintf(stderr,
-                                "# rank %d %zu B %s: host %.2f us per call to enqueue, "
-                                "%.2f us per call in all\n",
-                                x->rank, sizeb, ip ? "in place" : "out of place",
-                                (tq - ts) / (o->iters > 0 ? o->iters : 1), t[ip]);
-                }
-                reduce_results(x, t, 2, w, 2);
-                total_wrong += w[0] + w[1];
-                if (x->rank == 0) {
-                    double alg[2], bus[2];
-                    for (int i = 0; i < 2; i++) {
-                        alg[i] = t[i] > 0 ? (double)sizeb / t[i] / 1e3 : 0;
-                        bus[i] = alg[i] * bus_factor(o->coll, p);
-                    }
-                    bw_sum += bus[0];
-                    nbw++;
-                    int root = (o->coll == C_BROADCAST || o->coll == C_REDUCE) ? o->root : -1;
-                    long wip = skip_ip ? -1L : w[1];
-                    printf("%12zu  %12zu  %8s  %6s  %6d  %8.2f  %6.2f  %6.2f  %5ld  %8.2f  %6.2f  "
-                           "%6.2f  %5ld\n",
-                           sizeb, count, type_names[type], op_names[op], root, t[0], alg[0], bus[0],
-                           o->check ? w[0] : -1L, t[1], alg[1], bus[1], o->check ? wip : -1L);
-                    fflush(stdout);
-                    if (csv)
-                        fprintf(csv, "%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%ld,%.3f,%.4f,%.4f,%ld\n",
-                                sizeb, count, type_names[type], op_names[op], root, t[0], alg[0],
-                                bus[0], w[0], t[1], alg[1], bus[1], wip);
-                    if (json) {
-                        fprintf(json,
-                                "%s  {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
-                                "\"redop\": \"%s\", \"root\": %d, \"oop\": {\"time_us\": %.3f, "
-                                "\"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %ld}, "
-                                "\"ip\": {\"time_us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, "
-                                "\"wrong\": %ld}}",
-                                first_json ? "" : ",\n", sizeb, count, type_names[type],
-                                op_names[op], root, t[0], alg[0], bus[0], w[0], t[1], alg[1],
-                                bus[1], wip);
-                        first_json = 0;
-                    }
-                }
-                if (o->step)
-                    bytes += o->step;
-                else {
-                    uint64_t nb = (uint64_t)((double)bytes * o->factor);
-                    bytes = nb > bytes ? nb : bytes + 1;
                 }
             }
         }
+        dereg_buf(x, hs);
+        dereg_buf(x, hr);
         buf_free(x, sbuf);
         buf_free(x, rbuf);
     }
@@ -1095,181 +1566,36 @@ static int run_rank(ctx_t *x)
             printf("# WARNING: --gpu-time: a gate opened before every rank had queued its calls "
                    "(a launch queue filled?): those times include the host; use a smaller -n\n");
 #endif
-        printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n#\n", nbw ? bw_sum / nbw : 0.0);
+        double avg = nbw ? bw_sum / nbw : 0.0;
+        printf("# %-20s : %ld %s\n", "Out of bounds values", failed, failed ? "FAILED" : "OK");
+        printf("# %-20s : %g \n", "Avg bus bandwidth", avg);
+        printf("#\n# Collective test concluded: %s\n", o->prog);
         fflush(stdout);
         if (csv) fclose(csv);
-        if (json) {
-            fprintf(json, "\n]}\n");
-            fclose(json);
+        if (jw.f) {
+            char ts[64];
+            jw_end(&jw, ']');
+            jw_obj(&jw, "out_of_bounds");
+            jw_int(&jw, "count", failed);
+            jw_bool_str(&jw, "okay", failed == 0);
+            jw_end(&jw, '}');
+            jw_obj(&jw, "average_bus_bandwidth");
+            jw_double(&jw, "bandwidth", avg);
+            jw_str(&jw, "okay", "unchecked");
+            jw_end(&jw, '}');
+            jw_list(&jw, "errors");
+            jw_end(&jw, ']');
+            now_str(ts, sizeof(ts));
+            jw_str(&jw, "end_time", ts);
+            jw_end(&jw, '}');
+            fputc('\n', jw.f);
+            fclose(jw.f);
         }
     }
-    return total_wrong ? 1 : 0;
-}
-
-static void usage(void)
-{
-    printf(
-        "usage: loom-perf [options]\n"
-        "  -P k            fork k local ranks (default: 1 unless started by a launcher)\n"
-        "  -b, -e SIZE     minimum and maximum size in bytes (K, M, G suffixes) [8, 64M]\n"
-        "  -f F            multiply the size by F each step [2]; -i S adds S instead\n"
-        "  -n N, -w N      timed and warm-up iterations [20, 5]\n"
-        "  -d TYPE         int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 "
-        "or all [float]\n"
-        "  -o OP           sum prod max min avg or all [sum]\n"
-        "  -r ROOT         root of broadcast and reduce [0]\n"
-        "  -c 0|1          check results (exact inputs, compared bit for bit) [1]\n"
-        "  -C COLL         allreduce broadcast reduce allgather reducescatter alltoall "
-        "[allreduce]\n"
-        "  --mem host|device  buffer memory [host]. device: CUDA memory, one GPU per rank\n"
-        "                  (rank mod GPU count with -P; LOCAL_RANK if set, else rank mod GPU\n"
-        "                  count, under a launcher); collectives on a non-blocking stream,\n"
-        "                  timed on the host clock through cuStreamSynchronize; outputs over\n"
-        "                  256 MiB are checked on 16 windows of 16 MiB\n"
-        "  --backend loom|nccl  the library measured [loom]. nccl: the machine's NCCL, loaded\n"
-        "                  at run time, same sweep; implies --mem device\n"
-        "  --nccl-lib PATH the NCCL library for --backend nccl [libnccl.so.2]\n"
-        "  --csv FILE, --json FILE  write the results beside the table\n"
-        "  --host-time     device buffers: also print (stderr) each rank's host time per call\n"
-        "                  spent enqueueing, beside the time per call in all\n"
-        "  --gpu-time      device buffers, -P: the timed calls queue behind a gate on each\n"
-        "                  stream, opened on every rank at once when all are queued: the\n"
-        "                  GPUs' own time per call, without the host's launch cost (keep -n\n"
-        "                  in the hundreds: a rank whose launch queue fills cannot finish\n"
-        "                  queueing, and the gate then opens after 5 s with a warning)\n"
-        "Launched one process per rank: by mpirun, srun or torchrun (their variables, as\n"
-        "loomCommInitFromEnv reads them; the ranks meet through the launcher's PMIx server or\n"
-        "at MASTER_ADDR:MASTER_PORT, LOOM_JOB_SECRET for the secret there), or LOOM_RANK,\n"
-        "LOOM_WORLD_SIZE and LOOM_ID_FILE (rank 0 writes the unique id there, the others read\n"
-        "it). With --backend nccl every way needs LOOM_ID_FILE: rank 0 writes NCCL's id there.\n");
-}
-
-static int parse_opts(int argc, char **argv, opts_t *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->minb = 8;
-    o->maxb = 64ull << 20;
-    o->factor = 2;
-    o->iters = 20;
-    o->warmup = 5;
-    o->check = 1;
-    o->types[o->ntypes++] = loomFloat;
-    o->ops[o->nops++] = loomSum;
-    o->nranks_local = 0;
-    o->backend = BE_LOOM;
-    o->nccl_lib = "libnccl.so.2";
-    const char *mem = NULL, *backend = NULL;
-    static struct option lo[] = {{"mem", required_argument, 0, 'M'},
-                                 {"backend", required_argument, 0, 'B'},
-                                 {"nccl-lib", required_argument, 0, 'L'},
-                                 {"csv", required_argument, 0, 'S'},
-                                 {"host-time", no_argument, 0, 'H'},
-                                 {"gpu-time", no_argument, 0, 'G'},
-                                 {"json", required_argument, 0, 'J'},
-                                 {"help", no_argument, 0, 'h'},
-                                 {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "P:b:e:f:i:n:w:d:o:r:c:C:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'P': {
-            /* atoi made "-P abc" zero, which read as no -P: a benchmark of a job not asked for */
-            char *end;
-            errno = 0;
-            long k = strtol(optarg, &end, 10);
-            if (end == optarg || *end != '\0' || errno != 0 || k < 1 || k > 4096) {
-                fprintf(stderr,
-                        "loom-perf: -P %s: not a rank count (a whole number from 1 to "
-                        "4096)\n",
-                        optarg);
-                exit(2);
-            }
-            o->nranks_local = (int)k;
-            break;
-        }
-        case 'b':
-            if (parse_size(optarg, &o->minb)) return -1;
-            break;
-        case 'e':
-            if (parse_size(optarg, &o->maxb)) return -1;
-            break;
-        case 'f': o->factor = atof(optarg); break;
-        case 'i':
-            if (parse_size(optarg, &o->step)) return -1;
-            break;
-        case 'n': o->iters = atoi(optarg); break;
-        case 'H': o->host_time = 1; break;
-        case 'G': o->gpu_time = 1; break;
-        case 'w': o->warmup = atoi(optarg); break;
-        case 'c': o->check = atoi(optarg); break;
-        case 'r': o->root = atoi(optarg); break;
-        case 'd': {
-            o->ntypes = 0;
-            for (int t = 0; t < loomNumTypes; t++)
-                if (!strcmp(optarg, "all") || !strcmp(optarg, type_names[t]) ||
-                    (!strcmp(optarg, "float32") && t == loomFloat) ||
-                    (!strcmp(optarg, "float16") && t == loomHalf) ||
-                    (!strcmp(optarg, "float64") && t == loomDouble) ||
-                    (!strcmp(optarg, "bf16") && t == loomBfloat16))
-                    o->types[o->ntypes++] = t;
-            if (o->ntypes == 0) return -1;
-            break;
-        }
-        case 'o': {
-            o->nops = 0;
-            for (int t = 0; t < loomNumOps; t++)
-                if (!strcmp(optarg, "all") || !strcmp(optarg, op_names[t])) o->ops[o->nops++] = t;
-            if (o->nops == 0) return -1;
-            break;
-        }
-        case 'C': {
-            int f = -1;
-            for (int t = 0; t < 6; t++)
-                if (!strcmp(optarg, coll_names[t])) f = t;
-            if (f < 0) return -1;
-            o->coll = (coll_t)f;
-            break;
-        }
-        case 'M': mem = optarg; break;
-        case 'B': backend = optarg; break;
-        case 'L': o->nccl_lib = optarg; break;
-        case 'S': o->csv = optarg; break;
-        case 'J': o->json = optarg; break;
-        case 'h': usage(); exit(0);
-        default: return -1;
-        }
-    }
-    if (o->minb > o->maxb || o->factor < 1 || o->iters < 0 || o->warmup < 0) return -1;
-    if (mem && strcmp(mem, "host") && strcmp(mem, "device")) return -1;
-    if (backend && strcmp(backend, "loom") && strcmp(backend, "nccl")) return -1;
-    o->mem_device = mem && !strcmp(mem, "device");
-    if (backend && !strcmp(backend, "nccl")) {
-        o->backend = BE_NCCL;
-        if (mem && !strcmp(mem, "host")) {
-            fprintf(stderr, "loom-perf: --backend nccl: NCCL takes device memory only; drop "
-                            "--mem host\n");
-            exit(2);
-        }
-        o->mem_device = 1;
-    }
-#ifndef LOOM_HAVE_CUDA
-    if (o->backend == BE_NCCL) {
-        fprintf(stderr, "loom-perf: --backend nccl: this build of loom has no GPU support (no "
-                        "CUDA toolkit at build time), and NCCL needs device memory\n");
-        exit(2);
-    }
-    if (o->mem_device) {
-        fprintf(stderr, "loom-perf: --mem device: this build of loom has no GPU support "
-                        "(no CUDA device or toolkit); use --mem host\n");
-        exit(2);
-    }
-#endif
-    if (o->gpu_time && (!o->mem_device || o->nranks_local < 1)) {
-        fprintf(stderr, "loom-perf: --gpu-time needs device memory and -P (the ranks share the "
-                        "gate through memory mapped before they fork)\n");
-        exit(2);
-    }
-    return 0;
+    /* every rank's exit status says whether anything was wrong */
+    double f = (double)failed;
+    allreduce_doubles(x, &f, 1);
+    return f > 0 ? 1 : 0;
 }
 
 /* How this rank process was started. */
@@ -1326,6 +1652,34 @@ static int dev_open(ctx_t *x, const launch_t *L)
         x->nccl = nccl_load(o->nccl_lib, why, sizeof(why));
         if (!x->nccl) {
             if (!L->quiet) fprintf(stderr, "loom-perf: --backend nccl: %s\n", why);
+            return 2;
+        }
+        bool p2p = o->coll == C_SENDRECV || o->coll == C_GATHER || o->coll == C_SCATTER;
+        const nccl_t *n = x->nccl;
+        if ((p2p || o->agg > 1) && !(n->Send && n->Recv && n->GroupStart && n->GroupEnd)) {
+            if (!L->quiet)
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: %s has no "
+                        "ncclSend/ncclRecv/ncclGroupStart/ncclGroupEnd (%s needs them)\n",
+                        n->path, p2p ? perf_coll_names[o->coll] : "-m");
+            return 2;
+        }
+        bool mulsum = false;
+        for (int i = 0; i < o->nops; i++)
+            mulsum = mulsum || o->ops[i] == PERF_OP_MULSUM;
+        if (mulsum && coll_reduces(o->coll) && !(n->RedOpCreatePreMulSum && n->RedOpDestroy)) {
+            if (!L->quiet)
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: -o mulsum: %s has no ncclRedOpCreatePreMulSum "
+                        "(NCCL 2.11)\n",
+                        n->path);
+            return 2;
+        }
+        if (o->local_register && !(n->CommRegister && n->CommDeregister)) {
+            if (!L->quiet)
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: -R 1: %s has no ncclCommRegister (NCCL 2.19)\n",
+                        n->path);
             return 2;
         }
         if (o->coll == C_ALLTOALL && !nccl_has_alltoall(x->nccl)) {
@@ -1393,7 +1747,8 @@ static int dev_open(ctx_t *x, const launch_t *L)
 /* The device buffer of allreduce_doubles, once the number of ranks is known. */
 static void dev_scratch(ctx_t *x)
 {
-    x->scratch_bytes = ((size_t)x->nranks * 3 + 8) * sizeof(double);
+    /* the largest: header()'s INFO_WORDS per rank */
+    x->scratch_bytes = ((size_t)x->nranks * INFO_WORDS + 8) * sizeof(int64_t);
     CU(x, "cuMemAlloc", x->d->cuMemAlloc(&x->scratch, x->scratch_bytes));
 }
 
@@ -1488,10 +1843,7 @@ fail:
 int main(int argc, char **argv)
 {
     opts_t o;
-    if (parse_opts(argc, argv, &o) != 0) {
-        usage();
-        return 2;
-    }
+    perf_parse(argc, argv, &o);
     /* loom-perf's own local launch stays on loopback unless told otherwise. */
     if (o.nranks_local > 0) setenv("LOOM_SOCKET_IFNAME", "lo", 0);
     /* Any launcher's variables: the ranks are the launcher's (loomCommInitFromEnv's detection),

@@ -48,7 +48,7 @@ ids=${ids%,}
 step staged_allreduce 300 env LOOM_NODE_ID="$ids" "$dir/loom-perf" -P "$n" --mem device \
     -b 8 -e "$staged_max" -f 4 -c 1
 for c in allgather reducescatter broadcast; do
-    step "staged_$c" 200 env LOOM_NODE_ID="$ids" "$dir/loom-perf" -P "$n" --mem device -C "$c" \
+    step "staged_$c" 200 env LOOM_NODE_ID="$ids" "$dir/loom-perf" -P "$n" --mem device --collective "$c" \
         -b 8 -e 64M -f 16 -c 1
 done
 step torch_ddp 600 env TORCH_SHIM_NPROC="$n" tests/gpu/torch_shim.sh "$dir"

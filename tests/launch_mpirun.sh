@@ -2,7 +2,7 @@
 # Jobs started by Open MPI's mpirun: loom's ranks found from its variables and met through its
 # PMIx server, or at MASTER_ADDR:MASTER_PORT. Usage: launch_mpirun.sh LAUNCH_PROG LOOM_PERF
 # [LAUNCH_PROG_MPI]; LOOM_TEST_PMIX=0 says that loom was built without PMIx (the PMIx runs then
-# check the error that says so). Exits 77 (skipped) without mpirun. Everything stays on loopback and is bounded by timeout.
+# check the error that says so, or with LOOM_TEST_MPI=1 that loom meets over MPI instead). Exits 77 (skipped) without mpirun. Everything stays on loopback and is bounded by timeout.
 set -u
 prog=$1 perf=$2 prog_mpi=${3:-}
 command -v mpirun >/dev/null || { echo "launch_mpirun: no mpirun: skipped"; exit 77; }
@@ -25,7 +25,16 @@ run() {
     echo "ok: $name"
 }
 
-if [ "${LOOM_TEST_PMIX:-1}" = 0 ]; then
+if [ "${LOOM_TEST_PMIX:-1}" = 0 ] && [ "${LOOM_TEST_MPI:-0}" = 1 ]; then
+    # without PMIx in loom but with MPI, loom starts MPI (which finds mpirun's server) and meets
+    # over MPI_COMM_WORLD
+    if run "launch_prog under mpirun -np 2, a build without PMIx but with MPI" 0 \
+            "${mpi[@]}" -np 2 "$prog"; then
+        n=$(grep -c "launch_prog: rank [0-1] of 2 ok" "$out")
+        [ "$n" = 2 ] || fail "no PMIx, MPI: $n of 2 ranks said ok"
+    fi
+    prog_mpi=""
+elif [ "${LOOM_TEST_PMIX:-1}" = 0 ]; then
     if run "launch_prog under mpirun -np 2, a build without PMIx" 1 "${mpi[@]}" -np 2 "$prog"; then
         grep -q "this build of loom has no PMIx" "$out" || fail "no PMIx: the error does not say so"
     fi
@@ -70,7 +79,8 @@ fi
 
 if run "loom-perf under mpirun -np 4" 0 "${mpi[@]}" -np 4 "$perf" -b 8 -e 64K -f 4 -n 3 -w 1 -c 1
 then
-    grep -q "^# loom-perf allreduce: 4 ranks" "$out" || fail "loom-perf: no table headed 4 ranks"
+    grep -q "^# Collective test starting: .* (allreduce, 4 ranks)" "$out" ||
+        fail "loom-perf: no table headed 4 ranks"
     [ "$(grep -c '^# loom-perf' "$out")" = 1 ] || fail "loom-perf: more than one table"
     rows=$(grep -cE '^ +[0-9]+ ' "$out")
     [ "$rows" = 7 ] || fail "loom-perf: $rows rows, expected 7 (8 B to 64 KiB by 4)"

@@ -104,7 +104,13 @@ static int run_raw(int nranks, raw_fn fn, void *arg)
 
 static bool type_is_float(loomDataType_t t)
 {
-    return t == loomFloat16 || t == loomFloat32 || t == loomFloat64 || t == loomBfloat16;
+    return t == loomFloat16 || t == loomFloat32 || t == loomFloat64 || t == loomBfloat16 ||
+           t == loomFloat8e4m3 || t == loomFloat8e5m2;
+}
+
+static bool type_is_fp8(loomDataType_t t)
+{
+    return t == loomFloat8e4m3 || t == loomFloat8e5m2;
 }
 
 static bool type_is_unsigned(loomDataType_t t)
@@ -125,6 +131,8 @@ static void put_val(loomDataType_t t, void *buf, size_t i, double v)
     case loomFloat32: ((float *)buf)[i] = (float)v; break;
     case loomFloat64: ((double *)buf)[i] = v; break;
     case loomBfloat16: ((uint16_t *)buf)[i] = red_float_to_bf16((float)v); break;
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: ((uint8_t *)buf)[i] = red_float_to_fp8(t, (float)v); break;
     default: break;
     }
 }
@@ -142,6 +150,8 @@ static double get_val(loomDataType_t t, const void *buf, size_t i)
     case loomFloat32: return ((const float *)buf)[i];
     case loomFloat64: return ((const double *)buf)[i];
     case loomBfloat16: return red_bf16_to_float(((const uint16_t *)buf)[i]);
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: return red_fp8_to_float(t, ((const uint8_t *)buf)[i]);
     default: return 0;
     }
 }
@@ -152,6 +162,8 @@ static double get_val(loomDataType_t t, const void *buf, size_t i)
 static double val(loomDataType_t t, int r, size_t i)
 {
     int b = (int)((i * 7 + (size_t)r * 5) % 13);
+    /* 8-bit floats: -1 .. 1 in halves, whose sums over 4 ranks (times 2 or 0.5) stay exact */
+    if (type_is_fp8(t)) return (b % 5 - 2) * 0.5;
     if (type_is_unsigned(t)) return b;
     double v = b - 6;
     if (type_is_float(t) && i % 3 == 0) v += 0.5;
@@ -165,6 +177,8 @@ static double expect_avg(loomDataType_t t, double sum, int n)
     switch (t) {
     case loomFloat16: return red_half_to_float(red_float_to_half((float)sum / (float)n));
     case loomBfloat16: return red_bf16_to_float(red_float_to_bf16((float)sum / (float)n));
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: return red_fp8_to_float(t, red_float_to_fp8(t, (float)sum / (float)n));
     case loomFloat32: return (float)sum / (float)n;
     case loomFloat64: return sum / n;
     default: return (double)((int64_t)sum / n); /* C truncates towards zero */
@@ -771,9 +785,9 @@ END_TEST
 
 /* ---- 6. avg and pre-multiplied sums -------------------------------------------------------- */
 
-static const loomDataType_t all_types[] = {loomInt8,    loomUint8,   loomInt32,   loomUint32,
-                                           loomInt64,   loomUint64,  loomFloat16, loomFloat32,
-                                           loomFloat64, loomBfloat16};
+static const loomDataType_t all_types[] = {
+    loomInt8,    loomUint8,   loomInt32,   loomUint32,   loomInt64,      loomUint64,
+    loomFloat16, loomFloat32, loomFloat64, loomBfloat16, loomFloat8e4m3, loomFloat8e5m2};
 
 /* Creates a pre-multiplied sum with `scalar` expressed in type t. */
 static loomResult_t make_premul(loomRedOp_t *op, loomDataType_t t, double scalar, loomComm_t comm)

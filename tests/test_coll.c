@@ -25,7 +25,11 @@ static bool is_unsigned(int t)
 }
 static bool is_float(int t)
 {
-    return t >= loomFloat16 && t != loomUint64 && t <= loomBfloat16;
+    return t >= loomFloat16 && t != loomUint64;
+}
+static bool is_fp8(int t)
+{
+    return t == loomFloat8e4m3 || t == loomFloat8e5m2;
 }
 
 static void put(int t, void *b, size_t i, double v)
@@ -41,6 +45,8 @@ static void put(int t, void *b, size_t i, double v)
     case loomFloat32: ((float *)b)[i] = (float)v; break;
     case loomFloat64: ((double *)b)[i] = v; break;
     case loomBfloat16: ((uint16_t *)b)[i] = red_float_to_bf16((float)v); break;
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: ((uint8_t *)b)[i] = red_float_to_fp8((loomDataType_t)t, (float)v); break;
     }
 }
 
@@ -56,6 +62,9 @@ static double in_val(int t, int op, int r, size_t i, int p)
         int v = (int)((i * 7 + (size_t)r * 13) % 31);
         return is_unsigned(t) ? v : v - 15;
     }
+    /* 8-bit floats hold every integer only up to 8 (E5M2) or 16 (E4M3): -1, 0 or 1 keeps every
+     * partial sum of up to 8 ranks exact, doubled ones (pre-multiplied) too */
+    if (is_fp8(t)) return (int)((i * 5 + (size_t)r * 3) % 3) - 1;
     int v = (int)((i * 5 + (size_t)r * 3) % 7);
     return is_unsigned(t) ? v : v - 3;
 }

@@ -179,8 +179,19 @@ START_TEST(precedence)
     ck_assert_int_eq(e.nranks, 4);
 #ifdef LOOM_HAVE_PMIX
     ck_assert_int_eq(e.meet, LAUNCH_MEET_PMIX);
+#elif defined(LOOM_HAVE_MPI)
+    ck_assert_int_eq(e.meet, LAUNCH_MEET_MPI); /* loom starts MPI, which finds the server */
 #else
     ck_assert_int_eq(e.meet, LAUNCH_MEET_MASTER);
+#endif
+    /* MPICH's Hydra: MPI_Init finds it through PMI_PORT; loom with MPI starts MPI there */
+    tenv_t h = {{{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"PMI_PORT", "host:1234"}}};
+#ifdef LOOM_HAVE_MPI
+    e = detect_ok(&h);
+    ck_assert_str_eq(e.name, "MPICH/Hydra");
+    ck_assert_int_eq(e.meet, LAUNCH_MEET_MPI);
+#else
+    (void)h;
 #endif
     /* mpirun inside a batch script: the script's own SLURM_PROCID=0 (no job step) is ignored */
     tenv_t d = {{{"OMPI_COMM_WORLD_RANK", "3"},
@@ -273,9 +284,13 @@ START_TEST(incomplete)
     /* torchrun's ranks meet at MASTER_ADDR even with a PMIx server about */
     FAILS(E({"RANK", "1"}, {"WORLD_SIZE", "2"}, PMIX_VARS("1")), "RANK/WORLD_SIZE",
           "MASTER_ADDR and MASTER_PORT are unset");
-#ifndef LOOM_HAVE_PMIX
+#if !defined(LOOM_HAVE_PMIX) && !defined(LOOM_HAVE_MPI)
     FAILS(E({"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, PMIX_VARS("0")),
           "this build of loom has no PMIx");
+#elif !defined(LOOM_HAVE_PMIX)
+    /* no PMIx in loom, but MPI: loom starts MPI, whose MPI_Init reaches the PMIx server */
+    tenv_t m = {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, PMIX_VARS("0")}};
+    ck_assert_int_eq(detect_ok(&m).meet, LAUNCH_MEET_MPI);
 #endif
 }
 END_TEST

@@ -219,6 +219,129 @@ START_TEST(test_vector_conversions)
 }
 END_TEST
 
+/* ---- Reference 8-bit floats ---------------------------------------------------------------- */
+
+typedef struct {
+    loomDataType_t type;
+    int ebits, mbits, bias;
+    int has_inf;      /* E5M2: exponent all ones is infinity or NaN; E4M3: only S.1111.111 is NaN */
+    double mag[0x80]; /* |value| of codes 0..0x7f (NaN and infinity codes unused) */
+    int finite[0x80]; /* the code is a finite value */
+    float val[0x100]; /* value of every code, NaN as NAN */
+} fmt8_t;
+
+static fmt8_t e4m3_fmt = {.type = loomFloat8e4m3, .ebits = 4, .mbits = 3, .bias = 7};
+static fmt8_t e5m2_fmt = {.type = loomFloat8e5m2, .ebits = 5, .mbits = 2, .bias = 15, .has_inf = 1};
+
+static void fmt8_init(fmt8_t *f)
+{
+    unsigned emax = (1u << f->ebits) - 1, mmax = (1u << f->mbits) - 1;
+    for (unsigned b = 0; b < 0x80; b++) {
+        unsigned e = b >> f->mbits, m = b & mmax;
+        f->mag[b] = e == 0 ? ldexp(m, 1 - f->bias - f->mbits)
+                           : ldexp(m + (1u << f->mbits), (int)e - f->bias - f->mbits);
+        f->finite[b] = f->has_inf ? e != emax : !(e == emax && m == mmax);
+        float v = f->finite[b] ? (float)f->mag[b] : (f->has_inf && m == 0) ? INFINITY : NAN;
+        f->val[b] = v;
+        f->val[b | 0x80] = -v;
+    }
+}
+
+/* Nearest finite value by search, ties to the even code, saturating at the largest finite value
+ * (infinity too); NaN is the canonical 0x7f. */
+static uint8_t ref_round8(const fmt8_t *f, float x)
+{
+    if (isnan(x)) return 0x7f;
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    double a = fabs((double)x);
+    unsigned top = 0x7f;
+    while (!f->finite[top])
+        top--;
+    if (a >= f->mag[top]) return (uint8_t)(sign | top);
+    int best = -1;
+    double bd = 0;
+    for (unsigned b = 0; b < 0x80; b++) {
+        if (!f->finite[b]) continue;
+        double d = fabs(a - f->mag[b]);
+        if (best < 0 || d < bd || (d == bd && (best & 1))) best = (int)b, bd = d;
+    }
+    return (uint8_t)(sign | best);
+}
+
+static void setup8(void)
+{
+    fmt8_init(&e4m3_fmt);
+    fmt8_init(&e5m2_fmt);
+}
+
+static const fmt8_t *fmt8_of(loomDataType_t t)
+{
+    return t == loomFloat8e4m3 ? &e4m3_fmt : t == loomFloat8e5m2 ? &e5m2_fmt : NULL;
+}
+
+/* Every code decodes to its value and comes back; midpoints, their neighbours and random floats
+ * round as the search says. */
+START_TEST(test_fp8_conversions)
+{
+    setup8();
+    const fmt8_t *f = _i ? &e5m2_fmt : &e4m3_fmt;
+    for (unsigned b = 0; b < 0x100; b++) {
+        float x = red_fp8_to_float(f->type, (uint8_t)b);
+        if (isnan(f->val[b])) {
+            EXPECT(isnan(x), "code 0x%02x: not NaN", b);
+            EXPECT(red_float_to_fp8(f->type, x) == 0x7f, "NaN code 0x%02x comes back as 0x%02x", b,
+                   red_float_to_fp8(f->type, x));
+            continue;
+        }
+        EXPECT(fbits(x) == fbits(f->val[b]), "code 0x%02x decodes to %a, want %a", b, (double)x,
+               (double)f->val[b]);
+        if (isinf(x)) continue;
+        EXPECT(red_float_to_fp8(f->type, x) == b, "code 0x%02x round-trips to 0x%02x", b,
+               red_float_to_fp8(f->type, x));
+    }
+    for (unsigned b = 0; b + 1 < 0x80; b++) {
+        if (!f->finite[b] || !f->finite[b + 1]) continue;
+        float mid = (float)((f->mag[b] + f->mag[b + 1]) / 2);
+        for (int sg = 0; sg < 2; sg++) {
+            float m = sg ? -mid : mid;
+            float xs[3] = {m, nextafterf(m, INFINITY), nextafterf(m, -INFINITY)};
+            for (int k = 0; k < 3; k++)
+                EXPECT(red_float_to_fp8(f->type, xs[k]) == ref_round8(f, xs[k]),
+                       "%s(%a) = 0x%02x, want 0x%02x", red_type_name(f->type), (double)xs[k],
+                       red_float_to_fp8(f->type, xs[k]), ref_round8(f, xs[k]));
+        }
+    }
+    for (int i = 0; i < 100000; i++) {
+        float x = bitsf((uint32_t)rng());
+        if (i & 1) x = ldexpf((float)(rng() % 4096) / 256.0f, (int)(rng() % 40) - 24);
+        EXPECT(red_float_to_fp8(f->type, x) == ref_round8(f, x), "%s(%a) = 0x%02x, want 0x%02x",
+               red_type_name(f->type), (double)x, red_float_to_fp8(f->type, x), ref_round8(f, x));
+    }
+}
+END_TEST
+
+START_TEST(test_fp8_edges)
+{
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, 1.0f), 0x38);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, 448.0f), 0x7e);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, 1e6f), 0x7e); /* saturates */
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, -INFINITY), 0xfe);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, ldexpf(1, -9)), 0x01);  /* min subnormal */
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, ldexpf(1, -10)), 0x00); /* tie to even */
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, -0.0f), 0x80);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e4m3, NAN), 0x7f);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e5m2, 1.0f), 0x3c);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e5m2, 57344.0f), 0x7b);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e5m2, INFINITY), 0x7b); /* saturates */
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e5m2, ldexpf(1, -16)), 0x01);
+    ck_assert_uint_eq(red_float_to_fp8(loomFloat8e5m2, -NAN), 0x7f);
+    ck_assert(red_fp8_to_float(loomFloat8e5m2, 0x7c) == INFINITY);
+    ck_assert(isnan(red_fp8_to_float(loomFloat8e4m3, 0xff)));
+    ck_assert(red_fp8_to_float(loomFloat8e4m3, 0x7e) == 448.0f);
+    ck_assert(red_fp8_to_float(loomFloat8e4m3, 0xf8) == -256.0f);
+}
+END_TEST
+
 START_TEST(test_half_edges)
 {
     ck_assert_uint_eq(red_float_to_half(0.0f), 0x0000);
@@ -277,13 +400,15 @@ END_TEST
 
 START_TEST(test_type_info)
 {
-    static const size_t sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+    static const size_t sizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
     for (int t = 0; t < loomNumTypes; t++) {
         ck_assert_uint_eq(red_type_size((loomDataType_t)t), sizes[t]);
         ck_assert_str_ne(red_type_name((loomDataType_t)t), "invalid");
     }
     ck_assert_str_eq(red_type_name(loomFloat32), "float32");
     ck_assert_str_eq(red_type_name(loomBfloat16), "bfloat16");
+    ck_assert_str_eq(red_type_name(loomFloat8e4m3), "float8e4m3");
+    ck_assert_str_eq(red_type_name(loomFloat8e5m2), "float8e5m2");
     ck_assert_uint_eq(red_type_size(loomNumTypes), 0);
     ck_assert_str_eq(red_type_name(loomNumTypes), "invalid");
     ck_assert_str_eq(red_type_name((loomDataType_t)-1), "invalid");
@@ -402,8 +527,16 @@ static void ref_apply_n(loomDataType_t t, red_op_t op, void *out, const void *co
                         size_t n)
 {
     const fmt16_t *f = fmt_of(t);
+    const fmt8_t *f8 = fmt8_of(t);
     for (size_t i = 0; i < n; i++) {
-        if (is_int(t)) {
+        if (f8 && k == 1) { /* a copy: NaN codes kept as they are */
+            ((uint8_t *)out)[i] = ((const uint8_t *)srcs[0])[i];
+        } else if (f8) {
+            float acc = f8->val[((const uint8_t *)srcs[0])[i]];
+            for (int j = 1; j < k; j++)
+                acc = ref_f32_op(op, acc, f8->val[((const uint8_t *)srcs[j])[i]]);
+            ((uint8_t *)out)[i] = ref_round8(f8, acc);
+        } else if (is_int(t)) {
             uint64_t acc = ld_int(t, srcs[0], i);
             for (int j = 1; j < k; j++)
                 acc = ref_int_op(t, op, acc, ld_int(t, srcs[j], i));
@@ -453,7 +586,10 @@ static void fill(loomDataType_t t, void *p, size_t n)
 {
     const fmt16_t *f = fmt_of(t);
     for (size_t i = 0; i < n; i++) {
-        if (is_int(t)) {
+        if (fmt8_of(t)) {
+            /* any code: NaN, infinity and saturation are under test too */
+            ((uint8_t *)p)[i] = (uint8_t)rng();
+        } else if (is_int(t)) {
             st_int(t, p, i, rng());
         } else if (f) {
             st16(p, i, rand16(f));
@@ -620,8 +756,12 @@ static void one_scale(loomDataType_t t, size_t n, int in_place, unsigned off)
     fill(t, src, n);
     fill(t, scalar, 1);
     const fmt16_t *f = fmt_of(t);
+    const fmt8_t *f8 = fmt8_of(t);
     for (size_t i = 0; i < n; i++) {
-        if (is_int(t)) {
+        if (f8) {
+            ((uint8_t *)want)[i] =
+                ref_round8(f8, f8->val[((uint8_t *)src)[i]] * f8->val[*(uint8_t *)scalar]);
+        } else if (is_int(t)) {
             st_int(t, want, i, ld_int(t, src, i) * ld_int(t, scalar, 0));
         } else if (f) {
             st16(want, i, ref_round(f, f->val[ld16(src, i)] * f->val[ld16(scalar, 0)]));
@@ -690,8 +830,13 @@ static void one_div(loomDataType_t t, size_t n, int divisor, int in_place, unsig
             st_int(t, src, i, edges[i]);
     }
     const fmt16_t *f = fmt_of(t);
+    const fmt8_t *f8 = fmt8_of(t);
     for (size_t i = 0; i < n; i++) {
-        if (is_int(t)) {
+        if (f8 && divisor == 1) { /* a copy: NaN codes kept as they are */
+            ((uint8_t *)want)[i] = ((uint8_t *)src)[i];
+        } else if (f8) {
+            ((uint8_t *)want)[i] = ref_round8(f8, f8->val[((uint8_t *)src)[i]] / (float)divisor);
+        } else if (is_int(t)) {
             uint64_t x = ld_int(t, src, i), q;
             if (is_unsigned(t))
                 q = x / (uint64_t)divisor;
@@ -756,10 +901,13 @@ static Suite *reduce_suite(void)
     tcase_add_test(conv, test_half_edges);
     tcase_add_test(conv, test_bf16_edges);
     tcase_add_test(conv, test_type_info);
+    tcase_add_loop_test(conv, test_fp8_conversions, 0, 2);
+    tcase_add_test(conv, test_fp8_edges);
     suite_add_tcase(s, conv);
 
     TCase *ops = tcase_create("operations");
     tcase_add_unchecked_fixture(ops, setup, NULL);
+    tcase_add_unchecked_fixture(ops, setup8, NULL);
     tcase_set_timeout(ops, 60);
     tcase_add_loop_test(ops, test_apply, 0, loomNumTypes);
     tcase_add_test(ops, test_nan_max_min);

@@ -298,8 +298,13 @@ static void check_calls(void)
         EXPECT(allreduce(x, y, 3, ncclFloat64, ncclMax, comm, NULL) == ncclSuccess && y[0] == 1.5 &&
                    y[1] == -2 && y[2] == 4,
                "%s: allreduce on 1 rank: %s", what, ncclGetLastError(NULL));
-        EXPECT(allreduce(x, y, 3, ncclFloat8e4m3, ncclSum, comm, NULL) == ncclInvalidArgument,
-               "%s: ncclFloat8e4m3 was not refused", what);
+        uint8_t x8[3] = {0x38, 0xc0, 0x7e}, y8[3] = {0}; /* 1.0, -2.0, 448 */
+        EXPECT(allreduce(x8, y8, 3, ncclFloat8e4m3, ncclSum, comm, NULL) == ncclSuccess &&
+                   memcmp(x8, y8, 3) == 0,
+               "%s: ncclFloat8e4m3 allreduce on 1 rank: %s", what, ncclGetLastError(NULL));
+        EXPECT(allreduce(x, y, 3, (ncclDataType_t)ncclNumTypes, ncclSum, comm, NULL) ==
+                   ncclInvalidArgument,
+               "%s: datatype ncclNumTypes was not refused", what);
         /* Gather and scatter on one rank: the root's own part only (a send to itself). */
         ncclResult_t (*gather)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
                                cudaStream_t) = ncclGather;

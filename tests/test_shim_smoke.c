@@ -252,8 +252,8 @@ static int gather_scatter(ncclComm_t comm, int rank, int nranks)
     /* Refused before anything is queued (every rank refuses alike, so nothing waits). */
     REFUSED(ncclGather(part, all, N, ncclInt32, nranks, comm, NULL), ncclInvalidArgument, "root");
     REFUSED(ncclScatter(all, part, N, ncclInt32, -1, comm, NULL), ncclInvalidArgument, "root");
-    REFUSED(ncclGather(part, all, N, ncclFloat8e4m3, 0, comm, NULL), ncclInvalidArgument,
-            "ncclFloat8e4m3");
+    REFUSED(ncclGather(part, all, N, (ncclDataType_t)12, 0, comm, NULL), ncclInvalidArgument,
+            "datatype");
     REFUSED(ncclScatter(all, part, N, (ncclDataType_t)99, 0, comm, NULL), ncclInvalidArgument,
             "datatype");
     REFUSED(ncclGather(part, NULL, N, ncclInt32, rank, comm, NULL), ncclInvalidArgument,
@@ -414,17 +414,36 @@ static int body_collectives(ncclComm_t *commp, int rank, int nranks, void *arg)
         OK(ncclCommDeregister(comm, h));
     }
 
-    /* 8-bit floats: refused before anything moves, with a text naming the type. */
-    REFUSED(ncclAllReduce(in, out, N, ncclFloat8e4m3, ncclSum, comm, NULL), ncclInvalidArgument,
-            "ncclFloat8e4m3");
-    REFUSED(ncclAllGather(in, big, N, ncclFloat8e5m2, comm, NULL), ncclInvalidArgument,
-            "ncclFloat8e5m2");
+    /* 8-bit floats, numbered as NCCL's: E4M3 1.0 is 0x38, 2.0 0x40; E5M2 1.0 is 0x3c. Every
+     * rank adds 1.0 (and rank 1 also 1.0, so the sum is 2.0 exactly); max of 1.0 and 2.0 is 2.0;
+     * a pre-multiplied sum by 2.0 gives 4.0 (E4M3 0x48). */
     {
-        float scalar = 2;
+        static uint8_t a8s[NRANKS][N], b8s[NRANKS][N];
+        uint8_t *a8 = a8s[rank], *b8 = b8s[rank];
+        for (int i = 0; i < N; i++)
+            a8[i] = 0x38;
+        OK(ncclAllReduce(a8, b8, N, ncclFloat8e4m3, ncclSum, comm, NULL));
+        for (int i = 0; i < N; i++)
+            if (b8[i] != 0x40) {
+                FAIL("rank %d: fp8 e4m3 sum[%d] = 0x%02x, want 0x40", rank, i, b8[i]);
+                break;
+            }
+        for (int i = 0; i < N; i++)
+            a8[i] = rank ? 0x40 : 0x38;
+        OK(ncclAllReduce(a8, b8, N, ncclFloat8e4m3, ncclMax, comm, NULL));
+        EXPECT(b8[0] == 0x40 && b8[N - 1] == 0x40, "rank %d: fp8 max = 0x%02x", rank, b8[0]);
+        for (int i = 0; i < N; i++)
+            a8[i] = 0x3c;
+        OK(ncclAllReduce(a8, b8, N, ncclFloat8e5m2, ncclSum, comm, NULL));
+        EXPECT(b8[0] == 0x40 && b8[N - 1] == 0x40, "rank %d: fp8 e5m2 sum = 0x%02x", rank, b8[0]);
+        uint8_t two = 0x40;
         ncclRedOp_t op = ncclSum;
-        REFUSED(
-            ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat8e4m3, ncclScalarHostImmediate, comm),
-            ncclInvalidArgument, "not supported");
+        OK(ncclRedOpCreatePreMulSum(&op, &two, ncclFloat8e4m3, ncclScalarHostImmediate, comm));
+        for (int i = 0; i < N; i++)
+            a8[i] = 0x38;
+        OK(ncclAllReduce(a8, b8, N, ncclFloat8e4m3, op, comm, NULL));
+        EXPECT(b8[0] == 0x48 && b8[N - 1] == 0x48, "rank %d: fp8 premul sum = 0x%02x", rank, b8[0]);
+        OK(ncclRedOpDestroy(op, comm));
     }
 
     /* What loom 0.1 lacks: ncclInvalidUsage, a text, and outputs cleared. */

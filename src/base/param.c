@@ -58,7 +58,7 @@ static const param_desc_t params[PARAM_COUNT] = {
          "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)",
          NAMES("ring|rd|hier|hier_leader|ps", READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
-                         "force one transport for every peer: tcp or shm (mpi, ucx, ibv later)",
+                         "force one transport for every peer: tcp, shm or mpi (ucx, ibv later)",
                          NAMES("tcp|shm|mpi|ucx|ibv|cuda", READER)},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
                              "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)",

@@ -10,8 +10,10 @@
  *   instructions: when either input is NaN the result is the second operand b (so a NaN in b
  *   propagates and a NaN in a is dropped), and max(+0, -0) is b. apply_n folds left
  *   (acc op srcs[j]), so there a NaN in a later source wins.
- * - Float16 and bfloat16 are widened exactly to float32, combined there, and rounded to nearest
- *   even once per output. Narrowing keeps a NaN's sign and top payload bits and quiets it.
+ * - Float16, bfloat16 and the 8-bit floats (reduce_fp8.c) are widened exactly to float32, combined
+ *   there, and rounded to nearest even once per output. Float16/bfloat16 narrowing keeps a NaN's
+ *   sign and top payload bits and quiets it; the 8-bit floats saturate to their largest finite
+ *   value and write the canonical NaN (the GPU's conversion).
  * - Any pointer may be misaligned, even for its element type: all loads and stores go through
  *   1-byte-aligned types.
  */
@@ -613,13 +615,20 @@ static int red_is16(loomDataType_t type)
     return type == loomFloat16 || type == loomBfloat16;
 }
 
+static int red_is8f(loomDataType_t type)
+{
+    return type == loomFloat8e4m3 || type == loomFloat8e5m2;
+}
+
 /* ---- Types ------------------------------------------------------------------------------- */
 
 size_t red_type_size(loomDataType_t type)
 {
     switch (type) {
     case loomInt8:
-    case loomUint8: return 1;
+    case loomUint8:
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: return 1;
     case loomFloat16:
     case loomBfloat16: return 2;
     case loomInt32:
@@ -635,8 +644,8 @@ size_t red_type_size(loomDataType_t type)
 const char *red_type_name(loomDataType_t type)
 {
     static const char *const names[loomNumTypes] = {
-        "int8",   "uint8",   "int32",   "uint32",  "int64",
-        "uint64", "float16", "float32", "float64", "bfloat16",
+        "int8",    "uint8",   "int32",   "uint32",   "int64",      "uint64",
+        "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2",
     };
     if ((unsigned)type >= loomNumTypes) return "invalid";
     return names[type];
@@ -655,7 +664,10 @@ void red_host_apply(loomDataType_t type, red_op_t op, void *dst, const void *a, 
                     size_t n)
 {
     if (!red_valid(type, op) || n == 0) return;
-    if (type == loomFloat16)
+    if (red_is8f(type)) {
+        const void *srcs[2] = {a, b};
+        red_fp8_apply_n(type, op, dst, srcs, 2, n);
+    } else if (type == loomFloat16)
         red_f16_apply2(op, dst, a, b, n);
     else
         red_bin_table[type][op](dst, a, b, n);
@@ -676,6 +688,10 @@ void red_host_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *c
     }
     if (red_is16(type)) {
         red_16_apply_n(type, op, dst, srcs, k, n);
+        return;
+    }
+    if (red_is8f(type)) {
+        red_fp8_apply_n(type, op, dst, srcs, k, n);
         return;
     }
     red_bin_fn fn = red_bin_table[type][op];
@@ -704,6 +720,8 @@ void red_host_scale(loomDataType_t type, void *dst, const void *src, const void 
     if ((unsigned)type >= loomNumTypes || n == 0) return;
     if (red_is16(type))
         red_16_scale(type, dst, src, scalar, n);
+    else if (red_is8f(type))
+        red_fp8_scale(type, dst, src, scalar, n);
     else
         table[type](dst, src, scalar, n);
 }
@@ -723,6 +741,8 @@ void red_host_div(loomDataType_t type, void *dst, const void *src, int divisor, 
     }
     if (red_is16(type))
         red_16_div(type, dst, src, divisor, n);
+    else if (red_is8f(type))
+        red_fp8_div(type, dst, src, divisor, n);
     else
         table[type](dst, src, divisor, n);
 }

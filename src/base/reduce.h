@@ -1,7 +1,8 @@
 /*
  * Host reductions: vectorised loops for every loom data type and op.
  *
- * Float16 and bfloat16 are converted to float32, combined, and rounded once to nearest even, so a
+ * Float16, bfloat16 and the 8-bit floats are converted to float32, combined, and rounded once to
+ * nearest even, so a
  * step that combines k inputs rounds once, not k-1 times. Integer ops wrap as unsigned arithmetic
  * does (no undefined behaviour on overflow).
  */
@@ -49,5 +50,15 @@ uint16_t red_float_to_bf16(float f);
  * CPU has it): what the reductions use, and fusion's 16-bit wire. */
 void red_widen16(loomDataType_t type, float *dst, const void *src, size_t n);
 void red_narrow16(loomDataType_t type, void *dst, const float *src, size_t n);
+
+/* The 8-bit floats (loomFloat8e4m3, loomFloat8e5m2; reduce_fp8.c): exact widening, narrowing to
+ * nearest even saturated to the largest finite value, NaN to the canonical 0x7f. */
+float red_fp8_to_float(loomDataType_t type, uint8_t v);
+uint8_t red_float_to_fp8(loomDataType_t type, float f);
+/* red_host_apply_n, red_host_scale and red_host_div for the 8-bit floats (called through them). */
+void red_fp8_apply_n(loomDataType_t type, red_op_t op, void *dst, const void *const *srcs, int k,
+                     size_t n);
+void red_fp8_scale(loomDataType_t type, void *dst, const void *src, const void *scalar, size_t n);
+void red_fp8_div(loomDataType_t type, void *dst, const void *src, int divisor, size_t n);
 
 #endif

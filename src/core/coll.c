@@ -417,6 +417,7 @@ static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
             if (q[o].comm == q[i].comm) j->ops[j->nops++] = o;
         used += j->nops;
         atomic_fetch_add(&j->comm->st.active_calls, 1);
+        g->work.no_fds |= exec_host_no_fds(&j->comm->exech);
     }
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];

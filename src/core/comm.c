@@ -207,7 +207,7 @@ void comm_abort_transports(loomComm_t comm, const char *reason)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->abort(comm->net.tp[t].ctx, reason);
 }
 
-static const char *const tp_names[TP_MAX] = {"tcp", "shm"};
+static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi"};
 
 /* Same node: shared memory when started; else TCP; LOOM_TRANSPORT forces one. */
 static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
@@ -361,28 +361,35 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     return loomSuccess;
 }
 
-/* Which transports to start: the one LOOM_TRANSPORT names, or all that this build has. */
+/* Which transports to start: the one LOOM_TRANSPORT names, or all that this build has except
+ * those started only on request (mpi: it would initialise MPI in every program). */
 static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 {
     const char *name = param_str(PARAM_TRANSPORT);
     for (int t = 0; t < TP_MAX; t++)
-        want[t] = name[0] == '\0';
+        want[t] = name[0] == '\0' && t != TP_MPI;
     if (name[0] == '\0') return loomSuccess;
     for (int t = 0; t < TP_MAX; t++)
-        if (strcmp(name, tp_names[t]) == 0) {
+        if (strcmp(name, tp_names[t]) == 0 && transport_by_name(name)) {
             want[t] = true;
             comm->net.forced_tp = t;
             return loomSuccess;
         }
+    char avail[128] = "";
+    size_t n, len = 0;
+    const transport_ops_t *const *all = transport_all(&n);
+    for (size_t i = 0; i < n && len < sizeof(avail); i++)
+        len +=
+            (size_t)snprintf(avail + len, sizeof(avail) - len, "%s%s", i ? ", " : "", all[i]->name);
     static const char *const later[] = {"mpi", "ucx", "ibv", "cuda"};
     for (size_t i = 0; i < LOOM_ARRAY_SIZE(later); i++)
         if (strcmp(name, later[i]) == 0)
             return base_error(loomInvalidUsage, LOG_INIT,
                               "LOOM_TRANSPORT=%s: this build of loom has no %s transport "
-                              "(available: tcp, shm)",
-                              name, name);
+                              "(available: %s)",
+                              name, name, avail);
     return base_error(loomInvalidArgument, LOG_INIT,
-                      "LOOM_TRANSPORT=%s: unknown transport (available: tcp, shm)", name);
+                      "LOOM_TRANSPORT=%s: unknown transport (available: %s)", name, avail);
 }
 
 /* Starts the transports for `comm`, writing this rank's connection handles. */
@@ -497,8 +504,10 @@ static loomResult_t parse_algo(int *algo)
 /* What the registry's model sees of this communicator: the transports' hints. */
 static registry_model_t comm_model(loomComm_t comm)
 {
-    const transport_ops_t *net =
-        comm->net.tp[TP_TCP].ops ? comm->net.tp[TP_TCP].ops : &transport_tcp;
+    const transport_ops_t *net = comm->net.forced_tp >= 0 && comm->net.tp[comm->net.forced_tp].ops
+                                     ? comm->net.tp[comm->net.forced_tp].ops
+                                 : comm->net.tp[TP_TCP].ops ? comm->net.tp[TP_TCP].ops
+                                                            : &transport_tcp;
     const transport_ops_t *loc = comm->net.tp[TP_SHM].ops ? comm->net.tp[TP_SHM].ops : net;
     registry_model_t m = {.nranks = comm->nranks,
                           .nnodes = comm->lay.nnodes,

@@ -23,7 +23,7 @@
 #define HOST_NAME_LEN 64
 
 /* Transports a communicator may use, by index. */
-enum { TP_TCP = 0, TP_SHM = 1, TP_MAX = 2 };
+enum { TP_TCP = 0, TP_SHM = 1, TP_MPI = 2, TP_MAX = 3 };
 
 /* What every rank tells the others at bootstrap. */
 typedef struct {

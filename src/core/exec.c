@@ -402,6 +402,13 @@ int exec_pollfds(exec_t *e, struct pollfd *fds, int max)
     return n;
 }
 
+bool exec_host_no_fds(const exec_host_t *h)
+{
+    for (int t = 0; t < h->ntp; t++)
+        if (h->tp[t].ctx && (h->tp[t].ops->caps & TRANSPORT_CAP_POLL)) return true;
+    return false;
+}
+
 loomResult_t exec_check_timeout(exec_t *e)
 {
     exec_host_t *h = e->h;

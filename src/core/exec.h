@@ -70,6 +70,8 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *sched, void *const *bufs
 loomResult_t exec_progress(exec_t *e, bool *done, bool *progressed);
 /* The descriptors a blocked wait watches (the host's wake_fd and its transports'). */
 int exec_pollfds(exec_t *e, struct pollfd *fds, int max);
+/* Whether a started transport of h has no descriptors to wait on (TRANSPORT_CAP_POLL). */
+bool exec_host_no_fds(const exec_host_t *h);
 /* Gives up when a peer this schedule waits on showed no sign of life for LOOM_TIMEOUT, or when
  * nothing finished for twice that although every peer is alive: the error names the peer. */
 loomResult_t exec_check_timeout(exec_t *e);

@@ -17,8 +17,11 @@
  *
  * Rendezvous: one rank needs none; LOOM_RANK's ranks with LOOM_ID_FILE meet through that file
  * (loom-perf writes and reads it); torchrun's ranks meet at MASTER_ADDR:MASTER_PORT; the others
- * through the launcher's PMIx server when one is reachable (the unique id, and with it the job's
- * secret, travels through PMIx), else at MASTER_ADDR:MASTER_PORT. A launcher of more than one rank
+ * over MPI_COMM_WORLD when the program already runs MPI (rank 0's unique id, and with it the
+ * job's secret, is broadcast), else through the launcher's PMIx server when one is reachable (the
+ * id travels through PMIx), else over MPI initialised by loom where loom has MPI but no PMIx and
+ * MPI_Init can find the launcher (its PMIx server, MPICH's PMI_PORT/PMI_FD), else at
+ * MASTER_ADDR:MASTER_PORT. A launcher of more than one rank
  * without either is an error, never a silent one-rank job.
  */
 #include <errno.h>
@@ -129,6 +132,13 @@ static bool launch_have_pmix_server(launch_env_fn env, void *arg)
 #else
 #define LAUNCH_PMIX_BUILT 0
 #endif
+#ifdef LOOM_HAVE_MPI
+#define LAUNCH_MPI_BUILT 1
+#define LAUNCH_MPI_RUNNING() launch_mpi_running()
+#else
+#define LAUNCH_MPI_BUILT 0
+#define LAUNCH_MPI_RUNNING() false
+#endif
 
 static loomResult_t launch_pick_meet(launch_env_fn env, void *arg, int src, launch_env_t *e)
 {
@@ -152,8 +162,23 @@ static loomResult_t launch_pick_meet(launch_env_fn env, void *arg, int src, laun
         e->meet = LAUNCH_MEET_ID_FILE;
         return loomSuccess;
     }
+    /* A program already inside MPI meets over it, whatever else is there. */
+    bool mpi_launcher = src == SRC_OMPI || src == SRC_PMIX || src == SRC_PMI || src == SRC_SLURM;
+    if (mpi_launcher && LAUNCH_MPI_RUNNING()) {
+        e->meet = LAUNCH_MEET_MPI;
+        return loomSuccess;
+    }
     if (src != SRC_TORCHRUN && pmix_env && LAUNCH_PMIX_BUILT) {
         e->meet = LAUNCH_MEET_PMIX;
+        return loomSuccess;
+    }
+    /* Without PMIx in loom, loom can start MPI itself where MPI_Init will find the launcher:
+     * Open MPI's PMIx server, MPICH's PMI port or descriptor. */
+    bool mpi_can_start =
+        ((src == SRC_OMPI || src == SRC_PMIX) && pmix_env) ||
+        (src == SRC_PMI && (launch_get(env, arg, "PMI_PORT") || launch_get(env, arg, "PMI_FD")));
+    if (LAUNCH_MPI_BUILT && mpi_can_start) {
+        e->meet = LAUNCH_MEET_MPI;
         return loomSuccess;
     }
     if (ma) {
@@ -361,6 +386,12 @@ static loomResult_t launch_pmix_meet(const launch_env_t *e, loomUniqueId *id, in
     pthread_mutex_unlock(&launch_pmix_lock);
     return r;
 }
+#else
+/* Without PMIx there is nothing to reset in a child (fork.c calls this in every build). */
+void launch_atfork(base_fork_phase_t phase)
+{
+    (void)phase;
+}
 #endif
 
 loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
@@ -385,6 +416,13 @@ loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
                           "loomCommInitFromEnv meets through a PMIx server or at "
                           "MASTER_ADDR:MASTER_PORT (unset LOOM_ID_FILE and export those)",
                           e.rank);
+    case LAUNCH_MEET_MPI:
+#ifdef LOOM_HAVE_MPI
+        LOOM_CHECK(launch_mpi_meet(e.name, e.vars, e.rank, e.nranks, id, &e.nranks));
+        break;
+#else
+        return base_error(loomInternalError, LOG_BOOT, "MPI chosen in a build without MPI");
+#endif
     case LAUNCH_MEET_PMIX:
 #ifdef LOOM_HAVE_PMIX
         LOOM_CHECK(launch_pmix_meet(&e, id, &e.nranks));

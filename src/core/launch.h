@@ -19,6 +19,7 @@ typedef enum {
     LAUNCH_MEET_MASTER,  /* rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT */
     LAUNCH_MEET_PMIX,    /* rank 0's unique id travels through the launcher's PMIx server */
     LAUNCH_MEET_ID_FILE, /* LOOM_RANK's ranks: rank 0 writes the id to LOOM_ID_FILE (loom-perf) */
+    LAUNCH_MEET_MPI,     /* rank 0's unique id broadcast over MPI_COMM_WORLD (loom_mpi.c) */
 } launch_meet_t;
 
 typedef struct {
@@ -41,5 +42,14 @@ loomResult_t launch_detect(launch_env_fn env, void *arg, launch_env_t *out);
  * launch_detect on the process environment, then the rendezvous it chose. Collective over the
  * launcher's job under PMIx (a fence). */
 loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks);
+
+#ifdef LOOM_HAVE_MPI
+/* loom_mpi.c: whether MPI runs (initialised, not finalised), and the rendezvous over
+ * MPI_COMM_WORLD (initialising MPI unless the program did), checked against the launcher's
+ * rank and size (want_size -1: unknown). */
+bool launch_mpi_running(void);
+loomResult_t launch_mpi_meet(const char *launcher, const char *vars, int want_rank, int want_size,
+                             loomUniqueId *id, int *nranks);
+#endif
 
 #endif

@@ -45,7 +45,12 @@ loomResult_t progress_drive(prog_work_t *w)
         LOOM_CHECK(w->check(w));
         struct pollfd fds[PROGRESS_MAX_FDS];
         int nf = w->pollfds(w, fds, PROGRESS_MAX_FDS);
-        (void)poll(fds, (nfds_t)nf, PROGRESS_BLOCK_MS);
+        if (w->no_fds) {
+            struct timespec ts = {0, (long)PROGRESS_POLL_NS};
+            (void)ppoll(fds, (nfds_t)nf, &ts, NULL);
+        } else {
+            (void)poll(fds, (nfds_t)nf, PROGRESS_BLOCK_MS);
+        }
     }
 }
 
@@ -136,9 +141,13 @@ static void thread_sleep(uint64_t sleep_ns, bool again)
     fds[nf++] = (struct pollfd){.fd = pe.wake_fd, .events = POLLIN};
     pthread_mutex_lock(&pe.lock);
     int nwatch = pe.nwatch;
-    for (int i = 0; i < pe.nwatch && nf < PROGRESS_MAX_FDS; i++)
+    bool no_fds = false;
+    for (int i = 0; i < pe.nwatch && nf < PROGRESS_MAX_FDS; i++) {
         nf += pe.watch[i]->pollfds(pe.watch[i], fds + nf, PROGRESS_MAX_FDS - nf);
+        no_fds |= pe.watch[i]->no_fds;
+    }
     pthread_mutex_unlock(&pe.lock);
+    if (no_fds) sleep_ns = LOOM_MIN(sleep_ns, PROGRESS_POLL_NS);
     if (again) sleep_ns = LOOM_MIN(sleep_ns, nwatch ? PROGRESS_BLOCK_MS * 1000000ull : 50000ull);
     struct timespec ts, *tp = NULL;
     if (sleep_ns != UINT64_MAX) {

@@ -28,6 +28,8 @@
 
 /* The longest a blocked wait lasts before timeouts and aborts are looked at again. */
 #define PROGRESS_BLOCK_MS 100
+/* The longest a wait sleeps when the work has a transport without descriptors (no_fds). */
+#define PROGRESS_POLL_NS 50000ull
 
 typedef struct prog_work prog_work_t;
 /* Host work that a waiter drives to the end. */
@@ -41,6 +43,9 @@ struct prog_work {
     /* Called when nothing moved for the spin time: the liveness and timeout rules. */
     loomResult_t (*check)(prog_work_t *w);
     uint64_t spin_ns; /* spin this long after the last progress before blocking */
+    /* A transport of the work has no descriptor that says when bytes arrive (MPI): a wait
+     * sleeps at most PROGRESS_POLL_NS, then advances again. */
+    bool no_fds;
 };
 
 /* Drives w on the calling thread until it is done (or advance/check fail). */

@@ -45,7 +45,7 @@ struct dev_state {
         CUdevice cudev;
         CUcontext ctx;
         CUmodule mod;
-        CUfunction fn, fn_lla[10][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
+        CUfunction fn, fn_lla[loomNumTypes][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
     } drv;
     /* who is on this node and how the exchange is cut (rank 0's parameters hold for all) */
     struct dev_layout {

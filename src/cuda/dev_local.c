@@ -202,6 +202,8 @@ void dev_set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op)
     switch (type) {
     case loomFloat16: a->scale_f = red_half_to_float(*(const uint16_t *)v); break;
     case loomBfloat16: a->scale_f = red_bf16_to_float(*(const uint16_t *)v); break;
+    case loomFloat8e4m3:
+    case loomFloat8e5m2: a->scale_f = red_fp8_to_float(type, *v); break;
     case loomFloat32: a->scale_f = *(const float *)v; break;
     case loomFloat64: a->scale_f = *(const double *)v; break;
     case loomInt8: a->scale_i = *(const int8_t *)v; break;

@@ -80,7 +80,7 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     CUcontext prev = dev_ctx_enter(s);
     cr = d->cuModuleLoadData(&s->drv.mod, loom_kernels_fatbin);
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->drv.fn, s->drv.mod, "loom_exchange");
-    for (int t = 0; t < 10 && cr == CUDA_SUCCESS; t++)
+    for (int t = 0; t < loomNumTypes && cr == CUDA_SUCCESS; t++)
         for (int o = 0; o < 4 && cr == CUDA_SUCCESS; o++) {
             char name[32];
             snprintf(name, sizeof(name), "loom_lla_%d_%d", t, o);

@@ -9,6 +9,7 @@
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -180,6 +181,16 @@ template <> struct ty<9> {
     typedef unsigned short S;
     typedef float A;
 };
+/* the 8-bit floats: combined in float32, narrowed with saturation (the host's red_float_to_fp8
+ * gives the same bits) */
+template <> struct ty<10> {
+    typedef unsigned char S;
+    typedef float A;
+};
+template <> struct ty<11> {
+    typedef unsigned char S;
+    typedef float A;
+};
 
 template <int DT> static __device__ __forceinline__ typename ty<DT>::A up(typename ty<DT>::S s)
 {
@@ -193,6 +204,14 @@ template <> __device__ __forceinline__ float up<9>(unsigned short s)
 {
     return __bfloat162float(__ushort_as_bfloat16(s));
 }
+template <> __device__ __forceinline__ float up<10>(unsigned char s)
+{
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
+}
+template <> __device__ __forceinline__ float up<11>(unsigned char s)
+{
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E5M2)));
+}
 template <int DT> static __device__ __forceinline__ typename ty<DT>::S down(typename ty<DT>::A a)
 {
     return (typename ty<DT>::S)a;
@@ -204,6 +223,14 @@ template <> __device__ __forceinline__ unsigned short down<6>(float a)
 template <> __device__ __forceinline__ unsigned short down<9>(float a)
 {
     return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+template <> __device__ __forceinline__ unsigned char down<10>(float a)
+{
+    return __nv_cvt_float_to_fp8(a, __NV_SATFINITE, __NV_E4M3);
+}
+template <> __device__ __forceinline__ unsigned char down<11>(float a)
+{
+    return __nv_cvt_float_to_fp8(a, __NV_SATFINITE, __NV_E5M2);
 }
 
 template <int OP, typename A> static __device__ __forceinline__ A apply(A x, A y)
@@ -220,7 +247,7 @@ template <int DT> static __device__ typename ty<DT>::A scale_of(const dev_args_t
     typedef typename ty<DT>::S S;
     typedef typename ty<DT>::A A;
     if (a.scale_dev) return up<DT>(*(const S *)a.scale_dev);
-    if (DT == 6 || DT == 7 || DT == 8 || DT == 9) return (A)a.scale_f;
+    if (DT >= 6) return (A)a.scale_f; /* 6..11: the float types */
     return (A)a.scale_i;
 }
 
@@ -315,7 +342,9 @@ static __device__ void reduce_any(char *dst, const char *const *src, int nsrc, i
     case 6: reduce_dt<6>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
     case 7: reduce_dt<7>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
     case 8: reduce_dt<8>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
-    default: reduce_dt<9>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 9: reduce_dt<9>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    case 10: reduce_dt<10>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
+    default: reduce_dt<11>(dst, src, nsrc, scaled, bytes, a, navg, t, nt); break;
     }
 }
 
@@ -864,3 +893,5 @@ LLA_ENTRIES(6)
 LLA_ENTRIES(7)
 LLA_ENTRIES(8)
 LLA_ENTRIES(9)
+LLA_ENTRIES(10)
+LLA_ENTRIES(11)

@@ -45,8 +45,9 @@ _Static_assert(ncclInt8 == (int)loomInt8 && ncclUint8 == (int)loomUint8 &&
                    ncclInt64 == (int)loomInt64 && ncclUint64 == (int)loomUint64 &&
                    ncclFloat16 == (int)loomFloat16 && ncclFloat32 == (int)loomFloat32 &&
                    ncclFloat64 == (int)loomFloat64 && ncclBfloat16 == (int)loomBfloat16 &&
-                   ncclFloat8e4m3 == (int)loomNumTypes,
-               "data types: loom's end where NCCL's 8-bit floats begin");
+                   ncclFloat8e4m3 == (int)loomFloat8e4m3 && ncclFloat8e5m2 == (int)loomFloat8e5m2 &&
+                   ncclNumTypes == (int)loomNumTypes,
+               "data types");
 _Static_assert(ncclSum == (int)loomSum && ncclProd == (int)loomProd && ncclMax == (int)loomMax &&
                    ncclMin == (int)loomMin && ncclAvg == (int)loomAvg &&
                    ncclNumOps == (int)loomNumOps,
@@ -133,21 +134,6 @@ static ncclResult_t unsupported(const char *fn)
 {
     return (ncclResult_t)base_error(loomInvalidUsage, LOG_SHIM, "%s is not supported by loom %d.%d",
                                     fn, LOOM_MAJOR, LOOM_MINOR);
-}
-
-/* loom has no 8-bit floats; every other value goes through unchanged and loom judges it, so
- * that an out-of-range type gets loom's own message. */
-static bool shim_type(ncclDataType_t t, const char *fn, loomDataType_t *out)
-{
-    if (t == ncclFloat8e4m3 || t == ncclFloat8e5m2) {
-        base_error(loomInvalidArgument, LOG_SHIM,
-                   "%s: datatype %s (%d) is not supported by loom %d.%d (no 8-bit float types)", fn,
-                   t == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2", (int)t, LOOM_MAJOR,
-                   LOOM_MINOR);
-        return false;
-    }
-    *out = (loomDataType_t)t;
-    return true;
 }
 
 /* Does the caller's config (its header's size) reach past field f? */
@@ -557,8 +543,7 @@ SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar,
                                                ncclScalarResidence_t residence, ncclComm_t comm)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclRedOpCreatePreMulSum", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     loomRedOp_t lop = loomSum;
     loomResult_t r = loomRedOpCreatePreMulSum(op ? &lop : NULL, scalar, t,
                                               (loomScalarResidence_t)residence, LC(comm));
@@ -579,8 +564,7 @@ SHIM_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t co
                                  cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclReduce", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomReduce(sendbuff, recvbuff, count, t, (loomRedOp_t)op, root, LC(comm),
                                     stream);
 }
@@ -589,8 +573,7 @@ SHIM_API ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatyp
                                 ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclBcast", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomBroadcast(buff, buff, count, t, root, LC(comm), stream);
 }
 
@@ -599,8 +582,7 @@ SHIM_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
                                     cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclBroadcast", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomBroadcast(sendbuff, recvbuff, count, t, root, LC(comm), stream);
 }
 
@@ -609,8 +591,7 @@ SHIM_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
                                     cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclAllReduce", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomAllReduce(sendbuff, recvbuff, count, t, (loomRedOp_t)op, LC(comm),
                                        stream);
 }
@@ -620,8 +601,7 @@ SHIM_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
                                         cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclReduceScatter", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomReduceScatter(sendbuff, recvbuff, recvcount, t, (loomRedOp_t)op,
                                            LC(comm), stream);
 }
@@ -630,8 +610,7 @@ SHIM_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclAllGather", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomAllGather(sendbuff, recvbuff, sendcount, t, LC(comm), stream);
 }
 
@@ -639,8 +618,7 @@ SHIM_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclAlltoAll", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomAlltoAll(sendbuff, recvbuff, count, t, LC(comm), stream);
 }
 
@@ -666,11 +644,11 @@ static ncclResult_t rooted_args(const char *fn, ncclComm_t comm, ncclDataType_t 
 {
     if (comm == NULL)
         return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM, "%s: comm is NULL", fn);
-    if (!shim_type(datatype, fn, &a->type)) return ncclInvalidArgument;
+    a->type = (loomDataType_t)datatype;
     if ((int)a->type < 0 || a->type >= loomNumTypes)
         return (ncclResult_t)base_error(loomInvalidArgument, LOG_SHIM,
                                         "%s: invalid datatype %d (expected 0..%d)", fn,
-                                        (int)datatype, (int)ncclBfloat16);
+                                        (int)datatype, (int)ncclNumTypes - 1);
     loomResult_t r = loomCommCount(LC(comm), &a->nranks);
     if (r == loomSuccess) r = loomCommUserRank(LC(comm), &a->rank);
     if (r != loomSuccess) return (ncclResult_t)r;
@@ -764,8 +742,7 @@ SHIM_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_
                                int peer, ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclSend", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomSend(sendbuff, count, t, peer, LC(comm), stream);
 }
 
@@ -773,8 +750,7 @@ SHIM_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t data
                                ncclComm_t comm, cudaStream_t stream)
 {
     shim_enter();
-    loomDataType_t t;
-    if (!shim_type(datatype, "ncclRecv", &t)) return ncclInvalidArgument;
+    loomDataType_t t = (loomDataType_t)datatype; /* numbered alike (checked above) */
     return (ncclResult_t)loomRecv(recvbuff, count, t, peer, LC(comm), stream);
 }
 

@@ -7,7 +7,13 @@
 #include "param.h"
 #include "transport.h"
 
-static const transport_ops_t *const transports[] = {&transport_tcp, &transport_shm};
+static const transport_ops_t *const transports[] = {
+    &transport_tcp,
+    &transport_shm,
+#ifdef LOOM_HAVE_MPI
+    &transport_mpi,
+#endif
+};
 
 const transport_ops_t *const *transport_all(size_t *n)
 {

@@ -2,7 +2,7 @@
  * One ops table, many transports. A transport moves bytes between this rank and its peers and
  * knows nothing about reductions or schedules.
  *
- * Message capability (tcp and shm; mpi, ucx and ibv when they land): connections are created lazily
+ * Message capability (tcp, shm and mpi; ucx and ibv when they land): connections are created lazily
  * and never block (connect returns a handle at once; the handshake runs inside progress);
  * isend/irecv post work and test reports completion; messages between two ranks match in posting
  * order. Every message carries TRANSPORT_META_BYTES of opaque metadata, which the executor uses to
@@ -28,7 +28,9 @@
 #define TRANSPORT_META_BYTES 32
 #define TRANSPORT_HANDLE_BYTES 64
 
-enum { TRANSPORT_CAP_MSG = 1u << 0, TRANSPORT_CAP_MEM = 1u << 1 };
+/* TRANSPORT_CAP_POLL: no descriptor tells when bytes arrive (MPI): pollfds gives none, and a
+ * waiter that finds nothing to do sleeps at most PROGRESS_POLL_NS before calling progress again. */
+enum { TRANSPORT_CAP_MSG = 1u << 0, TRANSPORT_CAP_MEM = 1u << 1, TRANSPORT_CAP_POLL = 1u << 2 };
 enum { TRANSPORT_REACH_NODE = 1u << 0, TRANSPORT_REACH_NET = 1u << 1 };
 enum { TRANSPORT_MEM_HOST = 1u << 0, TRANSPORT_MEM_CUDA = 1u << 1 };
 
@@ -166,6 +168,9 @@ void transport_abort_set(transport_abort_t *a, const char *reason);
 
 extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
+#ifdef LOOM_HAVE_MPI
+extern const transport_ops_t transport_mpi; /* mpi/mpi.c */
+#endif
 
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
 bool shm_conn_uses_cma(const transport_conn_t *conn);

@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -65,10 +66,10 @@
 
 /* ---- Types and values ------------------------------------------------------------------- */
 
-enum { I8, U8, I32, U32, I64, U64, F16, F32, F64, BF16, NT };
-static const size_t TS[NT] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-static const char *TN[NT] = {"int8",   "uint8", "int32", "uint32", "int64",
-                             "uint64", "half",  "float", "double", "bfloat16"};
+enum { I8, U8, I32, U32, I64, U64, F16, F32, F64, BF16, F8E4, F8E5, NT };
+static const size_t TS[NT] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+static const char *TN[NT] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
+                             "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
 /* Generator kinds: the op indices 0..4, then premulsum, values needing one rounding, copies. */
 enum { K_SUM, K_PROD, K_MAX, K_MIN, K_AVG, K_PREMUL, K_ROUND, K_COPY };
 #define OP_PREMUL 5
@@ -76,7 +77,7 @@ static const char *ON[6] = {"sum", "prod", "max", "min", "avg", "premulsum"};
 
 static bool is_float(int t)
 {
-    return t == F16 || t == F32 || t == F64 || t == BF16;
+    return t == F16 || t == F32 || t == F64 || t == BF16 || t == F8E4 || t == F8E5;
 }
 static bool is_signed(int t)
 {
@@ -140,6 +141,39 @@ static float bf2f(uint16_t b)
     return f;
 }
 
+/* The 8-bit floats (E4M3: 3 mantissa bits, bias 7, largest 448, no infinities; E5M2: 2, 15,
+ * 57344): the value of a code, and the code of a double rounded to nearest even, saturated to
+ * the largest finite value (loom's documented rounding), NaN as 0x7f. Written with frexp/ldexp
+ * arithmetic, independently of loom's bit-level conversion. */
+static double fp8_val(int t, uint8_t c)
+{
+    int mb = t == F8E4 ? 3 : 2, bias = t == F8E4 ? 7 : 15, emax = t == F8E4 ? 15 : 31;
+    int e = (c & 0x7f) >> mb, m = c & ((1 << mb) - 1);
+    double s = (c & 0x80) ? -1 : 1;
+    if (t == F8E5 && e == emax) return m ? NAN : s * INFINITY;
+    if (t == F8E4 && e == emax && m == (1 << mb) - 1) return NAN;
+    return s * (e ? ldexp(1.0 + m / (double)(1 << mb), e - bias) : ldexp(m, 1 - bias - mb));
+}
+
+static uint8_t fp8_code(int t, double v)
+{
+    int mb = t == F8E4 ? 3 : 2, bias = t == F8E4 ? 7 : 15;
+    double maxv = t == F8E4 ? 448 : 57344;
+    if (isnan(v)) return 0x7f;
+    uint8_t sign = signbit(v) ? 0x80 : 0;
+    double a = fabs(v);
+    if (a >= maxv) return sign | (t == F8E4 ? 0x7e : 0x7b);
+    int e;
+    frexp(a, &e); /* a = f * 2^e, f in [0.5, 1) */
+    e -= 1;       /* a in [2^e, 2^(e+1)) */
+    if (e < 1 - bias) e = 1 - bias;
+    double q = ldexp(1, e - mb), r = nearbyint(a / q) * q; /* ties to even */
+    if (r > maxv) r = maxv;
+    for (int c = 0; c < 0x80; c++) /* the code of the (representable) r */
+        if (fp8_val(t, (uint8_t)c) == r) return (uint8_t)(sign | c);
+    return 0xff; /* unreachable: r is representable */
+}
+
 static uint64_t mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
@@ -173,6 +207,8 @@ static void put_val(int t, double v, uint8_t *p)
         break;
     }
     case F64: memcpy(p, &v, 8); break;
+    case F8E4:
+    case F8E5: *p = fp8_code(t, v); break;
     default: {
         uint64_t u = (uint64_t)(int64_t)v;
         memcpy(p, &u, TS[t]); /* little endian: the low bytes, wrapped */
@@ -201,6 +237,8 @@ static double gen_val(int k, int t, uint64_t salt, int r, int n, size_t i)
     case K_SUM:
     case K_AVG:
         switch (t) {
+        case F8E4:
+        case F8E5: return r < 8 ? range(h, -1, 1) : 0; /* partial sums within +-8: exact */
         case I8: return range(h, -7, 7);
         case U8: return range(h, 0, 15);
         case BF16: return range(h, -15, 15);
@@ -212,6 +250,8 @@ static double gen_val(int k, int t, uint64_t salt, int r, int n, size_t i)
     case K_MAX:
     case K_MIN:
         switch (t) {
+        case F8E4:
+        case F8E5: return range(h, -8, 8);
         case I8: return range(h, -100, 100);
         case U8: return range(h, 0, 200);
         case BF16: return range(h, -250, 250);
@@ -250,6 +290,8 @@ static double round_to(int t, double v)
     switch (t) {
     case F16: return h2f(f2h((float)v));
     case BF16: return bf2f(f2bf((float)v));
+    case F8E4:
+    case F8E5: return fp8_val(t, fp8_code(t, v));
     case F32: return (float)v;
     default: return v;
     }
@@ -365,6 +407,8 @@ static void fmt_elem(int t, const uint8_t *p, char *buf, size_t len)
         memcpy(&u16, p, 2);
         snprintf(buf, len, "%.9g (0x%04x)", (double)bf2f(u16), u16);
         break;
+    case F8E4:
+    case F8E5: snprintf(buf, len, "%.9g (0x%02x)", fp8_val(t, *p), *p); break;
     case F32:
         memcpy(&f, p, 4);
         memcpy(&u32, p, 4);
@@ -702,7 +746,8 @@ static void grp_allreduce(ctx_t *c)
             if (o == OP_PREMUL) loomRedOpDestroy(op, c->comm);
         }
     }
-    /* half/bfloat16 accumulate in float32 and round once (sum, and avg = sum / nranks). */
+    /* half/bfloat16 accumulate in float32 and round once (sum, and avg = sum / nranks); the
+     * 8-bit floats' rounding is covered by avg above (sum / nranks rounded once). */
     for (int t = F16; t <= BF16; t += BF16 - F16)
         for (int o = K_SUM; o <= K_AVG; o += K_AVG - K_SUM) {
             size_t count = 65537;

@@ -16,7 +16,7 @@ for c in allreduce reducescatter allgather broadcast; do
     log=/tmp/shared_gpu_$c.txt ops=all
     [ "$c" = allgather ] || [ "$c" = broadcast ] && ops=sum
     # 8 B, 512 B, 32 KiB, 2 MiB: the latency path and the slots, every type and op
-    if "$perf" -P 2 --mem device -C "$c" -d all -o "$ops" -b 8 -e 4M -f 64 -n 2 -w 1 -c 1 \
+    if "$perf" -P 2 --mem device --collective "$c" -d all -o "$ops" -b 8 -e 4M -f 64 -n 2 -w 1 -c 1 \
         >"$log" 2>&1; then
         echo "ok   shared_gpu $c"
     else

@@ -33,19 +33,19 @@ check() {
 two=staged-node-a,staged-node-b
 for c in allreduce broadcast reduce allgather reducescatter alltoall; do
     for t in float bfloat16 int32; do
-        check "$c $t" $two 2 -C "$c" -d "$t" -b 8 -e 64M -f 16
+        check "$c $t" $two 2 --collective "$c" -d "$t" -b 8 -e 64M -f 16
     done
 done
 # avg and max go through the host reduction of the staged path
 for o in avg max; do
-    check "allreduce $o" $two 2 -C allreduce -o "$o" -b 8 -e 16M -f 16
+    check "allreduce $o" $two 2 --collective allreduce -o "$o" -b 8 -e 16M -f 16
 done
 # Two GPUs on each of two "nodes" (4 ranks, rank r on GPU r mod 2; the two ranks of a GPU are
 # on different nodes): the hierarchical device allreduce (reduce-scatter over NVLink inside the
 # node, the shards across nodes through pinned memory, allgather over NVLink).
 for t in float bfloat16 int32; do
     check "hierarchical allreduce 2x2 $t" staged-node-a,staged-node-a,staged-node-b,staged-node-b \
-        4 -C allreduce -d "$t" -b 8 -e 16M -f 16
+        4 --collective allreduce -d "$t" -b 8 -e 16M -f 16
 done
 echo "staged: $fail failed"
 [ "$fail" -eq 0 ]
