@@ -7,7 +7,10 @@
 #   scripts/testbed.sh down                     remove everything it made (safe when nothing is)
 #   scripts/testbed.sh run "M0 M1 ..." [--timeout S] [--logdir DIR] -- CMD ARGS...
 #                                               Mi ranks in node i, torchrun's variables
-#   scripts/testbed.sh grid [--perf PATH] [--algos "ring ..."]   the CI job (ends "N passed, N failed")
+#   scripts/testbed.sh grid [--perf PATH] [--algos "ring ..."] [--transport ucx]
+#                                               the CI job (ends "N passed, N failed"); --transport
+#                                               runs it over LOOM_TRANSPORT=ucx (with UCX_TLS=tcp
+#                                               unless set: no shared memory across the nodes)
 #   scripts/testbed.sh bench [--perf PATH] [--algos "..."] [--rounds N] [--rate R]   markdown table
 #
 # Everything needs root and `ip netns`; without them it says so and exits 77 (skipped).
@@ -462,17 +465,23 @@ grid_case() {
 }
 
 cmd_grid() {
-    local perf="" algos="ring hier hier_leader ps auto"
+    local perf="" algos="ring hier hier_leader ps auto" transport=""
     while (($#)); do
         case $1 in
         --perf) perf=${2:?}; shift 2 ;;
         --algos) algos=${2:?}; shift 2 ;;
+        --transport) transport=${2:?}; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) die "grid: unexpected argument '$1'" ;;
         esac
     done
     require_netns
     PERF=$(find_perf "$perf")
+    if [[ -n $transport ]]; then
+        export LOOM_TRANSPORT=$transport
+        # The nodes share one kernel: UCX would reach across them through shared memory.
+        [[ $transport != ucx ]] || export UCX_TLS=${UCX_TLS:-tcp}
+    fi
     take_lock
     clean_leftovers
     GRID_DIR=$(mktemp -d /tmp/loomtb-grid.XXXXXX)
@@ -482,7 +491,7 @@ cmd_grid() {
 
     local start=$SECONDS nnodes layout algo
     local -a layouts
-    echo "# testbed grid: loom-perf allreduce, exact check; $PERF"
+    echo "# testbed grid: loom-perf allreduce, exact check; $PERF${transport:+; LOOM_TRANSPORT=$transport}${transport:+${UCX_TLS:+ UCX_TLS=$UCX_TLS}}"
     for nnodes in 2 3; do
         [[ -z $(tb_namespaces) ]] || teardown
         bed_up "$nnodes"

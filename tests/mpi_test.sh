@@ -72,7 +72,7 @@ want="^mpi_prog: rank [0-9]+ of 4: kill ok: .*no progress from rank 3 \(MPI rank
     "${mpi[@]}" --enable-recovery -np 4 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=2 "$prog" kill
 
 if [ -n "$perf" ]; then
-    want="^# loom-perf allreduce: 4 ranks" run "loom-perf over mpi under mpirun -np 4" 300 1 \
+    want="^# Collective test starting: loom-perf \(allreduce, 4 ranks\)" run "loom-perf over mpi under mpirun -np 4" 300 1 \
         "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=30 "$perf" -b 8 -e 1M -f 8 -n 3 \
         -w 1 -c 1 && {
         awk '/^ +[0-9]+ / && ($9 != 0 || $13 != 0) { bad = 1 } END { exit bad }' "$out" ||

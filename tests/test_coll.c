@@ -334,14 +334,21 @@ static int algo_rank(loomComm_t comm, int r, int p, void *arg)
     return bad;
 }
 
+static const char *const coll_algos[] = {
+    "hier",      "hier_leader",       "ps",     "ring", "rd", "rabenseifner", "tree",
+    "hier:tree", "hier:rabenseifner", "hier:rd"};
+#define NCOLL_ALGOS ((int)(sizeof(coll_algos) / sizeof(coll_algos[0])))
+
 START_TEST(hier_algos)
 {
-    static const char *algos[] = {"hier", "hier_leader", "ps", "ring", "rd"};
+    const char *const *algos = coll_algos;
+    /* 2..8 ranks, powers of two and not, one node and several, uneven nodes */
     static const struct {
         int p;
         const char *nodes;
     } layouts[] = {{4, "a,a,b,b"}, {5, "a,b,a,b,b"},     {6, "a,a,a,b,c,c"},
-                   {3, "a,b,c"},   {7, "a,a,a,a,a,a,a"}, {8, "a,a,a,a,b,b,b,b"}};
+                   {3, "a,b,c"},   {7, "a,a,a,a,a,a,a"}, {8, "a,a,a,a,b,b,b,b"},
+                   {2, "a,a"},     {6, "a,a,a,a,a,a"}};
     small_slices();
     for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
         setenv("LOOM_ALGO", algos[_i], 1);
@@ -367,7 +374,11 @@ int main(void)
     tcase_add_loop_test(tc, grid_moving, 0, 7);
     tcase_add_loop_test(tc, big_counts, 0, 3);
     tcase_add_test(tc, mixed_sequence);
-    tcase_add_loop_test(tc, hier_algos, 0, 5);
     suite_add_tcase(s, tc);
+    /* every registry row forced through LOOM_ALGO, its own timeout */
+    TCase *al = tcase_create("algos");
+    tcase_set_timeout(al, 600);
+    tcase_add_loop_test(al, hier_algos, 0, NCOLL_ALGOS);
+    suite_add_tcase(s, al);
     return h_check_main(s, false, CK_NORMAL);
 }

@@ -1109,16 +1109,25 @@ int main(void)
     setenv("LOOM_TIMEOUT", "3", 1);
     setenv("LOOM_HANDSHAKE_TIMEOUT", "1", 1);
 
+    /* The cases tagged "transport" run again over other transports (tests/meson.build: with
+     * LOOM_TRANSPORT=ucx and CK_INCLUDE_TAGS=transport). */
     Suite *s = suite_create("fail");
     const h_case_t cases[] = {
-        {.name = "killed_rank", .test = test_killed_rank, .timeout_s = 40},
-        {.name = "stalled_rank", .test = test_stalled_rank, .timeout_s = 40},
-        {.name = "mismatch", .test = test_mismatch, .timeout_s = 30, .loops = MM_NKINDS},
+        {.name = "killed_rank", .tags = "transport", .test = test_killed_rank, .timeout_s = 40},
+        {.name = "stalled_rank", .tags = "transport", .test = test_stalled_rank, .timeout_s = 40},
+        {.name = "mismatch",
+         .tags = "transport",
+         .test = test_mismatch,
+         .timeout_s = 30,
+         .loops = MM_NKINDS},
         {.name = "bad_arguments", .test = test_bad_arguments, .timeout_s = 30},
         {.name = "strangers", .test = test_strangers, .timeout_s = 60},
         {.name = "128_ranks", .test = test_128_ranks, .timeout_s = 90},
-        {.name = "abort_other_thread", .test = test_abort_other_thread, .timeout_s = 20},
-        {.name = "app_deadlock", .test = test_app_deadlock, .timeout_s = 30},
+        {.name = "abort_other_thread",
+         .tags = "transport",
+         .test = test_abort_other_thread,
+         .timeout_s = 20},
+        {.name = "app_deadlock", .tags = "transport", .test = test_app_deadlock, .timeout_s = 30},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     /* Each test in its own process: tests kill and stop children, and set parameters. */

@@ -20,7 +20,8 @@
  * once and the right index, or the right rank's element at the right place).
  *
  * Knobs: SCHED_TIMES=1 prints each grid test's time; SCHED_EXTRA_SEEDS=n adds n random orders
- * per grid case for a deeper search by hand.
+ * per grid case for a deeper search by hand; SCHED_ONLY=rd,tree runs the grid of those
+ * generators alone.
  */
 #include <check.h>
 #include <stdarg.h>
@@ -64,12 +65,18 @@ typedef enum {
     ALG_HIER_LEADER,
     ALG_PS,
     ALG_RD, /* recursive doubling allreduce */
+    ALG_RAB,
+    ALG_TREE,
+    ALG_HIER_TREE, /* hier with other algorithms across nodes */
+    ALG_HIER_RAB,
+    ALG_HIER_RD,
     ALG_COUNT
 } alg_t;
 
 static const char *const alg_names[ALG_COUNT] = {
-    "allreduce", "reduce_scatter", "allgather",   "broadcast", "reduce",
-    "alltoall",  "hier",           "hier_leader", "ps",        "rd"};
+    "allreduce", "reduce_scatter",    "allgather", "broadcast", "reduce",       "alltoall",
+    "hier",      "hier_leader",       "ps",        "rd",        "rabenseifner", "tree",
+    "hier:tree", "hier:rabenseifner", "hier:rd"};
 
 static bool alg_reduces(alg_t a)
 {
@@ -88,7 +95,13 @@ static bool alg_rooted(alg_t a)
 static bool alg_channels(alg_t a)
 {
     return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_ALLGATHER || a == ALG_HIER ||
-           a == ALG_HIER_LEADER;
+           a == ALG_HIER_LEADER || a >= ALG_HIER_TREE;
+}
+/* hier and its variants: the node-local ring joins a node's ranks in its own order first, which
+ * interval values cannot follow (exact count vectors prove them) */
+static bool alg_node_ring(alg_t a)
+{
+    return a == ALG_HIER || a >= ALG_HIER_TREE;
 }
 
 typedef struct {
@@ -154,6 +167,11 @@ static const struct {
     [ALG_HIER_LEADER] = {OPK_ALLREDUCE, ALGO_HIER_LEADER},
     [ALG_PS] = {OPK_ALLREDUCE, ALGO_PS},
     [ALG_RD] = {OPK_ALLREDUCE, ALGO_RD},
+    [ALG_RAB] = {OPK_ALLREDUCE, ALGO_RAB},
+    [ALG_TREE] = {OPK_ALLREDUCE, ALGO_TREE},
+    [ALG_HIER_TREE] = {OPK_ALLREDUCE, ALGO_HIER_TREE},
+    [ALG_HIER_RAB] = {OPK_ALLREDUCE, ALGO_HIER_RAB},
+    [ALG_HIER_RD] = {OPK_ALLREDUCE, ALGO_HIER_RD},
 };
 
 /* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
@@ -1468,10 +1486,22 @@ static void run_case(const cfg_t *c, tally_t *t)
     free(s);
 }
 
+/* SCHED_ONLY=name,name: the grid of those generators alone (by hand, while working on one). */
+static bool grid_selected(alg_t alg)
+{
+    const char *only = getenv("SCHED_ONLY");
+    if (only == NULL || *only == '\0') return true;
+    size_t n = strlen(alg_names[alg]);
+    for (const char *p = only; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, alg_names[alg], n) == 0 && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
 START_TEST(test_grid)
 {
     alg_t alg = (alg_t)(_i / NGRID_P);
     int p = grid_ps[_i % NGRID_P];
+    if (!grid_selected(alg)) return;
     uint64_t counts[] = {0, 1, (uint64_t)p - 1, (uint64_t)p, (uint64_t)p + 1, 37, 1000};
     static const uint64_t slices[] = {1, 3, 64};
     tally_t t = {0};
@@ -1557,7 +1587,7 @@ END_TEST
 START_TEST(test_scale_all_128)
 {
     for (int a = 0; a < ALG_COUNT; a++) {
-        if (a == ALG_HIER) continue; /* intervals cannot follow it: see test_scale_hier */
+        if (alg_node_ring((alg_t)a)) continue; /* intervals cannot follow: see test_scale_hier */
         bool per_rank = a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
         cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77, 8};
         policy_t pol = {POL_ORDER, 0, false, 0};
@@ -1606,6 +1636,40 @@ START_TEST(test_scale_hier)
     scale_node_case(ALG_PS, 1024, 8, VAL_IVL);
     scale_node_case(ALG_RD, 1024, 8, VAL_IVL);
     scale_node_case(ALG_RD, 1000, 8, VAL_IVL); /* 24 ranks fold into their neighbours */
+    scale_node_case(ALG_RAB, 1024, 8, VAL_IVL);
+    scale_node_case(ALG_RAB, 1000, 8, VAL_IVL);
+    scale_node_case(ALG_TREE, 1024, 8, VAL_IVL);
+    scale_node_case(ALG_TREE, 1000, 8, VAL_IVL);
+    scale_node_case(ALG_TREE, 1023, 8, VAL_IVL); /* 2^10 - 1: the shifted second tree */
+    for (int a = ALG_HIER_TREE; a <= ALG_HIER_RD; a++) {
+        scale_node_case((alg_t)a, 128, 8, VAL_VEC);
+        scale_node_case((alg_t)a, 128, -8, VAL_VEC);
+    }
+}
+END_TEST
+
+/* The cross-node level of hier's variants at 1024 ranks (128 nodes of 8, and uneven nodes):
+ * exact count vectors cost 2 KiB an element there, so a few elements per shard. */
+static void scale_hier_1024(alg_t alg, int node_size)
+{
+    cfg_t c = {alg, 1024, 8 * 5 + 3, 1, 2, node_size < 0, true, 0, node_size};
+    policy_t pol = {POL_ORDER, 0, false, 0};
+    char err[768], cs[160];
+    sched_t *s = xcalloc(1024, sizeof(sched_t));
+    cfg_str(&c, cs, sizeof(cs));
+    ck_assert_msg(build_scheds(&c, s, err, sizeof(err)), "%s: %s", cs, err);
+    bool ok = verify(&c, s, &pol, VAL_VEC, err, sizeof(err));
+    free_scheds(s, 1024);
+    free(s);
+    ck_assert_msg(ok, "%s nodes %d: %s", cs, node_size, err);
+}
+
+START_TEST(test_scale_hier_1024)
+{
+    scale_hier_1024(ALG_HIER_TREE, 8);
+    scale_hier_1024(ALG_HIER_RAB, 8);
+    scale_hier_1024(ALG_HIER_RD, -8);
+    scale_hier_1024(ALG_HIER_TREE, -8);
 }
 END_TEST
 
@@ -1963,9 +2027,10 @@ START_TEST(test_registry_parse)
         ck_assert_int_eq(registry_parse(registry_algos[i].name, &a), loomSuccess);
         ck_assert_int_eq(a, i);
     }
-    ck_assert_int_eq(registry_parse("tree", &a), loomInvalidUsage);
+    ck_assert_int_eq(registry_parse("hier:ps", &a), loomInvalidUsage);
     const char *e = base_last_error();
-    ck_assert_msg(strstr(e, "LOOM_ALGO=tree: unknown algorithm (ring, hier, hier_leader, ps, rd)"),
+    ck_assert_msg(strstr(e, "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
+                            "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd)"),
                   "%s", e);
 }
 END_TEST
@@ -1994,7 +2059,7 @@ START_TEST(test_registry_pick)
                     ck_assert(w->unfit == NULL || w->unfit(&m) == NULL);
                     const char *why = w->preferred ? w->preferred(&m) : NULL;
                     ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm);
-                    char text[512];
+                    char text[1024];
                     registry_explain(&m, bytes, pick, text, sizeof(text));
                     ck_assert_msg(strstr(text, why ? "(preferred: " : ", predicted "), "%s", text);
                     for (int i = 0; i < ALGO_COUNT; i++) {
@@ -2046,6 +2111,7 @@ static Suite *sched_suite(void)
     tcase_add_test(scale, test_scale_512);
     tcase_add_test(scale, test_scale_1024);
     tcase_add_test(scale, test_scale_hier);
+    tcase_add_test(scale, test_scale_hier_1024);
     suite_add_tcase(s, scale);
     return s;
 }

@@ -5,9 +5,11 @@
  *   ring.c         ring allreduce, reduce-scatter, allgather, broadcast, reduce (and their group
  *                  and region forms, the building blocks of the hierarchical ones)
  *   rd.c           recursive doubling allreduce (latency-bound sizes)
+ *   rabenseifner.c recursive-halving reduce-scatter + recursive-doubling allgather (middle sizes)
+ *   tree.c         pipelined double binary tree allreduce (latency at many ranks)
  *   alltoall.c     direct all-to-all
- *   hier.c         hierarchical allreduce: node-local reduce-scatter, cross-node rings per shard,
- *                  node-local allgather
+ *   hier.c         hierarchical allreduce: node-local reduce-scatter, a cross-node allreduce per
+ *                  shard (ring, tree, rabenseifner or rd), node-local allgather
  *   hier_leader.c  hierarchical allreduce through one leader per node (baseline)
  *   ps.c           parameter server allreduce (baseline)
  *
@@ -86,9 +88,33 @@ void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint
 void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count, int root,
                        const ring_params_t *prm, bool inplace, bool avg);
 
+/* An allreduce of elements [base, base+count) over a group, in the form of
+ * ring_allreduce_region: what the hierarchy runs across nodes. Those that need scratch use
+ * SCHED_BUF_TMP elements [2·base, 2·(base+count)) and raise s->tmp_elems to cover them. */
+typedef void (*algo_region_fn)(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                               uint32_t out_buf, uint64_t base, uint64_t count,
+                               const ring_params_t *prm, bool inplace, bool avg);
+
 /* ---- rd.c: recursive doubling allreduce: log2 steps, whole buffer each step (small buffers) */
 void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
                   bool avg);
+void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                         uint32_t out_buf, uint64_t base, uint64_t count, const ring_params_t *prm,
+                         bool inplace, bool avg);
+
+/* ---- rabenseifner.c: recursive halving then doubling: 2 log2(p) steps, 2(p-1)/p of the buffer */
+void rab_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
+                   bool inplace, bool avg);
+void rab_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                          uint32_t out_buf, uint64_t base, uint64_t count, const ring_params_t *prm,
+                          bool inplace, bool avg);
+
+/* ---- tree.c: pipelined double binary tree: 2 ceil(log2(p+1)) hops, half the buffer per tree */
+void tree_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
+                    bool inplace, bool avg);
+void tree_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                           uint32_t out_buf, uint64_t base, uint64_t count,
+                           const ring_params_t *prm, bool inplace, bool avg);
 
 /* ---- alltoall.c: direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i
  * sends to r+i and receives from r-i), count elements per pair. Out of place only. */
@@ -98,6 +124,9 @@ void direct_alltoall(sched_t *s, uint16_t desc, uint64_t count, const ring_param
  * hierarchical ones take the layout; on one node they reduce to their node-local phases. */
 void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
                     const ring_params_t *prm, bool inplace, bool avg);
+/* The same with `cross` as the allreduce of each shard across nodes (hier_allreduce: the ring). */
+void hier_allreduce_with(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                         const ring_params_t *prm, bool inplace, bool avg, algo_region_fn cross);
 void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
 void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,

@@ -5,10 +5,13 @@
  * n nodes of up to g ranks; the buffer cut into g shards:
  *   1. node-local reduce-scatter: local rank j ends with its node's sum of shards j, j+g_node...
  *   2. each shard allreduced across nodes by the ranks that own it, all shards at once, so every
- *      local rank (and every NIC) carries traffic
+ *      local rank (and every NIC) carries traffic; by a ring (hier), or by any region allreduce
+ *      (hier_allreduce_with: tree, rabenseifner or rd, so that 128 nodes cost 2·7 tree hops or
+ *      2·7 halving/doubling steps instead of 2·127 ring steps)
  *   3. node-local allgather
- *   steps 2(g-1) + 2(n-1); bytes across each node's link 2(n-1)/n of the buffer (a flat ring
- *   carries 2(p-1)/p). Uneven nodes: a node with fewer ranks gives several shards to a rank.
+ *   steps 2(g-1) + 2(n-1) with a ring across nodes; bytes across each node's link 2(n-1)/n of
+ *   the buffer (a flat ring carries 2(p-1)/p). Uneven nodes: a node with fewer ranks gives several
+ * shards to a rank.
  */
 #include "algo.h"
 
@@ -154,6 +157,12 @@ ring_group_t algo_node_group(const sched_t *s, const sched_topo_t *t)
 void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,
                     const ring_params_t *prm, bool inplace, bool avg)
 {
+    hier_allreduce_with(s, desc, t, count, prm, inplace, avg, ring_allreduce_region);
+}
+
+void hier_allreduce_with(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t count,
+                         const ring_params_t *prm, bool inplace, bool avg, algo_region_fn cross)
+{
     if (count == 0) return;
     int node = t->node_of[s->rank], N = t->nnodes;
     ring_group_t lg = algo_node_group(s, t);
@@ -181,8 +190,7 @@ void hier_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *t, uint64_t c
             }
             ring_group_t g = {.n = N, .me = node, .ranks = ranks};
             span_t sp = shard_span(count, S, k);
-            ring_allreduce_region(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, sp.off, sp.len, prm,
-                                  true, avg);
+            cross(s, desc, &g, SCHED_BUF_RECV, SCHED_BUF_RECV, sp.off, sp.len, prm, true, avg);
         }
         free(ranks);
     }

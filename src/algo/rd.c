@@ -18,10 +18,23 @@
 void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
                   bool avg)
 {
-    int p = s->nranks, r = s->rank;
+    ring_group_t g = {.n = s->nranks, .me = s->rank, .ranks = NULL};
+    rd_allreduce_region(s, desc, &g, SCHED_BUF_SEND, SCHED_BUF_RECV, 0, count, prm, inplace, avg);
+}
+
+static inline int grp_rank(const ring_group_t *g, int i)
+{
+    return g->ranks ? g->ranks[i] : i;
+}
+
+void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                         uint32_t out_buf, uint64_t base, uint64_t count, const ring_params_t *prm,
+                         bool inplace, bool avg)
+{
+    int p = g->n, r = g->me;
     if (count == 0) return;
     if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+        if (!inplace) sched_copy(s, desc, in_buf, base, out_buf, base, count, 0);
         return;
     }
     int q = 1, L = 0;
@@ -32,44 +45,47 @@ void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
     /* Fold: among the first 2*extra ranks, each odd one hands its buffer to the even one below
      * and later receives the result from it. */
     if (r < 2 * extra && r % 2 == 1) {
+        int to = grp_rank(g, r - 1);
         for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, r - 1, SCHED_BUF_SEND, j * sl, sched_slice_len(count, sl, j));
+            sched_send(s, desc, to, in_buf, base + j * sl, sched_slice_len(count, sl, j));
         for (uint64_t j = 0; j < S; j++)
-            sched_recv(s, desc, r - 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
+            sched_recv(s, desc, to, out_buf, base + j * sl, sched_slice_len(count, sl, j));
         return;
     }
     bool folds = r < 2 * extra;
     int m = L + (folds ? 1 : 0); /* reductions this rank makes */
     /* Where write w (1..m) goes: the last into the output, the ones before alternating between
-     * the scratch halves A (offset 0) and B (offset count). */
-    s->tmp_elems = 2 * count;
+     * the scratch halves A (offset 2·base) and B (offset 2·base + count). */
+    uint64_t t0 = 2 * base;
+    s->tmp_elems = LOOM_MAX(s->tmp_elems, t0 + 2 * count);
     uint32_t buf[64];
     uint64_t off[64];
-    buf[m] = SCHED_BUF_RECV;
-    off[m] = 0;
+    buf[m] = out_buf;
+    off[m] = base;
     for (int w = m - 1; w >= 1; w--) {
         buf[w] = SCHED_BUF_TMP;
-        off[w] = ((m - 1 - w) % 2) ? count : 0;
+        off[w] = t0 + (((m - 1 - w) % 2) ? count : 0);
     }
-    buf[0] = SCHED_BUF_SEND;
-    off[0] = 0;
+    buf[0] = in_buf;
+    off[0] = base;
     if (inplace && m == 1) {
         /* the input is the output: start from a copy in a scratch half */
         for (uint64_t j = 0; j < S; j++)
-            sched_copy(s, desc, SCHED_BUF_SEND, j * sl, SCHED_BUF_TMP, j * sl,
+            sched_copy(s, desc, in_buf, base + j * sl, SCHED_BUF_TMP, t0 + j * sl,
                        sched_slice_len(count, sl, j), 0);
         buf[0] = SCHED_BUF_TMP;
+        off[0] = t0;
     }
     int w = 0;
     if (folds) {
         w++;
         for (uint64_t j = 0; j < S; j++)
-            sched_recv_reduce(s, desc, r + 1, buf[w - 1], off[w - 1] + j * sl, buf[w],
+            sched_recv_reduce(s, desc, grp_rank(g, r + 1), buf[w - 1], off[w - 1] + j * sl, buf[w],
                               off[w] + j * sl, sched_slice_len(count, sl, j), 0);
     }
     int v = folds ? r / 2 : r - extra;
     for (int mask = 1; mask < q; mask <<= 1) {
-        int pv = v ^ mask, partner = pv < extra ? pv * 2 : pv + extra;
+        int pv = v ^ mask, partner = grp_rank(g, pv < extra ? pv * 2 : pv + extra);
         uint8_t flags = (avg && mask * 2 == q) ? STEP_F_AVG : 0;
         w++;
         for (uint64_t j = 0; j < S; j++) {
@@ -81,5 +97,6 @@ void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
     }
     if (folds)
         for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, r + 1, SCHED_BUF_RECV, j * sl, sched_slice_len(count, sl, j));
+            sched_send(s, desc, grp_rank(g, r + 1), out_buf, base + j * sl,
+                       sched_slice_len(count, sl, j));
 }

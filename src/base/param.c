@@ -55,10 +55,12 @@ static const param_desc_t params[PARAM_COUNT] = {
                            NUM(4096, INFINITY, CLAMP)},
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
-         "force the allreduce algorithm: ring, rd, hier, hier_leader, ps (default: a cost model)",
-         NAMES("ring|rd|hier|hier_leader|ps", READER)},
+         "force the allreduce algorithm: ring, rd, rabenseifner, tree, hier, hier:tree, "
+         "hier:rabenseifner, hier:rd, hier_leader, ps (default: a cost model)",
+         NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps",
+               READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
-                         "force one transport for every peer: tcp, shm or mpi (ucx, ibv later)",
+                         "force one transport for every peer: tcp, shm, mpi or ucx (ibv later)",
                          NAMES("tcp|shm|mpi|ucx|ibv|cuda", READER)},
     [PARAM_SOCKET_BUFFER] = {"SOCKET_BUFFER", PARAM_T_SIZE, "4M", "bytes",
                              "SO_SNDBUF/SO_RCVBUF asked for each data socket (0: system default)",

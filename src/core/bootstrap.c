@@ -3,7 +3,9 @@
  *
  * loomGetUniqueId listens on the chosen interface and starts a root thread in the calling
  * process. Every rank connects to it, proves the job's secret (sock.h's handshake), and sends its
- * peer_info_t; once all ranks have arrived the root sends everyone the full table and exits. The
+ * peer_info_t (then its large transport addresses, info.addr_bytes of them: comm.h's
+ * comm_peer_addr); once all ranks have arrived the root sends everyone the full table, then all
+ * those addresses in rank order, and exits. The
  * root holds one socket per rank only during init; data connections are made later, lazily,
  * between the pairs that a schedule uses.
  */
@@ -25,6 +27,7 @@
 #define UID_MAGIC 0x6c6d6964u /* "lmid" */
 #define UID_VERSION 1
 #define BOOT_RANK_ROOT (-1)
+#define BOOT_ADDR_MAX (1u << 20) /* a rank's large transport addresses, at most */
 
 typedef struct {
     int32_t status; /* 0 ok, else an error text follows */
@@ -33,9 +36,10 @@ typedef struct {
 
 typedef struct {
     hs_t hs;
-    int state; /* 0 handshake, 1 reading info, 2 waiting for the table, 3 closed */
+    int state; /* 0 handshake, 1 reading info (then addr), 2 waiting for the table, 3 closed */
     peer_info_t info;
     size_t got;
+    uint8_t *addr; /* info.addr_bytes, read after info */
     int nranks;
 } boot_client_t;
 
@@ -176,6 +180,7 @@ static void *root_main(void *arg)
     int ncl = 0, cap = 0, nranks = -1, joined = 0;
     peer_info_t *table = NULL;
     int *fd_of = NULL;
+    uint8_t **addr_of = NULL;
     uint64_t timeout = (uint64_t)(param_double(PARAM_TIMEOUT) * 1e9);
     uint64_t last_join = base_now_ns();
     bool done = false;
@@ -248,15 +253,17 @@ static void *root_main(void *arg)
                     nranks = (int)h->nchan;
                     table = calloc((size_t)nranks, sizeof(*table));
                     fd_of = malloc((size_t)nranks * sizeof(int));
-                    if (table == NULL || fd_of == NULL) goto out;
+                    addr_of = calloc((size_t)nranks, sizeof(*addr_of));
+                    if (table == NULL || fd_of == NULL || addr_of == NULL) goto out;
                     for (int k = 0; k < nranks; k++)
                         fd_of[k] = -1;
                 }
                 c->state = 1;
             }
             if (c->state == 1) {
-                ssize_t n =
-                    recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got, 0);
+                ssize_t n = 1;
+                if (c->got < sizeof(c->info))
+                    n = recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got, 0);
                 if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
                     WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address", as,
                          c->hs.hello.from_rank);
@@ -264,8 +271,31 @@ static void *root_main(void *arg)
                     c->state = 3;
                     continue;
                 }
-                if (n > 0) c->got += (size_t)n;
+                if (n > 0 && c->got < sizeof(c->info)) c->got += (size_t)n;
                 if (c->got < sizeof(c->info)) continue;
+                if (c->info.addr_bytes > BOOT_ADDR_MAX) {
+                    WARN(LOG_BOOT, "bootstrap root %s: rank %d announced %u bytes of addresses", as,
+                         c->hs.hello.from_rank, c->info.addr_bytes);
+                    root_close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
+                size_t want = sizeof(c->info) + c->info.addr_bytes;
+                if (c->info.addr_bytes && c->addr == NULL &&
+                    (c->addr = malloc(c->info.addr_bytes)) == NULL)
+                    goto out;
+                if (c->got < want) {
+                    n = recv(c->hs.fd, c->addr + (c->got - sizeof(c->info)), want - c->got, 0);
+                    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                        WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
+                             as, c->hs.hello.from_rank);
+                        root_close(c->hs.fd);
+                        c->state = 3;
+                        continue;
+                    }
+                    if (n > 0) c->got += (size_t)n;
+                    if (c->got < want) continue;
+                }
                 int r = c->hs.hello.from_rank;
                 if (c->info.rank != r || fd_of[r] >= 0) {
                     char text[256];
@@ -278,6 +308,7 @@ static void *root_main(void *arg)
                 }
                 table[r] = c->info;
                 fd_of[r] = c->hs.fd;
+                addr_of[r] = c->addr;
                 c->state = 2;
                 joined++;
                 last_join = base_now_ns();
@@ -289,10 +320,17 @@ static void *root_main(void *arg)
             uint64_t dl = base_now_ns() + timeout;
             for (int r = 0; r < nranks; r++) {
                 /* A rank that died after joining only fails itself: the others carry on. */
-                if (sock_send_all(fd_of[r], &rep, sizeof(rep), dl, "bootstrap root: reply") ==
-                    loomSuccess)
+                if (sock_send_all(fd_of[r], &rep, sizeof(rep), dl, "bootstrap root: reply") !=
+                        loomSuccess ||
                     sock_send_all(fd_of[r], table, sizeof(*table) * (size_t)nranks, dl,
-                                  "bootstrap root: sending the rank table");
+                                  "bootstrap root: sending the rank table") != loomSuccess)
+                    continue;
+                for (int q = 0; q < nranks; q++)
+                    if (table[q].addr_bytes &&
+                        sock_send_all(fd_of[r], addr_of[q], table[q].addr_bytes, dl,
+                                      "bootstrap root: sending the transport addresses") !=
+                            loomSuccess)
+                        break;
             }
             done = true;
         } else if (timeout && base_now_ns() - last_join > timeout) {
@@ -310,9 +348,12 @@ static void *root_main(void *arg)
         }
     }
 out:
-    for (int i = 0; i < ncl; i++)
+    for (int i = 0; i < ncl; i++) {
         if (cl[i].state != 3) root_close(cl[i].hs.fd);
+        free(cl[i].addr);
+    }
     free(cl);
+    free(addr_of);
     free(table);
     free(fd_of);
     root_close(a.listen_fd);
@@ -448,6 +489,8 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     snprintf(what, sizeof(what), "bootstrap: sending rank %d's address to the root %s", comm->rank,
              as);
     LOOM_CHECK_GOTO(sock_send_all(fd, mine, sizeof(*mine), dl, what), r, out);
+    if (mine->addr_bytes)
+        LOOM_CHECK_GOTO(sock_send_all(fd, comm->net.my_addr, mine->addr_bytes, dl, what), r, out);
     boot_reply_t rep;
     snprintf(what, sizeof(what),
              "bootstrap: waiting at the root %s for all %d ranks to join (is every rank started "
@@ -471,6 +514,24 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     LOOM_CHECK_GOTO(
         sock_recv_all(fd, comm->lay.peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what), r,
         out);
+    size_t total = 0;
+    for (int q = 0; q < comm->nranks; q++)
+        total += comm->lay.peers[q].addr_bytes;
+    if (total) {
+        uint8_t *buf = malloc(total);
+        if (buf == NULL) {
+            r = base_error(loomSystemError, LOG_BOOT, "out of memory (transport addresses)");
+            goto out;
+        }
+        snprintf(what, sizeof(what),
+                 "bootstrap: receiving the transport addresses from the root %s", as);
+        r = sock_recv_all(fd, buf, total, dl, what);
+        if (r != loomSuccess) {
+            free(buf);
+            goto out;
+        }
+        r = comm_set_peer_addrs(comm, buf, total);
+    }
 out:
     close(fd);
     return r;

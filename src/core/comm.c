@@ -207,9 +207,10 @@ void comm_abort_transports(loomComm_t comm, const char *reason)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->abort(comm->net.tp[t].ctx, reason);
 }
 
-static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi"};
+static const char *const tp_names[TP_MAX] = {"tcp", "shm", "mpi", "ucx"};
 
-/* Same node: shared memory when started; else TCP; LOOM_TRANSPORT forces one. */
+/* Same node: shared memory when started; other nodes: UCX where both ranks started it (only
+ * on an RDMA fabric, see pick_transports), else TCP; LOOM_TRANSPORT forces one. */
 static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
 {
     bool local = comm->lay.peers[peer].node_hash == comm->lay.peers[comm->rank].node_hash;
@@ -223,6 +224,8 @@ static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
     } else {
         *tp = local && comm->net.tp[TP_SHM].ctx && comm->lay.peers[peer].handle[TP_SHM][0] ? TP_SHM
                                                                                            : TP_TCP;
+        if (!local && comm->net.tp[TP_UCX].ctx && comm->lay.peers[peer].handle[TP_UCX][0])
+            *tp = TP_UCX;
     }
     if (comm->net.tp[*tp].ctx == NULL || comm->lay.peers[peer].handle[*tp][0] == 0)
         return base_error(loomInvalidUsage, LOG_NET,
@@ -237,8 +240,17 @@ loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
     if (l->conn == NULL) {
         int tp = TP_TCP;
         LOOM_CHECK(pick_link_transport(comm, peer, &tp));
-        LOOM_CHECK(comm->net.tp[tp].ops->connect(comm->net.tp[tp].ctx, peer,
-                                                 comm->lay.peers[peer].handle[tp], &l->conn));
+        const transport_ops_t *ops = comm->net.tp[tp].ops;
+        if (ops->connect_addr) {
+            transport_peer_t pi = {.handle = comm->lay.peers[peer].handle[tp],
+                                   .same_node = comm->lay.peers[peer].node_hash ==
+                                                comm->lay.peers[comm->rank].node_hash};
+            pi.addr = comm_peer_addr(comm, peer, tp, &pi.addr_len);
+            LOOM_CHECK(ops->connect_addr(comm->net.tp[tp].ctx, peer, &pi, &l->conn));
+        } else {
+            LOOM_CHECK(ops->connect(comm->net.tp[tp].ctx, peer, comm->lay.peers[peer].handle[tp],
+                                    &l->conn));
+        }
         l->ops = comm->net.tp[tp].ops;
         TRACE(LOG_NET, "rank %d reaches rank %d over %s", comm->rank, peer, l->ops->name);
     }
@@ -297,6 +309,9 @@ void comm_free(loomComm_t comm)
     exec_host_release(&comm->exech);
     free(comm->cache.tmp_buf);
     free(comm->lay.peers);
+    free(comm->lay.addrs);
+    free(comm->lay.addr_off);
+    free(comm->net.my_addr);
     free(comm->net.links);
     free(comm->lay.node_of);
     free(comm->lay.node_start);
@@ -362,15 +377,22 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
 }
 
 /* Which transports to start: the one LOOM_TRANSPORT names, or all that this build has except
- * those started only on request (mpi: it would initialise MPI in every program). */
+ * those started only on request (mpi: it would initialise MPI in every program), UCX only where
+ * it offers what tcp and shm lack (an RDMA device). */
 static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
 {
     const char *name = param_str(PARAM_TRANSPORT);
     for (int t = 0; t < TP_MAX; t++)
-        want[t] = name[0] == '\0' && t != TP_MPI;
+        want[t] = name[0] == '\0' && t != TP_MPI && transport_by_name(tp_names[t]) != NULL;
+#ifdef LOOM_HAVE_UCX
+    const char *rdma = NULL;
+    if (want[TP_UCX] && !ucx_has_rdma(&rdma)) want[TP_UCX] = false;
+    if (want[TP_UCX])
+        INFO(LOG_NET, "ucx: RDMA transports found (%s): ranks on other nodes use ucx", rdma);
+#endif
     if (name[0] == '\0') return loomSuccess;
     for (int t = 0; t < TP_MAX; t++)
-        if (strcmp(name, tp_names[t]) == 0 && transport_by_name(name)) {
+        if (strcmp(name, tp_names[t]) == 0 && transport_by_name(name) != NULL) {
             want[t] = true;
             comm->net.forced_tp = t;
             return loomSuccess;
@@ -390,6 +412,74 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
                               name, name, avail);
     return base_error(loomInvalidArgument, LOG_INIT,
                       "LOOM_TRANSPORT=%s: unknown transport (available: %s)", name, avail);
+}
+
+loomResult_t comm_set_peer_addrs(loomComm_t comm, uint8_t *buf, size_t len)
+{
+    if (comm->lay.addrs != buf) free(comm->lay.addrs);
+    free(comm->lay.addr_off);
+    comm->lay.addrs = buf;
+    comm->lay.addr_off = calloc((size_t)comm->nranks, sizeof(size_t));
+    if (comm->lay.addr_off == NULL)
+        return base_error(loomSystemError, LOG_INIT, "out of memory (transport addresses)");
+    size_t off = 0;
+    for (int q = 0; q < comm->nranks; q++) {
+        comm->lay.addr_off[q] = off;
+        off += comm->lay.peers[q].addr_bytes;
+    }
+    if (off != len)
+        return base_error(loomInternalError, LOG_INIT,
+                          "transport addresses: %zu bytes where the ranks announced %zu", len, off);
+    return loomSuccess;
+}
+
+const uint8_t *comm_peer_addr(loomComm_t comm, int peer, int tp, size_t *len)
+{
+    *len = 0;
+    if (comm->lay.addrs == NULL || comm->lay.addr_off == NULL) return NULL;
+    const uint8_t *p = comm->lay.addrs + comm->lay.addr_off[peer];
+    const uint8_t *end = p + comm->lay.peers[peer].addr_bytes;
+    for (int t = 0; t < TP_MAX && end - p >= 4; t++) {
+        uint32_t l;
+        memcpy(&l, p, 4);
+        p += 4;
+        if ((size_t)(end - p) < l) return NULL;
+        if (t == tp) {
+            *len = l;
+            return l ? p : NULL;
+        }
+        p += l;
+    }
+    return NULL;
+}
+
+/* Packs this rank's large addresses (comm_peer_addr's layout) into net.my_addr. */
+static loomResult_t pack_addrs(loomComm_t comm)
+{
+    const void *a[TP_MAX] = {0};
+    size_t l[TP_MAX] = {0}, total = 0;
+    for (int t = 0; t < TP_MAX; t++) {
+        if (comm->net.tp[t].ctx && comm->net.tp[t].ops->address)
+            LOOM_CHECK(comm->net.tp[t].ops->address(comm->net.tp[t].ctx, &a[t], &l[t]));
+        total += l[t];
+    }
+    free(comm->net.my_addr);
+    comm->net.my_addr = NULL;
+    comm->net.my_addr_len = 0;
+    if (total == 0) return loomSuccess;
+    total += 4 * TP_MAX;
+    if (total > UINT32_MAX / 2)
+        return base_error(loomInternalError, LOG_INIT, "transport addresses of %zu bytes", total);
+    uint8_t *p = comm->net.my_addr = malloc(total);
+    if (p == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory (addresses)");
+    for (int t = 0; t < TP_MAX; t++) {
+        uint32_t n = (uint32_t)l[t];
+        memcpy(p, &n, 4);
+        if (n) memcpy(p + 4, a[t], n);
+        p += 4 + n;
+    }
+    comm->net.my_addr_len = (uint32_t)total;
+    return loomSuccess;
 }
 
 /* Starts the transports for `comm`, writing this rank's connection handles. */
@@ -427,11 +517,19 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
                 comm->net.tp[t].ctx = NULL;
                 continue;
             }
+            /* So is UCX when it was not asked for: TCP still reaches every node. */
+            if (t == TP_UCX && comm->net.forced_tp != TP_UCX) {
+                WARN(LOG_NET, "ucx transport unavailable (%s); other nodes use tcp",
+                     base_last_error());
+                memset(handles[t], 0, TRANSPORT_HANDLE_BYTES);
+                comm->net.tp[t].ctx = NULL;
+                continue;
+            }
             return r;
         }
         comm->net.tp[t].ops = ops;
     }
-    return loomSuccess;
+    return pack_addrs(comm);
 }
 
 /* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
@@ -515,7 +613,8 @@ static registry_model_t comm_model(loomComm_t comm)
                           .b_net = 1.0 / (net->bw_GBps * 1e9),
                           .a_loc = loc->latency_us * 1e-6,
                           .b_loc = 1.0 / (loc->bw_GBps * 1e9),
-                          .shared_mem = loc != net};
+                          .shared_mem = loc != net,
+                          .oversubscribed = comm->tune.oversubscribed};
     return m;
 }
 
@@ -529,7 +628,7 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
-        char why[512];
+        char why[1024];
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
             registry_explain(&m, bytes, pick, why, sizeof(why)));
@@ -553,6 +652,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
         if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
+    comm->tune.oversubscribed = any;
     int mine = comm->lay.peers[comm->rank].cores;
     if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
         comm->tune.spin_ns = 0;
@@ -609,6 +709,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     }
 #endif
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
+    mine.addr_bytes = comm->net.my_addr_len;
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
     LOOM_CHECK(comm_layout(comm));
     for (int q = 0; q < comm->nranks; q++) {
@@ -629,7 +730,9 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
          "%d channels, slice %llu bytes",
          LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, comm->rank, comm->nranks, comm->lay.node,
          comm->lay.nnodes, comm->lay.local_rank, comm->lay.local_size,
-         comm->net.forced_tp >= 0 ? tp_names[comm->net.forced_tp] : "shm in node, tcp across",
+         comm->net.forced_tp >= 0   ? tp_names[comm->net.forced_tp]
+         : comm->net.tp[TP_UCX].ctx ? "shm in node, ucx across"
+                                    : "shm in node, tcp across",
          comm->tune.nchannels, (unsigned long long)comm->tune.slice_bytes);
     return loomSuccess;
 }

@@ -23,7 +23,7 @@
 #define HOST_NAME_LEN 64
 
 /* Transports a communicator may use, by index. */
-enum { TP_TCP = 0, TP_SHM = 1, TP_MPI = 2, TP_MAX = 3 };
+enum { TP_TCP = 0, TP_SHM = 1, TP_MPI = 2, TP_UCX = 3, TP_MAX = 4 };
 
 /* What every rank tells the others at bootstrap. */
 typedef struct {
@@ -34,7 +34,9 @@ typedef struct {
     char host[HOST_NAME_LEN];
     uint8_t gpu_uuid[16]; /* the GPU named at init (config), all zero: none yet */
     int32_t gpu_dev;      /* its ordinal on that rank, -1: none */
-    int32_t pad;
+    /* Bytes of transport addresses too large for a handle (UCX's worker address) that follow
+     * this record in the bootstrap and in split: see comm_peer_addr. */
+    uint32_t addr_bytes;
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -66,6 +68,8 @@ typedef struct {
     peer_info_t *peers;
     int node, nnodes, local_rank, local_size;
     int *node_of, *node_start, *node_ranks; /* the layout, for sched_topo_t */
+    uint8_t *addrs;   /* the peers' large addresses, in rank order (peers[q].addr_bytes each) */
+    size_t *addr_off; /* where peer q's start in addrs */
 } comm_layout_t;
 
 /* Transports and links (comm.c). */
@@ -73,6 +77,8 @@ typedef struct {
     exec_tp_t tp[TP_MAX]; /* started transports (ops NULL: not started) */
     int forced_tp;        /* LOOM_TRANSPORT, or -1 */
     exec_link_t *links;   /* by peer; conn NULL until a schedule needs it */
+    uint8_t *my_addr;     /* this rank's large addresses (comm_peer_addr's layout) */
+    uint32_t my_addr_len;
 } comm_net_t;
 
 /* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read
@@ -85,6 +91,7 @@ typedef struct {
     int slices_in_flight;
     uint64_t spin_ns;
     double timeout_s;
+    bool oversubscribed; /* some node of the job has more ranks than cores */
 } comm_tune_t;
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */
@@ -195,6 +202,14 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
 void comm_exec_fill(loomComm_t comm);
 /* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */
 void comm_devhost_fill(loomComm_t comm);
+/* Large transport addresses. A transport whose address does not fit a handle publishes it
+ * through ops->address; comm_start_transport packs every such address of this rank into
+ * net.my_addr (for each transport in TP_* order: a 32-bit length, then the bytes), which the
+ * bootstrap (or split's allgather) carries after the rank's peer_info_t. comm_set_peer_addrs
+ * takes the peers' blobs concatenated in rank order (buf is kept, freed with the communicator)
+ * and comm_peer_addr finds one transport's address of one peer (NULL, *len 0: none). */
+loomResult_t comm_set_peer_addrs(loomComm_t comm, uint8_t *buf, size_t len);
+const uint8_t *comm_peer_addr(loomComm_t comm, int peer, int tp, size_t *len);
 /* Tells every started transport to abort (peers learn `reason`). */
 void comm_abort_transports(loomComm_t comm, const char *reason);
 

@@ -1,6 +1,7 @@
 /* The allreduce algorithm table, and selection over it (registry.h). */
 #include "registry.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,47 +14,126 @@
 typedef struct {
     double p, n, g;        /* ranks, nodes, ranks per node */
     double a_flat, b_flat; /* the slowest link a flat algorithm crosses */
-    double lg, folds;      /* recursive doubling: log2 of the largest power of two <= p, and the
-                              extra steps (fold and unfold) for the ranks beyond it */
+    double a_loc, a_net;   /* per-step latencies, a wake-up included where ranks block */
 } model_terms_t;
 
 /* gamma: reducing a byte on the host (about 5 GB/s of output per core) */
 static const double c_red = 1.0 / 5e9;
 
+/* A dependent step on a node with more ranks than cores: the waiting rank blocks (it does not
+ * spin, comm.c) and the step waits for the scheduler to run it again. Measured on the 2-core
+ * dev VM, 4 ranks, shared memory (perf/RESULTS.md, the sweep): (ring 211 - rd 112 us at 8 B) /
+ * (6 - 2 steps) = 25 us per step, against the transport's 5 us hint. */
+static const double c_wake = 25e-6;
+
 static model_terms_t terms(const registry_model_t *m)
 {
     bool multi = m->nnodes > 1;
+    double wake = m->oversubscribed ? c_wake : 0;
     model_terms_t t = {.p = m->nranks,
                        .n = m->nnodes,
                        .g = (double)m->nranks / m->nnodes,
-                       .a_flat = multi ? m->a_net : m->a_loc,
+                       .a_loc = m->a_loc + wake,
+                       .a_net = m->a_net + wake,
                        .b_flat = multi ? m->b_net : m->b_loc};
-    while ((1 << (int)(t.lg + 1)) <= m->nranks)
-        t.lg++;
-    t.folds = (1 << (int)t.lg) < m->nranks ? 2 : 0;
+    t.a_flat = multi ? t.a_net : t.a_loc;
     return t;
+}
+
+/* log2 of the largest power of two <= p, and the fold's extra steps (before and after) for the
+ * ranks beyond it (rd, rabenseifner). */
+static void pow2_terms(double p, double *lg, double *folds)
+{
+    int q = 1, l = 0;
+    while (q * 2 <= (int)p)
+        q *= 2, l++;
+    *lg = l;
+    *folds = q < (int)p ? 2 : 0;
+}
+
+/* The flat algorithms over p ranks on links of latency a and inverse bandwidth b, n bytes:
+ * steps x a + bytes sent per rank x b + bytes reduced per rank x gamma. The hierarchy reuses
+ * them for its cross-node level. */
+typedef enum { FLAT_RING, FLAT_RD, FLAT_RAB, FLAT_TREE } flat_kind_t;
+
+static double flat_cost(flat_kind_t k, double p, double a, double b, double nb)
+{
+    double lg, folds;
+    pow2_terms(p, &lg, &folds);
+    double q = pow(2, lg);
+    switch (k) {
+    case FLAT_RING: return 2 * (p - 1) * a + 2 * (p - 1) / p * nb * b + (p - 1) / p * nb * c_red;
+    case FLAT_RD: {
+        double s = lg + folds;
+        return s * a + s * nb * b + (lg + folds / 2) * nb * c_red;
+    }
+    case FLAT_RAB:
+        /* 2 log2(q) steps moving 2(q-1)/q of the buffer, and the fold's whole buffer twice */
+        return (2 * lg + folds) * a + (2 * (q - 1) / q + folds) * nb * b +
+               ((q - 1) / q + folds / 2) * nb * c_red;
+    case FLAT_TREE: {
+        /* floor(log2 p) hops up and as many down; an interior rank of one tree takes two
+         * children's halves and sends two halves down, a leaf of the other one half each way:
+         * about 2n through each rank's link */
+        double hops = p > 1 ? lg : 0;
+        return 2 * hops * a + (p > 1 ? 2 : 0) * nb * b + (p - 1) / p * nb * c_red;
+    }
+    }
+    return 0;
 }
 
 static double ring_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    double p = t.p;
-    return 2 * (p - 1) * t.a_flat + 2 * (p - 1) / p * nb * t.b_flat + (p - 1) / p * nb * c_red;
+    return flat_cost(FLAT_RING, t.p, t.a_flat, t.b_flat, nb);
 }
 
 static double rd_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    double s = t.lg + t.folds;
-    return s * t.a_flat + s * nb * t.b_flat + (t.lg + t.folds / 2) * nb * c_red;
+    return flat_cost(FLAT_RD, t.p, t.a_flat, t.b_flat, nb);
+}
+
+static double rab_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return flat_cost(FLAT_RAB, t.p, t.a_flat, t.b_flat, nb);
+}
+
+static double tree_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return flat_cost(FLAT_TREE, t.p, t.a_flat, t.b_flat, nb);
+}
+
+/* The node-local reduce-scatter and allgather at the fast link's price, then the cross-node
+ * algorithm over n nodes on each node's network link, which carries every shard of its node. */
+static double hier_x_cost(const registry_model_t *m, double nb, flat_kind_t cross)
+{
+    model_terms_t t = terms(m);
+    double g = t.g;
+    return 2 * (g - 1) * t.a_loc + 2 * (g - 1) / g * nb * m->b_loc + (g - 1) / g * nb * c_red +
+           flat_cost(cross, t.n, t.a_net, m->b_net, nb);
 }
 
 static double hier_cost(const registry_model_t *m, double nb)
 {
-    model_terms_t t = terms(m);
-    double g = t.g, n = t.n;
-    return 2 * (g - 1) * m->a_loc + 2 * (g - 1) / g * nb * m->b_loc + 2 * (n - 1) * m->a_net +
-           2 * (n - 1) / n * nb * m->b_net + ((g - 1) / g + (n - 1) / n) * nb * c_red;
+    return hier_x_cost(m, nb, FLAT_RING);
+}
+
+static double hier_tree_cost(const registry_model_t *m, double nb)
+{
+    return hier_x_cost(m, nb, FLAT_TREE);
+}
+
+static double hier_rab_cost(const registry_model_t *m, double nb)
+{
+    return hier_x_cost(m, nb, FLAT_RAB);
+}
+
+static double hier_rd_cost(const registry_model_t *m, double nb)
+{
+    return hier_x_cost(m, nb, FLAT_RD);
 }
 
 static const char *one_node(const registry_model_t *m)
@@ -101,6 +181,38 @@ static void gen_rd(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t
     rd_allreduce(s, desc, count, prm, inplace, avg);
 }
 
+static void gen_rab(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                    const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)topo;
+    rab_allreduce(s, desc, count, prm, inplace, avg);
+}
+
+static void gen_tree(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                     const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)topo;
+    tree_allreduce(s, desc, count, prm, inplace, avg);
+}
+
+static void gen_hier_tree(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                          const ring_params_t *prm, bool inplace, bool avg)
+{
+    hier_allreduce_with(s, desc, topo, count, prm, inplace, avg, tree_allreduce_region);
+}
+
+static void gen_hier_rab(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                         const ring_params_t *prm, bool inplace, bool avg)
+{
+    hier_allreduce_with(s, desc, topo, count, prm, inplace, avg, rab_allreduce_region);
+}
+
+static void gen_hier_rd(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                        const ring_params_t *prm, bool inplace, bool avg)
+{
+    hier_allreduce_with(s, desc, topo, count, prm, inplace, avg, rd_allreduce_region);
+}
+
 static void gen_ps(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
                    const ring_params_t *prm, bool inplace, bool avg)
 {
@@ -119,7 +231,7 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
     [ALGO_HIER] = {.name = "hier",
                    .applies = "several nodes",
                    .doc = "node-local reduce-scatter, a cross-node ring per shard, node-local "
-                          "allgather: 2(g-1) + 2(n-1) steps",
+                          "allgather: 2(g-1) + 2(n-1) steps (hier:X: X across nodes)",
                    .unfit = one_node,
                    .cost = hier_cost,
                    .gen = hier_allreduce},
@@ -142,6 +254,38 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
                  .cost = rd_cost,
                  .preferred = rd_preferred,
                  .gen = gen_rd},
+    [ALGO_RAB] = {.name = "rabenseifner",
+                  .applies = "any layout",
+                  .doc = "recursive-halving reduce-scatter then recursive-doubling allgather: "
+                         "2 log2(p) steps, 2(p-1)/p of the buffer (extra ranks folded)",
+                  .cost = rab_cost,
+                  .gen = gen_rab},
+    [ALGO_TREE] = {.name = "tree",
+                   .applies = "any layout",
+                   .doc = "pipelined double binary tree, half the buffer on each: 2 log2(p) "
+                          "hops, about 2x the buffer per rank",
+                   .cost = tree_cost,
+                   .gen = gen_tree},
+    [ALGO_HIER_TREE] = {.name = "hier:tree",
+                        .applies = "several nodes",
+                        .doc = "hier with a double binary tree across nodes: 2(g-1) + "
+                               "2 log2(n) steps",
+                        .unfit = one_node,
+                        .cost = hier_tree_cost,
+                        .gen = gen_hier_tree},
+    [ALGO_HIER_RAB] = {.name = "hier:rabenseifner",
+                       .applies = "several nodes",
+                       .doc = "hier with halving/doubling across nodes: 2(g-1) + 2 log2(n) steps",
+                       .unfit = one_node,
+                       .cost = hier_rab_cost,
+                       .gen = gen_hier_rab},
+    [ALGO_HIER_RD] = {.name = "hier:rd",
+                      .applies = "several nodes",
+                      .doc = "hier with recursive doubling across nodes: 2(g-1) + log2(n) steps "
+                             "of the node's whole shard",
+                      .unfit = one_node,
+                      .cost = hier_rd_cost,
+                      .gen = gen_hier_rd},
 };
 
 const registry_algo_t *registry_get(int id)
@@ -153,7 +297,7 @@ loomResult_t registry_parse(const char *name, int *algo)
 {
     *algo = ALGO_AUTO;
     if (name[0] == '\0') return loomSuccess;
-    char names[256];
+    char names[512];
     int o = 0;
     for (int i = 0; i < ALGO_COUNT; i++) {
         if (strcmp(name, registry_algos[i].name) == 0) {

@@ -16,7 +16,20 @@
 #include "schedule.h"
 
 /* Row indices; values are stable (they enter the schedule cache key and the shape hash). */
-enum { ALGO_AUTO = -1, ALGO_RING = 0, ALGO_HIER, ALGO_HIER_LEADER, ALGO_PS, ALGO_RD, ALGO_COUNT };
+enum {
+    ALGO_AUTO = -1,
+    ALGO_RING = 0,
+    ALGO_HIER,
+    ALGO_HIER_LEADER,
+    ALGO_PS,
+    ALGO_RD,
+    ALGO_RAB,
+    ALGO_TREE,
+    ALGO_HIER_TREE,
+    ALGO_HIER_RAB,
+    ALGO_HIER_RD,
+    ALGO_COUNT
+};
 
 /* What the model and the applicability rules see of a communicator. The network link is the
  * tcp transport's; the node-local link is the memory transport's when one is started, else the
@@ -26,6 +39,9 @@ typedef struct {
     double a_net, b_net; /* seconds per message, seconds per byte */
     double a_loc, b_loc;
     bool shared_mem; /* a memory transport is started for same-node peers */
+    /* Some node has more ranks than cores: its ranks block instead of spinning, and every
+     * dependent step costs a wake-up (registry.c, c_wake). The same on every rank. */
+    bool oversubscribed;
 } registry_model_t;
 
 /* One rank's allreduce schedule; hierarchical rows read the layout, the others ignore it. */

@@ -1,5 +1,6 @@
 /*
- * Communicator split: two allgathers on the parent through core's internal entry, then a child
+ * Communicator split: two allgathers on the parent through core's internal entry (a third where
+ * a transport has addresses larger than a handle, UCX's), then a child
  * communicator made of the ranks of one colour, its transports started and its peers known
  * without a new rendezvous.
  */
@@ -17,7 +18,21 @@ static loomResult_t split_allgather(loomComm_t comm, const void *send, void *rec
 typedef struct {
     int32_t color, key;
     uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES];
+    uint32_t addr_bytes; /* the large transport addresses (comm_peer_addr), in a third exchange */
+    uint32_t pad;
 } split_rec_t;
+
+/* The child's rank of parent rank q: its place in the order of (key, parent rank) among the
+ * ranks of its colour. */
+static int child_rank(const split_rec_t *all, int n, int q)
+{
+    int qr = 0;
+    for (int o = 0; o < n; o++)
+        if (all[o].color == all[q].color &&
+            (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
+            qr++;
+    return qr;
+}
 
 LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t *newcomm,
                                        loomConfig_t *config)
@@ -59,19 +74,68 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
         child->lay.comm_id = base_hash64(&color, sizeof(color), split_id);
         memcpy(child->lay.secret, comm->lay.secret, 16);
         LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
+        mine.addr_bytes = child->net.my_addr_len;
     }
     LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
+    /* Every rank takes part (the same sizes everywhere): records padded to the longest. */
+    size_t amax = 0;
+    for (int q = 0; q < comm->nranks; q++)
+        amax = LOOM_MAX(amax, (size_t)all[q].addr_bytes);
+    if (amax) {
+        uint8_t *pad = calloc(1, amax), *every = calloc((size_t)comm->nranks, amax);
+        if (pad == NULL || every == NULL) {
+            free(pad);
+            free(every);
+            r = base_error(loomSystemError, LOG_INIT, "out of memory (split addresses)");
+            goto out;
+        }
+        if (child && mine.addr_bytes) memcpy(pad, child->net.my_addr, mine.addr_bytes);
+        r = split_allgather(comm, pad, every, amax);
+        free(pad);
+        size_t total = 0;
+        uint8_t *buf = NULL;
+        int *of_child = NULL; /* parent rank by child rank */
+        if (r == loomSuccess && child) {
+            for (int q = 0; q < comm->nranks; q++)
+                if (all[q].color == color) total += all[q].addr_bytes;
+            buf = malloc(total ? total : 1);
+            of_child = malloc((size_t)child->nranks * sizeof(int));
+            if (buf == NULL || of_child == NULL)
+                r = base_error(loomSystemError, LOG_INIT, "out of memory");
+        }
+        if (r == loomSuccess && child) {
+            for (int q = 0; q < comm->nranks; q++)
+                if (all[q].color == color) of_child[child_rank(all, comm->nranks, q)] = q;
+            /* Concatenated in the child's rank order (comm_set_peer_addrs). */
+            size_t off = 0;
+            for (int cr = 0; cr < child->nranks; cr++) {
+                int q = of_child[cr];
+                memcpy(buf + off, every + (size_t)q * amax, all[q].addr_bytes);
+                off += all[q].addr_bytes;
+            }
+        }
+        free(of_child);
+        free(every);
+        if (r != loomSuccess) {
+            free(buf);
+            goto out;
+        }
+        if (child) child->lay.addrs = buf; /* offsets once the peers are placed */
+    }
     if (child) {
         for (int q = 0; q < comm->nranks; q++) {
             if (all[q].color != color) continue;
-            int qr = 0;
-            for (int o = 0; o < comm->nranks; o++)
-                if (all[o].color == color &&
-                    (all[o].key < all[q].key || (all[o].key == all[q].key && o < q)))
-                    qr++;
+            int qr = child_rank(all, comm->nranks, q);
             child->lay.peers[qr] = comm->lay.peers[q];
             child->lay.peers[qr].rank = qr;
             memcpy(child->lay.peers[qr].handle, all[q].handle, sizeof(all[q].handle));
+            child->lay.peers[qr].addr_bytes = all[q].addr_bytes;
+        }
+        if (child->lay.addrs) {
+            size_t total = 0;
+            for (int q = 0; q < cn; q++)
+                total += child->lay.peers[q].addr_bytes;
+            LOOM_CHECK_GOTO(comm_set_peer_addrs(child, child->lay.addrs, total), r, out);
         }
         LOOM_CHECK_GOTO(comm_layout(child), r, out);
         INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);

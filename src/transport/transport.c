@@ -13,6 +13,9 @@ static const transport_ops_t *const transports[] = {
 #ifdef LOOM_HAVE_MPI
     &transport_mpi,
 #endif
+#ifdef LOOM_HAVE_UCX
+    &transport_ucx,
+#endif
 };
 
 const transport_ops_t *const *transport_all(size_t *n)

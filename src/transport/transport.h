@@ -48,6 +48,15 @@ typedef struct {
     size_t max_message; /* the largest message this communicator will post */
 } transport_setup_t;
 
+/* What connect_addr learns of a peer: its handle, its large address, and whether core's node
+ * layout puts it on this rank's node. */
+typedef struct {
+    const uint8_t *handle; /* TRANSPORT_HANDLE_BYTES */
+    const void *addr;
+    size_t addr_len;
+    bool same_node;
+} transport_peer_t;
+
 typedef struct {
     const char *name;
     uint32_t caps, reach, mem_types;
@@ -81,6 +90,13 @@ typedef struct {
     const char *(*peer_name)(transport_conn_t *conn);
     /* The text of the connection's last error. */
     const char *(*conn_error)(transport_conn_t *conn);
+    /* Transports whose peers need more than a handle to reach them (UCX's worker address is
+     * hundreds of bytes) publish that address here after init, valid until fini; core carries it
+     * to every peer through the bootstrap (comm.h: comm_peer_addr) and then calls connect_addr
+     * with the peer's instead of connect. Both NULL for the others. */
+    loomResult_t (*address)(transport_ctx_t *ctx, const void **addr, size_t *len);
+    loomResult_t (*connect_addr)(transport_ctx_t *ctx, int peer, const transport_peer_t *info,
+                                 transport_conn_t **conn);
     /* Registers memory (transports that need it); may be NULL. */
     loomResult_t (*reg_mr)(transport_ctx_t *ctx, void *buf, size_t len, void **mr);
     /* Frees everything. Pending requests are dropped. */
@@ -170,6 +186,12 @@ extern const transport_ops_t transport_tcp;
 extern const transport_ops_t transport_shm;
 #ifdef LOOM_HAVE_MPI
 extern const transport_ops_t transport_mpi; /* mpi/mpi.c */
+#endif
+#ifdef LOOM_HAVE_UCX
+extern const transport_ops_t transport_ucx;
+/* Whether UCX sees an RDMA transport (InfiniBand/RoCE: rc, dc, ud) on this machine, which tcp
+ * and shm cannot use; found once per process from UCX's own resource list. *what names them. */
+bool ucx_has_rdma(const char **what);
 #endif
 
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
