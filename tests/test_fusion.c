@@ -52,6 +52,12 @@ static void fill(void *buf, loomDataType_t type, size_t n, uint64_t seed, int t,
         case loomFloat32: ((float *)buf)[i] = (float)v; break;
         case loomFloat64: ((double *)buf)[i] = v; break;
         case loomBfloat16: ((uint16_t *)buf)[i] = red_float_to_bf16((float)v); break;
+        case loomFloat8e4m3:
+        case loomFloat8e5m2:
+            /* 0 or 1 (products 1 or 2): sums of up to 8 ranks and products of up to 4 stay
+             * exact with 2 or 3 mantissa bits */
+            ((uint8_t *)buf)[i] = red_float_to_fp8(type, (float)(op == loomProd ? v : v & 1));
+            break;
         default: break;
         }
     }
