@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
+# cores are shared by everything else), in one command, each result tee'd into $OUT:
+#
+#   perf/quiet-host.sh            # OUT defaults to /tmp/loom-quiet
+#
+# Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
+# programs do it: raw MPI against loom's mpi transport (4 MiB ping-pong; 64 MiB allreduce on 2
+# and 4 ranks), and loom-fusion-bench on ResNet-50 and BERT-base at 4 ranks (one call per
+# tensor, fused, Horovod's settings, monolithic). Writes nothing outside build-quiet and $OUT.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+out=${OUT:-/tmp/loom-quiet}
+mkdir -p "$out"
+export LOOM_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$root/scripts/carried-deps.sh"
+nproc > "$out/machine.txt"
+lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
+{ meson setup build-quiet -Dcuda=disabled -Dtests=false --buildtype=release >/dev/null &&
+  ninja -C build-quiet mpi_vs_loom loom-fusion-bench; } > "$out/build.txt" 2>&1 ||
+    { tail -20 "$out/build.txt"; exit 1; }
+b=build-quiet
+run() { # name, command...
+    local name=$1
+    shift
+    echo "== $name: $*" | tee -a "$out/results.txt"
+    timeout 120 "$@" 2>&1 | tail -12 | tee -a "$out/results.txt"
+}
+if [ -x $b/mpi_vs_loom ]; then
+    run mpi-p2p mpirun -np 2 --bind-to core $b/mpi_vs_loom p2p
+    run mpi-allreduce-2 mpirun -np 2 --bind-to core $b/mpi_vs_loom allreduce
+    run mpi-allreduce-4 mpirun -np 4 --bind-to core $b/mpi_vs_loom allreduce
+fi
+run fusion-resnet50 $b/loom-fusion-bench -P 4 -m resnet50 -n 5
+run fusion-bert $b/loom-fusion-bench -P 4 -m bert-base -n 3
