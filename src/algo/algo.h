@@ -38,6 +38,12 @@ typedef struct {
     const int *ranks;
 } ring_group_t;
 
+/* The global rank of member i. */
+static inline int grp_rank(const ring_group_t *g, int i)
+{
+    return g->ranks ? g->ranks[i] : i;
+}
+
 /* Peer arithmetic wraps around the ring; C's % keeps the sign of a negative a. */
 static inline int algo_mod(int a, int p)
 {

@@ -22,11 +22,6 @@
 
 #include "base.h"
 
-static inline int grp_rank(const ring_group_t *g, int i)
-{
-    return g->ranks ? g->ranks[i] : i;
-}
-
 /* Sends or receive-reduces [off, off+len) in slices, one message per slice; the two partners
  * of a step both call this with the same ranges, in the same order. */
 static void slices_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off,

@@ -22,11 +22,6 @@ void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
     rd_allreduce_region(s, desc, &g, SCHED_BUF_SEND, SCHED_BUF_RECV, 0, count, prm, inplace, avg);
 }
 
-static inline int grp_rank(const ring_group_t *g, int i)
-{
-    return g->ranks ? g->ranks[i] : i;
-}
-
 void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
                          uint32_t out_buf, uint64_t base, uint64_t count, const ring_params_t *prm,
                          bool inplace, bool avg)

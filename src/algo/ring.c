@@ -27,8 +27,7 @@ static ring_group_t whole(const sched_t *s)
 /* Global rank of group member i (any integer: taken modulo the group size). */
 static inline int g_rank(const ring_group_t *g, int i)
 {
-    int k = algo_mod(i, g->n);
-    return g->ranks ? g->ranks[k] : k;
+    return grp_rank(g, algo_mod(i, g->n));
 }
 
 /* Offset and length of chunk k of channel c, when a region of `len` elements at `base` is split

@@ -111,10 +111,10 @@ void tree_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
     for (int t = 0; t < 2; t++) {
         tnode_t nd = tree_node(p, to_pos(p, kind, t, r));
         int pr = to_rank(p, kind, t, nd.parent);
-        par[t] = pr < 0 ? -1 : (g->ranks ? g->ranks[pr] : pr);
+        par[t] = pr < 0 ? -1 : grp_rank(g, pr);
         for (int c = 0; c < 2; c++) {
             int cr = to_rank(p, kind, t, nd.child[c]);
-            ch[t][c] = cr < 0 ? -1 : (g->ranks ? g->ranks[cr] : cr);
+            ch[t][c] = cr < 0 ? -1 : grp_rank(g, cr);
         }
         hoff[t] = base + sched_part_off(count, 2, (uint64_t)t);
         hlen[t] = sched_part_off(count, 2, (uint64_t)t + 1) - sched_part_off(count, 2, (uint64_t)t);
