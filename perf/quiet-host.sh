@@ -2,12 +2,16 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh            # OUT defaults to /tmp/loom-quiet
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp (default: all); OUT defaults
+#                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
 # programs do it: raw MPI against loom's mpi transport (4 MiB ping-pong; 64 MiB allreduce on 2
 # and 4 ranks), and loom-fusion-bench on ResNet-50 and BERT-base at 4 ranks (one call per
-# tensor, fused, Horovod's settings, monolithic). Writes nothing outside build-quiet and $OUT.
+# tensor, fused, Horovod's settings, monolithic); tune: loom-tune --model and --fusion into
+# $OUT/tune.txt, then the benchmark's tuned mode reading it; ddp: perf/fusion-compare.sh (loom
+# against PyTorch DDP over gloo) with the first python3 on PATH that has torch. Writes nothing
+# outside build-quiet and $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -18,19 +22,34 @@ export LOOM_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 nproc > "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
 { meson setup build-quiet -Dcuda=disabled -Dtests=false --buildtype=release >/dev/null &&
-  ninja -C build-quiet mpi_vs_loom loom-fusion-bench; } > "$out/build.txt" 2>&1 ||
+  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
+stages=${*:-mpi fusion tune ddp}
+want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
     shift
     echo "== $name: $*" | tee -a "$out/results.txt"
-    timeout 120 "$@" 2>&1 | tail -12 | tee -a "$out/results.txt"
+    timeout "${limit:-150}" "$@" 2>&1 | tail -40 | tee -a "$out/results.txt"
 }
-if [ -x $b/mpi_vs_loom ]; then
+if want mpi && [ -x $b/mpi_vs_loom ]; then
     run mpi-p2p mpirun -np 2 --bind-to core $b/mpi_vs_loom p2p
     run mpi-allreduce-2 mpirun -np 2 --bind-to core $b/mpi_vs_loom allreduce
     run mpi-allreduce-4 mpirun -np 4 --bind-to core $b/mpi_vs_loom allreduce
 fi
-run fusion-resnet50 $b/loom-fusion-bench -P 4 -m resnet50 -n 5
-run fusion-bert $b/loom-fusion-bench -P 4 -m bert-base -n 3
+if want fusion; then
+    run fusion-resnet50 $b/loom-fusion-bench -P 4 -m resnet50 -n 5
+    run fusion-bert $b/loom-fusion-bench -P 4 -m bert-base -n 3
+fi
+if want tune; then
+    rm -f "$out/tune.txt"
+    run tune-model $b/loom-tune --model -P 4 -o "$out/tune.txt" -r 3
+    limit=300 run tune-fusion $b/loom-tune --fusion -m resnet50 -P 4 -o "$out/tune.txt" -r 3
+    run fusion-resnet50-tuned $b/loom-fusion-bench -P 4 -m resnet50 -n 5 --tune-file "$out/tune.txt"
+fi
+if want ddp; then
+    py=$(command -v python3)
+    "$py" -c "import torch" 2>/dev/null || py=/usr/bin/python3
+    BENCH=$b/loom-fusion-bench PYTHON=$py run ddp-resnet50 perf/fusion-compare.sh -P 4 -m resnet50 -r 3
+fi
