@@ -70,7 +70,7 @@ int log_level(void)
     const char *s = param_str(PARAM_DEBUG_SUBSYS);
     const char *f = param_str(PARAM_DEBUG_FILE);
     pthread_mutex_lock(&log_lock);
-    if (log_level_cached < 0) {
+    if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) {
         gethostname(log_host, sizeof(log_host) - 1);
         char *dot = strchr(log_host, '.');
         if (dot) *dot = '\0';
@@ -98,7 +98,7 @@ int log_level(void)
         __atomic_store_n(&log_level_cached, l, __ATOMIC_RELEASE);
         lvl = l;
     } else {
-        lvl = log_level_cached;
+        lvl = __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
     }
     pthread_mutex_unlock(&log_lock);
     return lvl;

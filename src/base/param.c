@@ -390,7 +390,7 @@ void param_reset_cache(void)
     for (int i = 0; i < PARAM_COUNT; i++)
         __atomic_store_n(&values[i].loaded, false, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&param_lock);
-    log_level_cached = -1;
+    __atomic_store_n(&log_level_cached, -1, __ATOMIC_RELEASE);
 }
 
 void param_atfork(base_fork_phase_t phase)

@@ -12,6 +12,7 @@
  * These are slow loops compared with the native types (a table lookup per input, a few integer
  * operations per output); fp8 traffic is small and the float32 combine dominates anyway.
  */
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -94,20 +95,22 @@ static uint8_t fp8_encode(const fp8_fmt_t *m, float f)
     return sign | (uint8_t)code;
 }
 
-/* Decoding is a table per format, filled on first use (idempotent, so racing threads write the
- * same values). */
+/* Decoding is a table per format, filled once (pthread_once) at first use. */
 static float fp8_table[2][256];
-static _Atomic int fp8_table_ready[2];
+static pthread_once_t fp8_once = PTHREAD_ONCE_INIT;
+
+static void fp8_fill(void)
+{
+    for (int v = 0; v < 256; v++) {
+        fp8_table[0][v] = fp8_decode(&fmt_e4m3, (uint8_t)v);
+        fp8_table[1][v] = fp8_decode(&fmt_e5m2, (uint8_t)v);
+    }
+}
 
 static const float *fp8_widen_table(loomDataType_t type)
 {
-    int t = type == loomFloat8e4m3 ? 0 : 1;
-    if (!fp8_table_ready[t]) {
-        for (int v = 0; v < 256; v++)
-            fp8_table[t][v] = fp8_decode(fp8_fmt(type), (uint8_t)v);
-        fp8_table_ready[t] = 1;
-    }
-    return fp8_table[t];
+    pthread_once(&fp8_once, fp8_fill);
+    return fp8_table[type == loomFloat8e4m3 ? 0 : 1];
 }
 
 float red_fp8_to_float(loomDataType_t type, uint8_t v)

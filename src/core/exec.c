@@ -211,6 +211,8 @@ static void apply_avg(exec_t *e, const sched_step_t *st)
 }
 
 /* Tries to issue step i; returns whether it was (or it finished at once). */
+static loomResult_t complete(exec_t *e, bool *progressed);
+
 static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
 {
     const sched_step_t *st = &e->s->steps[i];
@@ -243,7 +245,15 @@ static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
         e->slot[i] = slot;
         r = l->ops->irecv(l->conn, e->staging + (size_t)slot * e->slot_bytes, bytes, &e->reqs[i]);
     }
-    if (r != loomSuccess) return step_error(e, st, l, r);
+    if (r != loomSuccess) {
+        /* A connection that a message of the wrong length broke refuses new work; the receive in
+         * flight that got that message carries the metadata naming the operation the peer ran
+         * (transports whose metadata travels apart from the payload, such as ucx, may see the
+         * break first): let it report first. */
+        bool moved = false;
+        LOOM_CHECK(complete(e, &moved));
+        return step_error(e, st, l, r);
+    }
     e->state[i] = ST_ISSUED;
     e->inflight[e->ninflight++] = (uint32_t)i;
     *issued = true;

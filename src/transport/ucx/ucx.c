@@ -83,6 +83,10 @@ struct transport_req {
     bool send;
     bool bad_len; /* the payload had another length: meta valid, data not */
     int parts;    /* UCX operations still running (metadata, payload) */
+    /* The wrong length's text, kept until the metadata part (another tag, sent first) has
+     * landed too: the connection fails only then, so that the caller reads the metadata and
+     * names the operation the peer ran, whichever part UCX completes first */
+    char bad_len_text[sizeof(((transport_conn_head_t *)0)->name) + 200];
     ucx_part_t pt[2];
     ucp_tag_recv_info_t info[2];
     ucs_status_t status; /* the first failure of a part */
@@ -228,6 +232,10 @@ static void part_done(transport_req_t *r, int part, ucs_status_t status,
     if (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED)
         c->head.last_activity_ns = base_now_ns();
     if (r->parts == 0) c->head.pending--;
+    if (r->parts == 0 && r->bad_len_text[0]) {
+        conn_fail(c, loomRemoteError, "%s", r->bad_len_text);
+        r->bad_len_text[0] = '\0';
+    }
     if (status == UCS_OK && r->send) return;
     if (!r->send && part == PART_DATA &&
         (status == UCS_ERR_MESSAGE_TRUNCATED || (status == UCS_OK && info->length != r->len))) {
@@ -239,10 +247,14 @@ static void part_done(transport_req_t *r, int part, ucs_status_t status,
             snprintf(got, sizeof(got), "more than %zu bytes", r->len);
         else
             snprintf(got, sizeof(got), "%zu bytes", r->got);
-        conn_fail(c, loomRemoteError,
-                  "%s sent a message of %s where %zu were expected (message %llu): the ranks "
-                  "disagree on the operation",
-                  c->head.name, got, r->len, (unsigned long long)r->seq);
+        snprintf(r->bad_len_text, sizeof(r->bad_len_text),
+                 "%s sent a message of %s where %zu were expected (message %llu): the ranks "
+                 "disagree on the operation",
+                 c->head.name, got, r->len, (unsigned long long)r->seq);
+        if (r->parts == 0) {
+            conn_fail(c, loomRemoteError, "%s", r->bad_len_text);
+            r->bad_len_text[0] = '\0';
+        }
         return;
     }
     if (status == UCS_OK) return;
