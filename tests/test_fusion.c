@@ -854,6 +854,57 @@ START_TEST(step_latency)
 }
 END_TEST
 
+/* A context created without sizes takes the tuning file's (loom-tune --fusion), and a step
+ * through it sums exactly. */
+static int tuned_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)arg;
+    loomFusion_t f;
+    if (loomFusionCreate(&f, comm, NULL) != loomSuccess) return 1;
+    loomFusionConfig_t got;
+    loomFusionGetConfig(f, &got);
+    int bad = got.bucketBytes != 5000000 || got.segmentBytes != 300000;
+    if (bad)
+        fprintf(stderr, "rank %d: bucket %zu segment %zu, the file says 5000000 and 300000\n", r,
+                got.bucketBytes, got.segmentBytes);
+    enum { N = 400000 }; /* two buckets, several segments */
+    float *v = malloc(N * sizeof(float));
+    if (v == NULL) return 1;
+    for (int i = 0; i < N; i++)
+        v[i] = (float)((i + r) % 7);
+    if (loomFusionEnqueue(f, v, N, loomFloat32, loomSum, 1, NULL, NULL, NULL, NULL) !=
+            loomSuccess ||
+        loomFusionWaitAll(f) != loomSuccess)
+        bad++;
+    for (int i = 0; i < N && !bad; i++) {
+        float want = 0;
+        for (int q = 0; q < p; q++)
+            want += (float)((i + q) % 7);
+        if (v[i] != want) bad++;
+    }
+    free(v);
+    loomFusionDestroy(f);
+    return bad;
+}
+
+START_TEST(tuned_sizes)
+{
+    char path[] = "/tmp/loom-fusion-tune-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    const char text[] = "[ranks=* mem=host]\nfusion_threshold = 5000000\nfusion_segment = 300000\n";
+    ck_assert_int_eq(write(fd, text, sizeof(text) - 1), (ssize_t)(sizeof(text) - 1));
+    close(fd);
+    setenv("LOOM_TUNE_FILE", path, 1);
+    param_reset_cache();
+    int bad = h_run_threads(2, tuned_rank, NULL);
+    unsetenv("LOOM_TUNE_FILE");
+    param_reset_cache();
+    unlink(path);
+    ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 START_TEST(edges)
 {
     int bad = h_run_threads(3, empty_rank, NULL);
@@ -882,6 +933,7 @@ int main(void)
         {"abort_in_flight", abort_in_flight, NULL, 120, 2},
         {"peer_gone", peer_gone, NULL, 60, 1},
         {"compressed", compressed, NULL, 240, 8},
+        {"tuned_sizes", tuned_sizes, NULL, 60, 1},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 120);
     return h_check_main(s, false, CK_NORMAL);

@@ -546,3 +546,8 @@ loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, voi
     if (ops != few) free(ops);
     return r;
 }
+
+void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment)
+{
+    comm_fusion_sizes(comm, TUNE_MEM_HOST, bucket, segment);
+}

@@ -75,4 +75,8 @@ uint64_t coll_spin_ns(loomComm_t comm);
 int coll_rank(loomComm_t comm);
 int coll_nranks(loomComm_t comm);
 
+/* Fusion's bucket and segment sizes for host memory: LOOM_FUSION_BUCKET/SEGMENT when set, else
+ * the tuning file's (LOOM_TUNE_FILE, written by loom-tune --fusion), else the defaults. */
+void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment);
+
 #endif

@@ -702,9 +702,13 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
         c.size = sizeof(c);
         c.version = LOOM_FUSION_CONFIG_VERSION;
     }
-    if (c.bucketBytes == 0) c.bucketBytes = param_size(PARAM_FUSION_BUCKET);
+    /* zero sizes: LOOM_FUSION_BUCKET/SEGMENT when set, else the tuning file's (loom-tune
+     * --fusion; every rank read the same file or none), else the defaults */
+    uint64_t tuned_bucket, tuned_segment;
+    coll_fusion_sizes(comm, &tuned_bucket, &tuned_segment);
+    if (c.bucketBytes == 0) c.bucketBytes = tuned_bucket;
     if (c.firstBucketBytes == 0) c.firstBucketBytes = param_size(PARAM_FUSION_FIRST_BUCKET);
-    if (c.segmentBytes == 0) c.segmentBytes = param_size(PARAM_FUSION_SEGMENT);
+    if (c.segmentBytes == 0) c.segmentBytes = tuned_segment;
     if (c.cycleUs == 0) c.cycleUs = (uint64_t)param_int(PARAM_FUSION_CYCLE_US);
     if (c.wire == loomFusionWireExact) {
         const char *w = param_str(PARAM_FUSION_WIRE);
