@@ -1333,7 +1333,7 @@ int main(void)
          .loops = MM_NKINDS},
         {.name = "bad_arguments", .test = test_bad_arguments, .timeout_s = 30},
         {.name = "strangers", .test = test_strangers, .tags = "timing", .timeout_s = 60},
-        {.name = "128_ranks", .test = test_128_ranks, .timeout_s = 90},
+        {.name = "128_ranks", .test = test_128_ranks, .tags = "timing", .timeout_s = 90},
         {.name = "abort_other_thread",
          .tags = "transport",
          .test = test_abort_other_thread,
