@@ -110,7 +110,7 @@ static uint64_t poll_pass(bool *progressed, bool *again, uint64_t *spin)
         snap_cap = pe.cap;
     }
     int n = pe.nsrc;
-    memcpy(snap, pe.src, (size_t)n * sizeof(*snap));
+    if (n > 0) memcpy(snap, pe.src, (size_t)n * sizeof(*snap)); /* snap is NULL until needed */
     for (int i = 0; i < n; i++) {
         if (!attached(snap[i].arg)) continue;
         pe.busy = snap[i].arg;
