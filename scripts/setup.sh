@@ -7,7 +7,8 @@ builddir=${1:-build}
 export PATH=/usr/local/cuda/bin:$PATH
 
 pkgs=(meson ninja-build pkg-config gcc check libopenmpi-dev openmpi-bin libpmix-dev libsodium-dev
-      libgloo-dev g++ iproute2 clang-format valgrind python3-matplotlib libucx-dev ucx-utils clang)
+      libgloo-dev g++ iproute2 clang-format valgrind python3-matplotlib libucx-dev ucx-utils clang
+      mpich)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -184,15 +184,14 @@ START_TEST(precedence)
 #else
     ck_assert_int_eq(e.meet, LAUNCH_MEET_MASTER);
 #endif
-    /* MPICH's Hydra: MPI_Init finds it through PMI_PORT; loom with MPI starts MPI there */
+    /* MPICH's Hydra: loom speaks PMI-1 to its server, at PMI_PORT or over PMI_FD, with or
+     * without MPI in the build */
     tenv_t h = {{{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"PMI_PORT", "host:1234"}}};
-#ifdef LOOM_HAVE_MPI
     e = detect_ok(&h);
     ck_assert_str_eq(e.name, "MPICH/Hydra");
-    ck_assert_int_eq(e.meet, LAUNCH_MEET_MPI);
-#else
-    (void)h;
-#endif
+    ck_assert_int_eq(e.meet, LAUNCH_MEET_PMI1);
+    tenv_t hf = {{{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"PMI_FD", "6"}}};
+    ck_assert_int_eq(detect_ok(&hf).meet, LAUNCH_MEET_PMI1);
     /* mpirun inside a batch script: the script's own SLURM_PROCID=0 (no job step) is ignored */
     tenv_t d = {{{"OMPI_COMM_WORLD_RANK", "3"},
                  {"OMPI_COMM_WORLD_SIZE", "8"},

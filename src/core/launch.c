@@ -7,7 +7,8 @@
  *   2. torchrun      RANK, WORLD_SIZE, LOCAL_RANK
  *   3. Open MPI      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK
  *   4. PMIx          PMIX_RANK (+ PMIX_NAMESPACE; the size is the PMIx server's job size)
- *   5. MPICH/Hydra   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID
+ *   5. MPICH/Hydra   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (or, with -pmi-port, PMI_ID and
+ *                    PMI_PORT; the size is the PMI-1 server's)
  *   6. Slurm         SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
  * Innermost first: torchrun under srun and mpirun inside an allocation are common, and the inner
  * launcher is the one that started this process. Two launchers that report the same size describe
@@ -20,7 +21,8 @@
  * over MPI_COMM_WORLD when the program already runs MPI (rank 0's unique id, and with it the
  * job's secret, is broadcast), else through the launcher's PMIx server when one is reachable (the
  * id travels through PMIx), else over MPI initialised by loom where loom has MPI but no PMIx and
- * MPI_Init can find the launcher (its PMIx server, MPICH's PMI_PORT/PMI_FD), else at
+ * MPI_Init can find the launcher (its PMIx server), else, under MPICH's Hydra (PMI_FD or
+ * PMI_PORT), through its PMI-1 server, which loom speaks itself (pmi1.c), else at
  * MASTER_ADDR:MASTER_PORT. A launcher of more than one rank
  * without either is an error, never a silent one-rank job.
  */
@@ -47,7 +49,7 @@ typedef struct {
     const char *vars;
 } launch_src_t;
 
-enum { SRC_LOOM, SRC_TORCHRUN, SRC_OMPI, SRC_PMIX, SRC_PMI, SRC_SLURM, SRC_COUNT };
+enum { SRC_LOOM, SRC_TORCHRUN, SRC_OMPI, SRC_PMIX, SRC_PMI, SRC_PMI_PORT, SRC_SLURM, SRC_COUNT };
 
 static const launch_src_t launch_srcs[SRC_COUNT] = {
     [SRC_LOOM] = {"loom", "LOOM_RANK", "LOOM_WORLD_SIZE", NULL, "LOOM_RANK/LOOM_WORLD_SIZE"},
@@ -56,6 +58,8 @@ static const launch_src_t launch_srcs[SRC_COUNT] = {
                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"},
     [SRC_PMIX] = {"PMIx", "PMIX_RANK", NULL, NULL, "PMIX_RANK"},
     [SRC_PMI] = {"MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"},
+    /* mpiexec.hydra -pmi-port: only the port and the process's id; the server gives the size */
+    [SRC_PMI_PORT] = {"MPICH/Hydra", "PMI_ID", NULL, "MPI_LOCALRANKID", "PMI_PORT/PMI_ID"},
     [SRC_SLURM] = {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                    "SLURM_PROCID/SLURM_NTASKS"},
 };
@@ -172,11 +176,17 @@ static loomResult_t launch_pick_meet(launch_env_fn env, void *arg, int src, laun
         e->meet = LAUNCH_MEET_PMIX;
         return loomSuccess;
     }
+    /* MPICH's Hydra (and other PMI-1 launchers): loom speaks PMI-1 itself, over the descriptor
+     * or port the launcher left; no MPI library is needed (an Open MPI one could not talk to
+     * Hydra anyway). */
+    if ((src == SRC_PMI || src == SRC_PMI_PORT) &&
+        (launch_get(env, arg, "PMI_PORT") || launch_get(env, arg, "PMI_FD"))) {
+        e->meet = LAUNCH_MEET_PMI1;
+        return loomSuccess;
+    }
     /* Without PMIx in loom, loom can start MPI itself where MPI_Init will find the launcher:
-     * Open MPI's PMIx server, MPICH's PMI port or descriptor. */
-    bool mpi_can_start =
-        ((src == SRC_OMPI || src == SRC_PMIX) && pmix_env) ||
-        (src == SRC_PMI && (launch_get(env, arg, "PMI_PORT") || launch_get(env, arg, "PMI_FD")));
+     * Open MPI's PMIx server. */
+    bool mpi_can_start = (src == SRC_OMPI || src == SRC_PMIX) && pmix_env;
     if (LAUNCH_MPI_BUILT && mpi_can_start) {
         e->meet = LAUNCH_MEET_MPI;
         return loomSuccess;
@@ -288,7 +298,9 @@ static unsigned launch_pmix_gen;
  * so it only needs a lock that nobody holds. */
 void launch_atfork(base_fork_phase_t phase)
 {
-    if (phase == BASE_FORK_CHILD) pthread_mutex_init(&launch_pmix_lock, NULL);
+    if (phase != BASE_FORK_CHILD) return;
+    pthread_mutex_init(&launch_pmix_lock, NULL);
+    pmi1_atfork_child();
 }
 
 __attribute__((destructor)) static void launch_pmix_fini(void)
@@ -387,10 +399,11 @@ static loomResult_t launch_pmix_meet(const launch_env_t *e, loomUniqueId *id, in
     return r;
 }
 #else
-/* Without PMIx there is nothing to reset in a child (fork.c calls this in every build). */
+/* Without PMIx only the PMI-1 client's lock is reset in a child (fork.c calls this in every
+ * build). */
 void launch_atfork(base_fork_phase_t phase)
 {
-    (void)phase;
+    if (phase == BASE_FORK_CHILD) pmi1_atfork_child();
 }
 #endif
 
@@ -423,6 +436,7 @@ loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks)
 #else
         return base_error(loomInternalError, LOG_BOOT, "MPI chosen in a build without MPI");
 #endif
+    case LAUNCH_MEET_PMI1: LOOM_CHECK(launch_pmi1_meet(&e, id, &e.nranks)); break;
     case LAUNCH_MEET_PMIX:
 #ifdef LOOM_HAVE_PMIX
         LOOM_CHECK(launch_pmix_meet(&e, id, &e.nranks));

@@ -20,6 +20,7 @@ typedef enum {
     LAUNCH_MEET_PMIX,    /* rank 0's unique id travels through the launcher's PMIx server */
     LAUNCH_MEET_ID_FILE, /* LOOM_RANK's ranks: rank 0 writes the id to LOOM_ID_FILE (loom-perf) */
     LAUNCH_MEET_MPI,     /* rank 0's unique id broadcast over MPI_COMM_WORLD (loom_mpi.c) */
+    LAUNCH_MEET_PMI1,    /* rank 0's unique id through a PMI-1 server: MPICH's Hydra (pmi1.c) */
 } launch_meet_t;
 
 typedef struct {
@@ -42,6 +43,11 @@ loomResult_t launch_detect(launch_env_fn env, void *arg, launch_env_t *out);
  * launch_detect on the process environment, then the rendezvous it chose. Collective over the
  * launcher's job under PMIx (a fence). */
 loomResult_t launch_uid_from_env(loomUniqueId *id, int *rank, int *nranks);
+
+/* pmi1.c: the rendezvous through the PMI-1 server at PMI_FD or PMI_PORT (collective over the
+ * launcher's job: a barrier), and the reset of its lock in a forked child. */
+loomResult_t launch_pmi1_meet(const launch_env_t *e, loomUniqueId *id, int *nranks);
+void pmi1_atfork_child(void);
 
 #ifdef LOOM_HAVE_MPI
 /* loom_mpi.c: whether MPI runs (initialised, not finalised), and the rendezvous over
