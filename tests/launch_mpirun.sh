@@ -77,17 +77,32 @@ if [ -n "$prog_mpi" ] && run "launch_prog with a late MPI_Init under mpirun -np 
     [ "$n" = 3 ] || fail "launch_prog (late MPI): $n of 3 ranks said ok"
 fi
 
-if run "loom-perf under mpirun -np 4" 0 "${mpi[@]}" -np 4 "$perf" -b 8 -e 64K -f 4 -n 3 -w 1 -c 1
-then
+# perf_ok NAME: $out holds one loom-perf table of 4 ranks, 8 B to 64 KiB by 4, nothing wrong
+perf_ok() {
     grep -q "^# Collective test starting: .* (allreduce, 4 ranks)" "$out" ||
-        fail "loom-perf: no table headed 4 ranks"
-    [ "$(grep -c '^# loom-perf' "$out")" = 1 ] || fail "loom-perf: more than one table"
+        fail "$1: no table headed 4 ranks"
+    [ "$(grep -c '^# loom-perf' "$out")" = 1 ] || fail "$1: more than one table"
     rows=$(grep -cE '^ +[0-9]+ ' "$out")
-    [ "$rows" = 7 ] || fail "loom-perf: $rows rows, expected 7 (8 B to 64 KiB by 4)"
+    [ "$rows" = 7 ] || fail "$1: $rows rows, expected 7 (8 B to 64 KiB by 4)"
     # #wrong is the 9th and the 13th column of each row
     awk '/^ +[0-9]+ / && ($9 != 0 || $13 != 0) { bad = 1 } END { exit bad }' "$out" ||
-        fail "loom-perf: #wrong not 0"
+        fail "$1: #wrong not 0"
+}
+if run "loom-perf under mpirun -np 4" 0 "${mpi[@]}" -np 4 "$perf" -b 8 -e 64K -f 4 -n 3 -w 1 -c 1
+then
+    perf_ok loom-perf
 fi
+# The transports a cluster job picks by name, under the launcher: UCX (its worker addresses
+# travel through the bootstrap) and MPI (loom starts MPI, which finds mpirun's PMIx server).
+for t in ${LOOM_TEST_TRANSPORTS:-}; do
+    if run "loom-perf over $t under mpirun -np 4" 0 "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=$t \
+        -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=NET "$perf" -b 8 -e 64K -f 4 -n 3 -w 1 -c 1; then
+        perf_ok "loom-perf over $t"
+        # every rank's links are the named transport's
+        n=$(grep -cE "loom INFO NET.* $t[: ]" "$out")
+        [ "$n" -ge 4 ] || fail "loom-perf over $t: $n INFO lines of the $t transport, want 4 or more"
+    fi
+done
 
 # Without its PMIx server's address a rank of mpirun's job has no way to meet the others: an
 # error naming what it found and lacks, never a job of one rank.

@@ -203,8 +203,8 @@ static loomResult_t pmi1_open(pmi1_ctx_t *c, char *line)
         errno = 0;
         long v = strtol(fds, &end, 10);
         if (errno || end == fds || *end || v < 0 || v > 1 << 20)
-            return base_error(loomInvalidUsage, LOG_BOOT,
-                              "PMI_FD=%s: not a file descriptor number", fds);
+            return base_error(loomInvalidUsage, LOG_BOOT, "PMI_FD=%s: not a file descriptor number",
+                              fds);
         /* its flags stay the launcher's (an MPI library may use it after loom): the reads
          * poll and never block */
         pmi1_fd = (int)v;
@@ -242,7 +242,9 @@ static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, in
     if (!line) return base_error(loomSystemError, LOG_BOOT, "out of memory");
     const char *fds = getenv("PMI_FD");
     snprintf(how, sizeof(how), "%s=%s", fds ? "PMI_FD" : "PMI_PORT",
-             fds ? fds : getenv("PMI_PORT") ? getenv("PMI_PORT") : "");
+             fds                  ? fds
+             : getenv("PMI_PORT") ? getenv("PMI_PORT")
+                                  : "");
     double t = param_double(PARAM_TIMEOUT);
     pmi1_ctx_t c = {.how = how,
                     .rank = e->rank,
@@ -293,8 +295,8 @@ static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, in
         snprintf(req, PMI1_LINE, "cmd=get kvsname=%s key=%s\n", pmi1_kvs, key);
         r = pmi1_call(&c, req, "get_result", line, PMI1_LINE);
         char *val = r == loomSuccess ? malloc(PMI1_LINE) : NULL;
-        if (r == loomSuccess && (!val || !pmi1_word(line, "value", val, PMI1_LINE) ||
-                                 strlen(val) != hexlen))
+        if (r == loomSuccess &&
+            (!val || !pmi1_word(line, "value", val, PMI1_LINE) || strlen(val) != hexlen))
             r = base_error(loomSystemError, LOG_BOOT,
                            "rank %d: the PMI-1 server (%s) gave no unique id under %s in %s: "
                            "\"%s\"",
@@ -309,8 +311,8 @@ static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, in
         free(val);
     }
     if (r == loomSuccess) {
-        INFO(LOG_BOOT, "rank %d of %d met through the PMI-1 server (%s, space %s, key %s)",
-             e->rank, size, how, pmi1_kvs, key);
+        INFO(LOG_BOOT, "rank %d of %d met through the PMI-1 server (%s, space %s, key %s)", e->rank,
+             size, how, pmi1_kvs, key);
         *nranks = size;
     }
     free(req);
