@@ -40,6 +40,14 @@ for np in 2 4; do
     run "grid over tcp, $np ranks (loomCommInitMpi)" 300 "$np" "${mpi[@]}" -np "$np" \
         -x LOOM_TRANSPORT=tcp -x LOOM_TIMEOUT=30 "$prog" grid
 done
+# UCX under mpirun (when this loom has it: MPI_PROG_UCX=1 from the build), the worker addresses
+# through the bootstrap of a communicator made from MPI
+if [ "${MPI_PROG_UCX:-0}" = 1 ]; then
+    for np in 2 4; do
+        run "grid over ucx, $np ranks (loomCommInitMpi)" 300 "$np" "${mpi[@]}" -np "$np" \
+            -x LOOM_TRANSPORT=ucx -x LOOM_TIMEOUT=30 "$prog" grid
+    done
+fi
 run "grid over mpi, 3 ranks, loomCommInitFromEnv under MPI" 300 3 "${mpi[@]}" -np 3 \
     -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=30 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=BOOT \
     "$prog" grid env && {
