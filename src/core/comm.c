@@ -658,13 +658,23 @@ static loomResult_t parse_algo(int *algo)
 
 /*
  * What the registry's model sees of this communicator. Each constant is the tuning file's
- * measured one when the file has it (loom-tune --model), else the built-in default: the
- * transports' hints (tcp 30 us and 1 GB/s, shm 5 us and 6 GB/s: hand estimates of loopback
- * TCP and of a one-copy memory path on the dev machine, not fitted) and gamma = 1/(5 GB/s), the
- * host's reduction of one output byte per core (the order of src/base/reduce.c's float sum on
- * one EPYC core of the dev machine). The network link is tcp across nodes; the node-local link
- * is shm when it is started, else tcp inside the node.
+ * measured one when the file has it (loom-tune --model), else the built-in default. Inside a node
+ * the defaults are measurements: `loom-tune --model -P 4` on the reference host (the 16 idle cores
+ * of the nvidia-h200 machine, 2026-12-01, perf/RESULTS.md): shared memory 9.87 us and 5.30 GB/s,
+ * tcp over loopback 8.86 us and 5.84 GB/s, and gamma = 1/(4.65 GB/s), the host's reduction of one
+ * output byte. Across nodes no reference network has been measured: the link there is the
+ * transport's own hint (tcp 30 us and 1 GB/s, a conservative estimate of a 10 Gbit/s class
+ * Ethernet path; the other transports' hints alike), which a tuning file measured on the cluster
+ * replaces. The node-local link is shm when it is started, else the network transport inside the
+ * node (tcp's loopback constants when that transport is tcp).
  */
+typedef struct {
+    double alpha_s, beta_s_per_byte;
+} ref_link_t;
+static const ref_link_t ref_shm_local = {9.87e-6, 1.0 / 5.30e9};
+static const ref_link_t ref_tcp_local = {8.86e-6, 1.0 / 5.84e9};
+static const double ref_gamma = 1.0 / 4.65e9;
+
 static registry_model_t comm_model(loomComm_t comm)
 {
     const transport_ops_t *net = comm->net.forced_tp >= 0 && comm->net.tp[comm->net.forced_tp].ops
@@ -675,18 +685,24 @@ static registry_model_t comm_model(loomComm_t comm)
     bool shm = loc != net;
     const tune_entry_t *f = &comm->tune.file[TUNE_MEM_HOST];
     int lt = shm ? TUNE_SHM : TUNE_TCP;
+    ref_link_t hint = {loc->latency_us * 1e-6, 1.0 / (loc->bw_GBps * 1e9)};
+    const ref_link_t *ref_loc = shm                     ? &ref_shm_local
+                                : loc == &transport_tcp ? &ref_tcp_local
+                                                        : &hint;
     bool measured = false;
-#define PICK(meas, hint) ((meas) >= 0 ? (measured = true, (meas)) : (hint))
+#define PICK(meas, dflt) ((meas) >= 0 ? (measured = true, (meas)) : (dflt))
     registry_model_t m = {.nranks = comm->nranks,
                           .nnodes = comm->lay.nnodes,
                           .a_net = PICK(f->alpha[TUNE_TCP][TUNE_NET], net->latency_us * 1e-6),
                           .b_net = PICK(f->beta[TUNE_TCP][TUNE_NET], 1.0 / (net->bw_GBps * 1e9)),
-                          .a_loc = PICK(f->alpha[lt][TUNE_LOCAL], loc->latency_us * 1e-6),
-                          .b_loc = PICK(f->beta[lt][TUNE_LOCAL], 1.0 / (loc->bw_GBps * 1e9)),
-                          .gamma = PICK(f->gamma, 1.0 / 5e9),
+                          .a_loc = PICK(f->alpha[lt][TUNE_LOCAL], ref_loc->alpha_s),
+                          .b_loc = PICK(f->beta[lt][TUNE_LOCAL], ref_loc->beta_s_per_byte),
+                          .gamma = PICK(f->gamma, ref_gamma),
                           .shared_mem = shm};
 #undef PICK
-    m.source = measured ? f->where : "built-in defaults";
+    m.source = measured ? f->where
+                        : "built-in defaults (node-local: measured on the reference host; across "
+                          "nodes: the transport's estimate)";
     /* The wake-up of blocked ranks on an oversubscribed node is added to the built-in latencies
      * only: latencies measured there (loom-tune --model's ping-pong) already contain it. */
     m.oversubscribed = comm->tune.oversubscribed && !measured;
