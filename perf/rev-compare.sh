@@ -3,8 +3,11 @@
 # the host path slower (run it where cores are idle: the GPU machine's CPUs).
 #
 #   scripts/rev-pack.sh REV...        # here: git archive of each revision into .base-src/REV.tar.gz
-#   perf/rev-compare.sh [-r ROUNDS] [-P K] [-a ALGOS] [-b MIN -e MAX -f F] REV...
+#   perf/rev-compare.sh [-r ROUNDS] [-P K] [-a ALGOS] [-b MIN -e MAX -f F] [-L REV] REV...
 #                                     # there (carry .base-src): builds each, then ROUNDS rounds
+#
+# -L REV runs every revision's loom-perf against the library of REV (LD_LIBRARY_PATH; REV is built
+# too): the program's share of a difference, told apart from the library's.
 #
 # Each revision is built host-only (CUDA off, no tests) in /tmp/rev-REV; the working tree itself
 # may be named "." and is built in build-rev. Every round runs every revision once for each
@@ -14,8 +17,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/loom-rev}
-rounds=5 ranks=4 algos=ring min=4M max=64M factor=16
-while getopts "r:P:a:b:e:f:" o; do
+rounds=5 ranks=4 algos=ring min=4M max=64M factor=16 libfrom=
+while getopts "r:P:a:b:e:f:L:" o; do
     case $o in
     r) rounds=$OPTARG ;;
     P) ranks=$OPTARG ;;
@@ -23,6 +26,7 @@ while getopts "r:P:a:b:e:f:" o; do
     b) min=$OPTARG ;;
     e) max=$OPTARG ;;
     f) factor=$OPTARG ;;
+    L) libfrom=$OPTARG ;;
     *) exit 2 ;;
     esac
 done
@@ -32,7 +36,8 @@ mkdir -p "$out"
 export LOOM_SOCKET_IFNAME=lo LOOM_TRANSPORT=${LOOM_TRANSPORT:-shm}
 . "$root/scripts/carried-deps.sh"
 declare -A bin
-for rev in "$@"; do
+for rev in "$@" ${libfrom:+"$libfrom"}; do
+    [ -n "${bin[$rev]:-}" ] && continue
     if [ "$rev" = . ]; then
         src=$root dir=$root/build-rev
     else
@@ -53,6 +58,7 @@ for ((r = 0; r < rounds; r++)); do
         for rev in $(printf '%s\n' "$@" | shuf); do
             env_algo=()
             [ "$algo" = auto ] || env_algo=(LOOM_ALGO=$algo)
+            [ -n "$libfrom" ] && env_algo+=(LD_LIBRARY_PATH=$(dirname "${bin[$libfrom]}"))
             env "${env_algo[@]}" timeout 120 "${bin[$rev]}" -P "$ranks" -b "$min" -e "$max" \
                 -f "$factor" -n 20 -w 5 -c 0 2>&1 | awk -v rev="$rev" -v algo="$algo" \
                 '$1 ~ /^[0-9]+$/ && NF >= 8 { print rev, algo, $1, $6 }' >>"$raw"
