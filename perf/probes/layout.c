@@ -8,7 +8,8 @@
  * layout.sh interleaves them) to see the cost of a layout.
  * `-f` makes the communicator's first call an allreduce of one double (as a framework's first
  * barrier is), before the buffers are filled.
- * usage: layout [-P RANKS] [-s SIZE] [-o SOFF] [-O ROFF] [-n ITERS] [-w WARMUP] [-r ROUNDS] [-H] [-f]
+ * usage: layout [-P RANKS] [-s SIZE] [-o SOFF] [-O ROFF] [-n ITERS] [-w WARMUP] [-r ROUNDS]
+ *               [-H] [-f]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -80,8 +81,8 @@ static int rank_main(int rank, int p, loomUniqueId id, size_t size, size_t soff,
     if (rank == 0)
         printf("layout %d ranks %zu B send+%zu recv+%zu%s%s: %.1f us (median of %d rounds, "
                "%.1f-%.1f)\n",
-               p, size, soff, roff, thp ? " thp" : "", first ? " first-small" : "", t[rounds / 2], rounds, t[0],
-               t[rounds - 1]);
+               p, size, soff, roff, thp ? " thp" : "", first ? " first-small" : "", t[rounds / 2],
+               rounds, t[0], t[rounds - 1]);
     fflush(stdout); /* the rank ends in _exit */
     loomCommDestroy(comm);
     return 0;
@@ -102,7 +103,10 @@ int main(int argc, char **argv)
         case 'r': rounds = atoi(optarg); break;
         case 'H': thp = 1; break;
         case 'f': first = 1; break;
-        default: fprintf(stderr, "usage: layout [-P K] [-s B] [-o SOFF] [-O ROFF] [-n N] [-w W] [-r R] [-H]\n"); return 2;
+        default:
+            fprintf(stderr,
+                    "usage: layout [-P K] [-s B] [-o SOFF] [-O ROFF] [-n N] [-w W] [-r R] [-H]\n");
+            return 2;
         }
     }
     if (p < 1 || iters < 1 || rounds < 1 || size < sizeof(float) || soff % 4 || roff % 4) {
@@ -113,7 +117,8 @@ int main(int argc, char **argv)
     if (loomGetUniqueId(&id) != loomSuccess) return 1;
     fflush(stdout);
     for (int k = 0; k < p; k++)
-        if (fork() == 0) _exit(rank_main(k, p, id, size, soff, roff, iters, warm, rounds, thp, first));
+        if (fork() == 0)
+            _exit(rank_main(k, p, id, size, soff, roff, iters, warm, rounds, thp, first));
     int rc = 0, st;
     while (wait(&st) > 0)
         if (!WIFEXITED(st) || WEXITSTATUS(st)) rc = 1;

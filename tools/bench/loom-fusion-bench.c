@@ -8,6 +8,8 @@
  *   horovod      Horovod's settings replayed by loom: 64 MB buckets (no smaller first bucket,
  *                no segments), a 5 ms cycle
  *   monolithic   one allreduce of all the bytes at once, after the whole step
+ *   fused_bf16   the fused mode with the compressed wire (loomFusionWireBf16: 16-bit values
+ *                with a scale per 256), checked against the error bound it reports
  * With --gflops R, each tensor is preceded by its layer's simulated backward compute (a busy
  * loop of flops x batch / R), and the fused step is also run with it, against compute alone:
  * hidden_pct is the share of the fused communication that the compute hid.
@@ -30,9 +32,9 @@ typedef struct {
     int batch;
 } opts_t;
 
-enum { M_PER, M_FUSED, M_TUNED, M_HOROVOD, M_MONO, M_FUSED_C, M_COMPUTE, M_N };
-static const char *const mode_names[M_N] = {"per_tensor", "fused",         "tuned",  "horovod",
-                                            "monolithic", "fused+compute", "compute"};
+enum { M_PER, M_FUSED, M_TUNED, M_HOROVOD, M_MONO, M_BF16, M_FUSED_C, M_COMPUTE, M_N };
+static const char *const mode_names[M_N] = {"per_tensor", "fused",      "tuned",         "horovod",
+                                            "monolithic", "fused_bf16", "fused+compute", "compute"};
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -65,10 +67,11 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     const tune_entry_t *te = &comm->tune.file[TUNE_MEM_HOST];
     size_t tb = te->fusion_threshold, ts = te->fusion_segment;
     loomFusion_t fx[M_N] = {NULL};
-    fx[M_FUSED] = fx[M_FUSED_C] = replay_fusion(&r, 0, 0, 0, 0);
-    fx[M_TUNED] = replay_fusion(&r, tb, 0, ts, 0);
-    fx[M_HOROVOD] = replay_fusion(&r, 64000000, 64000000, 64000000, 5000);
-    if (!fx[M_FUSED] || !fx[M_TUNED] || !fx[M_HOROVOD]) {
+    fx[M_FUSED] = fx[M_FUSED_C] = replay_fusion(&r, 0, 0, 0, 0, loomFusionWireExact);
+    fx[M_TUNED] = replay_fusion(&r, tb, 0, ts, 0, loomFusionWireExact);
+    fx[M_HOROVOD] = replay_fusion(&r, 64000000, 64000000, 64000000, 5000, loomFusionWireExact);
+    fx[M_BF16] = replay_fusion(&r, 0, 0, 0, 0, loomFusionWireBf16);
+    if (!fx[M_FUSED] || !fx[M_TUNED] || !fx[M_HOROVOD] || !fx[M_BF16]) {
         fprintf(stderr, "loom-fusion-bench: %s\n", r.err);
         return 2;
     }
@@ -131,7 +134,15 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
                m.name, nranks, med[M_PER] * 1e6, med[M_FUSED] * 1e6, med[M_TUNED] * 1e6,
                med[M_MONO] * 1e6, hidden, wrong);
         printf("# horovod_us=%.1f\n", med[M_HOROVOD] * 1e6);
+        loomFusionStats_t st;
+        if (loomFusionGetStats(fx[M_BF16], &st) == loomSuccess)
+            printf("# fused_bf16_us=%.1f wire_bytes_per_step=%.0f exact_bytes_per_step=%.0f "
+                   "max_rel_error=%.3g mean_rel_error=%.3g\n",
+                   med[M_BF16] * 1e6, (double)st.wireBytes / (o->iters + o->warmup),
+                   (double)m.total * 4 * 2 * (nranks - 1) / nranks, st.maxRelError,
+                   st.meanRelError);
     }
+    loomFusionDestroy(fx[M_BF16]);
     loomFusionDestroy(fx[M_HOROVOD]);
     loomFusionDestroy(fx[M_TUNED]);
     loomFusionDestroy(fx[M_FUSED]);

@@ -46,7 +46,7 @@ typedef struct {
 static double fusion_cost(void *arg, const uint64_t *v)
 {
     fusion_arg_t *a = arg;
-    loomFusion_t fx = replay_fusion(a->r, v[0], 0, v[1], 0);
+    loomFusion_t fx = replay_fusion(a->r, v[0], 0, v[1], 0, loomFusionWireExact);
     if (!fx) return -1;
     double t = replay_step(a->r, REPLAY_FUSED, fx, false);
     if (loomFusionDestroy(fx) != loomSuccess) return -1;
@@ -66,7 +66,7 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
         fprintf(stderr, "loom-tune: rank %d: %s\n", rank, r.err);
         return 2;
     }
-    loomFusion_t def = replay_fusion(&r, 0, 0, 0, 0);
+    loomFusion_t def = replay_fusion(&r, 0, 0, 0, 0, loomFusionWireExact);
     loomFusionConfig_t c = LOOM_FUSION_CONFIG_INITIALIZER;
     if (!def || loomFusionGetConfig(def, &c) != loomSuccess || loomFusionDestroy(def)) {
         fprintf(stderr, "loom-tune: %s\n", r.err);

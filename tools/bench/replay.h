@@ -55,9 +55,10 @@ void replay_free(replay_t *r);
  * refilled and the results checked outside the timed part. */
 double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool compute);
 
-/* A fusion context on r->comm with these settings (0: the library's default); NULL with
- * r->err on failure. */
+/* A fusion context on r->comm with these settings (0: the library's default) and wire format
+ * (loomFusionWire_t); NULL with r->err on failure. A step through a compressed context is checked
+ * against the error bound the context reports, not bit for bit. */
 loomFusion_t replay_fusion(replay_t *r, size_t bucket, size_t first, size_t segment,
-                           uint64_t cycle_us);
+                           uint64_t cycle_us, int wire);
 
 #endif
