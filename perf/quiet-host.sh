@@ -22,7 +22,7 @@ export LOOM_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 nproc > "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
 { meson setup build-quiet -Dcuda=disabled -Dtests=false --buildtype=release >/dev/null &&
-  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune; } > "$out/build.txt" 2>&1 ||
+  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
 stages=${*:-mpi fusion tune ddp}
@@ -39,6 +39,7 @@ if want mpi && [ -x $b/mpi_vs_loom ]; then
     run mpi-allreduce-4 mpirun -np 4 --bind-to core $b/mpi_vs_loom allreduce
 fi
 if want fusion; then
+    run codec $b/codecbench
     run fusion-resnet50 $b/loom-fusion-bench -P 4 -m resnet50 -n 5
     run fusion-bert $b/loom-fusion-bench -P 4 -m bert-base -n 3
 fi

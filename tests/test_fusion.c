@@ -14,8 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fuse.h"
 #include "harness.h"
 #include "loom_internal.h"
+#include "reduce.h"
 
 /* ---- inputs whose reduction is exact in any order ---- */
 
@@ -905,6 +907,74 @@ START_TEST(tuned_sizes)
 }
 END_TEST
 
+/* The codec's fast bfloat16 path against the general conversion: for chunks of mixed
+ * magnitudes, subnormal results, zeros, exact values, ties, short tails and non-finite values,
+ * the wire bytes are what scaling by the header's power of two, red_narrow16's rounding and the
+ * largest |widened x scale - x| give, and decoding gives back the widened values times the scale
+ * (NaN kept, the chunk's largest finite magnitude reported). */
+START_TEST(codec_bf16_reference)
+{
+    enum { N = FUSE_CHUNK * 9 + 77 };
+    size_t elems = (N + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK;
+    float *x = calloc(N, sizeof(float)), *back = calloc(elems, sizeof(float));
+    uint8_t *w = calloc(fuse_wire_bytes(elems), 1);
+    float *mx = calloc(elems / FUSE_CHUNK, sizeof(float));
+    uint64_t st = 12345;
+    for (size_t i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t r = (uint32_t)(st >> 33);
+        size_t c = i / FUSE_CHUNK;
+        float mag = ldexpf(1.0f, (int)(r % 60) - 30);
+        x[i] = c == 0   ? 0.0f                            /* all zero */
+               : c == 1 ? (float)((int)(r % 200) - 100)   /* integers */
+               : c == 2 ? ldexpf((float)(r % 1024), -140) /* subnormal */
+               : c == 3 ? (i % 2 ? 1.0f + ldexpf(1.0f, -8) : -1.0f - 3 * ldexpf(1, -8)) /* ties */
+               : c == 4 ? (i == 4 * FUSE_CHUNK + 5 ? 1e30f : ldexpf((float)r, -40))     /* spread */
+                        : (r & 1 ? mag : -mag) * (1.0f + (float)(r % 977) / 977.0f);
+    }
+    x[7 * FUSE_CHUNK + 3] = NAN;       /* a NaN chunk travels unscaled, by the general path */
+    x[8 * FUSE_CHUNK + 9] = -INFINITY; /* and so does an infinite one */
+    fuse_encode(loomFusionWireBf16, x, N, elems, NULL, w);
+    for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
+        const uint8_t *ck = w + c * fuse_wire_bytes(FUSE_CHUNK);
+        float hdr[2];
+        memcpy(hdr, ck, sizeof(hdr));
+        size_t lo = c * FUSE_CHUNK, m = lo + FUSE_CHUNK <= N ? FUSE_CHUNK : N - lo;
+        float y[FUSE_CHUNK] = {0}, yb[FUSE_CHUNK];
+        uint16_t want[FUSE_CHUNK], got[FUSE_CHUNK];
+        for (size_t i = 0; i < m; i++)
+            y[i] = x[lo + i] / hdr[0];
+        red_narrow16(loomBfloat16, want, y, FUSE_CHUNK);
+        memcpy(got, ck + 8, sizeof(got));
+        ck_assert_msg(memcmp(want, got, sizeof(got)) == 0, "chunk %zu: wire values differ", c);
+        red_widen16(loomBfloat16, yb, want, FUSE_CHUNK);
+        float err = 0;
+        for (size_t i = 0; i < m; i++) {
+            float e = fabsf(yb[i] * hdr[0] - x[lo + i]);
+            err = e > err ? e : err;
+        }
+        bool nonfinite = c == 7 || c == 8;
+        if (!nonfinite)
+            ck_assert_msg(memcmp(&err, &hdr[1], sizeof(err)) == 0, "chunk %zu: error %a, header %a",
+                          c, (double)err, (double)hdr[1]);
+        ck_assert_msg(nonfinite == (hdr[0] == 1.0f) || c == 0, "chunk %zu: scale %a", c,
+                      (double)hdr[0]);
+    }
+    fuse_decode(loomFusionWireBf16, w, elems, back, false, NULL, mx);
+    for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
+        float big = 0;
+        for (size_t i = c * FUSE_CHUNK; i < (c + 1) * FUSE_CHUNK; i++)
+            if (!isnan(back[i]) && fabsf(back[i]) > big) big = fabsf(back[i]);
+        ck_assert_msg(mx[c] == big, "chunk %zu: largest magnitude %a, want %a", c, (double)mx[c],
+                      (double)big);
+    }
+    ck_assert(isnan(back[7 * FUSE_CHUNK + 3]));
+    ck_assert(back[8 * FUSE_CHUNK + 9] == -INFINITY);
+    ck_assert(back[3] == 0.0f && back[FUSE_CHUNK + 1] == x[FUSE_CHUNK + 1]);
+    free(x), free(back), free(w), free(mx);
+}
+END_TEST
+
 START_TEST(edges)
 {
     int bad = h_run_threads(3, empty_rank, NULL);
@@ -918,6 +988,7 @@ int main(void)
     Suite *s = suite_create("fusion");
     const h_case_t cases[] = {
         {"edges", edges, "lifetime", 60, 1},
+        {"codec_bf16_reference", codec_bf16_reference, NULL, 60, 1},
         {"abort_threads", abort_threads, "lifetime", 120, 1},
         {"step_latency", step_latency, NULL, 60, 1},
         {"mismatch_one", mismatch, "lifetime", 120, 1},

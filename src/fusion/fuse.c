@@ -41,6 +41,24 @@ static loomDataType_t wire_type(int wire)
 
 /* A chunk at a time through stack buffers: every loop is a plain array loop the compiler
  * vectorises, and the conversions are the host reductions' own (F16C where present). */
+/* bfloat16 of a finite float, rounded to nearest even, and back: on the bits, one pass the
+ * compiler vectorises (red_narrow16's result for every finite input; NaN and infinity take the
+ * general path, which keeps their payloads). */
+static inline uint16_t bf16_rne(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof(b));
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+static inline float bf16_widen(uint16_t v)
+{
+    uint32_t b = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &b, sizeof(f));
+    return f;
+}
+
 void fuse_encode(int wire, const float *src, size_t n, size_t elems, const float *err, uint8_t *out)
 {
     loomDataType_t wt = wire_type(wire);
@@ -48,23 +66,46 @@ void fuse_encode(int wire, const float *src, size_t n, size_t elems, const float
     _Alignas(64) uint16_t v[FUSE_CHUNK];
     for (size_t c = 0; c < elems / FUSE_CHUNK; c++) {
         size_t lo = c * FUSE_CHUNK, m = lo < n ? LOOM_MIN(FUSE_CHUNK, n - lo) : 0;
-        float amax = 0;
-        bool finite = true;
+        /* The largest magnitude, as the largest bit pattern of |x|: for non-negative floats the
+         * integer order is the float order, NaN's patterns lie above infinity's, and an integer
+         * maximum vectorises where a float one (NaN's rules) does not. */
+        uint32_t abits = 0;
         for (size_t i = 0; i < m; i++) {
-            float a = fabsf(src[lo + i]);
-            finite &= a <= 3.4028235e38f; /* false for inf and NaN */
-            amax = a > amax ? a : amax;
+            uint32_t b;
+            memcpy(&b, &src[lo + i], sizeof(b));
+            b &= 0x7fffffffu;
+            abits = b > abits ? b : abits;
         }
+        bool finite = abits < 0x7f800000u; /* false for inf and NaN */
+        float amax;
+        memcpy(&amax, &abits, sizeof(amax));
         float scale = finite ? chunk_scale(amax) : 1.0f, inv = 1.0f / scale;
-        for (size_t i = 0; i < FUSE_CHUNK; i++)
-            x[i] = i < m ? src[lo + i] * inv : 0.0f;
-        red_narrow16(wt, v, x, FUSE_CHUNK);
         float maxerr = 0;
-        if (err == NULL) {
-            red_widen16(wt, back, v, FUSE_CHUNK);
+        if (finite && wt == loomBfloat16) {
+            /* the common case in one pass: scale, round, and the error of the rounding (the
+             * same numbers as the general path's; errors are finite and non-negative, so their
+             * maximum is taken on the bits too) */
+            uint32_t ebits = 0;
             for (size_t i = 0; i < m; i++) {
-                float e = fabsf(back[i] * scale - src[lo + i]);
-                maxerr = e > maxerr ? e : maxerr;
+                v[i] = bf16_rne(src[lo + i] * inv);
+                float e = fabsf(bf16_widen(v[i]) * scale - src[lo + i]);
+                uint32_t b;
+                memcpy(&b, &e, sizeof(b));
+                ebits = b > ebits ? b : ebits;
+            }
+            memcpy(&maxerr, &ebits, sizeof(maxerr));
+            for (size_t i = m; i < FUSE_CHUNK; i++)
+                v[i] = 0;
+        } else {
+            for (size_t i = 0; i < FUSE_CHUNK; i++)
+                x[i] = i < m ? src[lo + i] * inv : 0.0f;
+            red_narrow16(wt, v, x, FUSE_CHUNK);
+            if (err == NULL) {
+                red_widen16(wt, back, v, FUSE_CHUNK);
+                for (size_t i = 0; i < m; i++) {
+                    float e = fabsf(back[i] * scale - src[lo + i]);
+                    maxerr = e > maxerr ? e : maxerr;
+                }
             }
         }
         uint8_t *ck = out + c * CHUNK_WIRE;
@@ -83,13 +124,25 @@ void fuse_decode(int wire, const uint8_t *in, size_t elems, float *dst, bool acc
         const uint8_t *ck = in + c * CHUNK_WIRE;
         float hdr[2];
         memcpy(hdr, ck, sizeof(hdr));
-        red_widen16(wt, x, ck + CHUNK_HDR, FUSE_CHUNK);
-        float *d = dst + c * FUSE_CHUNK, m = 0;
+        if (wt == loomBfloat16) {
+            _Alignas(64) uint16_t v[FUSE_CHUNK];
+            memcpy(v, ck + CHUNK_HDR, sizeof(v));
+            for (size_t i = 0; i < FUSE_CHUNK; i++)
+                x[i] = bf16_widen(v[i]);
+        } else {
+            red_widen16(wt, x, ck + CHUNK_HDR, FUSE_CHUNK);
+        }
+        float *d = dst + c * FUSE_CHUNK, m;
+        uint32_t mbits = 0; /* the largest |x| on the bits, as in fuse_encode; NaN left out */
         for (size_t i = 0; i < FUSE_CHUNK; i++) {
             x[i] *= hdr[0];
-            float a = fabsf(x[i]);
-            m = a > m ? a : m;
+            uint32_t b;
+            memcpy(&b, &x[i], sizeof(b));
+            b &= 0x7fffffffu;
+            b = b > 0x7f800000u ? 0 : b;
+            mbits = b > mbits ? b : mbits;
         }
+        memcpy(&m, &mbits, sizeof(m));
         if (accumulate)
             for (size_t i = 0; i < FUSE_CHUNK; i++)
                 d[i] += x[i];
