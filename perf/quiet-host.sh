@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -22,10 +22,10 @@ export LOOM_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 nproc > "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
 { meson setup build-quiet -Dcuda=disabled -Dtests=false --buildtype=release >/dev/null &&
-  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout; } > "$out/build.txt" 2>&1 ||
+  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp}
+stages=${*:-mpi fusion tune ddp algos}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -53,4 +53,11 @@ if want ddp; then
     py=$(command -v python3)
     "$py" -c "import torch" 2>/dev/null || py=/usr/bin/python3
     BENCH=$b/loom-fusion-bench PYTHON=$py run ddp-resnet50 perf/fusion-compare.sh -P 4 -m resnet50 -r 3
+fi
+if want algos; then
+    # the automatic choice against every flat algorithm, 4 ranks on shm, checked runs
+    limit=400 run algos-4 /usr/bin/python3 perf/sweep -b 8 -e 64M -f 8 -P 4 \
+        --algos "auto ring rd rabenseifner tree" --peers "" -r 3 --no-plots --loom $b/loom-perf \
+        -o "$out/sweep-algos"
+    cat "$out/sweep-algos/summary.md" >>"$out/results.txt" 2>/dev/null
 fi
