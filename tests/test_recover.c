@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -23,14 +24,14 @@
 
 #define TEXT_MAX 2200
 
-__attribute__((unused)) static double now_s(void)
+static double now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-__attribute__((unused)) static void *shared_map(size_t bytes)
+static void *shared_map(size_t bytes)
 {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(p != MAP_FAILED);
@@ -165,12 +166,239 @@ START_TEST(test_root_mismatch)
 }
 END_TEST
 
+/* ---- loomCommShrink after a killed rank ------------------------------------------------- */
+
+#define SH_MAX 8
+
+typedef struct {
+    int victim;   /* killed after the warm-up */
+    int flags;    /* LOOM_SHRINK_* */
+    int bad_list; /* 1: rank 2 also excludes rank 1; 2: rank 1 also excludes rank 0 */
+    loomResult_t broken[SH_MAX], shrunk[SH_MAX];
+    int new_rank[SH_MAX], new_size[SH_MAX];
+    int exact[SH_MAX]; /* allreduces on the shrunk communicator that were exact */
+    double shrink_s[SH_MAX];
+    char text[SH_MAX][TEXT_MAX];
+} shrink_t;
+
+static const size_t sh_counts[] = {1, 1000, 100003};
+#define SH_NCOUNTS (sizeof(sh_counts) / sizeof(sh_counts[0]))
+
+/* Exact allreduces of every count on comm whose members are the parent ranks in members[]:
+ * element i of parent rank q is q * 1000003 + i, so each sum is known and fits an int64. */
+static int exact_allreduces(loomComm_t comm, const int *members, int n, int parent_rank)
+{
+    int ok = 0;
+    for (size_t c = 0; c < SH_NCOUNTS; c++) {
+        size_t cnt = sh_counts[c];
+        int64_t *buf = malloc(cnt * sizeof(int64_t));
+        for (size_t i = 0; i < cnt; i++)
+            buf[i] = (int64_t)parent_rank * 1000003 + (int64_t)i;
+        loomResult_t r = loomAllReduce(buf, buf, cnt, loomInt64, loomSum, comm, NULL);
+        bool good = r == loomSuccess;
+        for (size_t i = 0; i < cnt && good; i++) {
+            int64_t want = 0;
+            for (int k = 0; k < n; k++)
+                want += (int64_t)members[k] * 1000003 + (int64_t)i;
+            good = buf[i] == want;
+        }
+        if (!good)
+            fprintf(stderr, "parent rank %d: allreduce of %zu on the shrunk comm: %d %s\n",
+                    parent_rank, cnt, (int)r, r ? loomGetLastError(NULL) : "(wrong sum)");
+        ok += good;
+        free(buf);
+    }
+    return ok;
+}
+
+static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    shrink_t *m = p;
+    int32_t x = rank;
+    if (loomAllReduce(&x, &x, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    if (rank == m->victim) raise(SIGKILL);
+    /* The survivors' next call fails: the victim is gone. */
+    m->broken[rank] = loomAllReduce(&x, &x, 1, loomInt32, loomSum, comm, NULL);
+    int excl[3] = {m->victim}, nex = 1;
+    if (m->bad_list == 1 && rank == 2) excl[nex++] = 1;
+    if (m->bad_list == 2 && rank == 1) excl[nex++] = 0;
+    loomComm_t nc = NULL;
+    double t0 = now_s();
+    m->shrunk[rank] = loomCommShrink(comm, excl, nex, &nc, NULL, m->flags);
+    m->shrink_s[rank] = now_s() - t0;
+    collect_text(comm, m->text[rank], TEXT_MAX);
+    if (m->shrunk[rank] == loomSuccess) {
+        loomCommCount(nc, &m->new_size[rank]);
+        loomCommUserRank(nc, &m->new_rank[rank]);
+        int members[SH_MAX], n = 0;
+        for (int q = 0; q < nranks; q++)
+            if (q != m->victim) members[n++] = q;
+        m->exact[rank] = exact_allreduces(nc, members, n, rank);
+        loomCommDestroy(nc);
+    }
+    return 0;
+}
+
+/* 4 and 8 ranks, over tcp and over shm; the last rank or a middle one killed. */
+START_TEST(test_shrink_killed)
+{
+    int nranks = _i & 1 ? 8 : 4;
+    const char *tp = _i & 2 ? "shm" : "tcp";
+    setenv("LOOM_TRANSPORT", tp, 1);
+    shrink_t *m = shared_map(sizeof(*m));
+    m->victim = _i & 1 ? 3 : nranks - 1;
+    m->flags = _i & 2 ? LOOM_SHRINK_ABORT : LOOM_SHRINK_DEFAULT;
+    int status[SH_MAX];
+    h_run_procs(nranks, shrink_rank, m, 40, status);
+    for (int r = 0, want = 0; r < nranks; r++) {
+        if (r == m->victim) {
+            ck_assert_int_eq(status[r], 128 + SIGKILL);
+            continue;
+        }
+        fprintf(stderr,
+                "%s, %d ranks: rank %d: broken %d, shrink %d in %.2f s -> rank %d of %d: %s\n", tp,
+                nranks, r, (int)m->broken[r], (int)m->shrunk[r], m->shrink_s[r], m->new_rank[r],
+                m->new_size[r], m->text[r]);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(m->broken[r] != loomSuccess, "rank %d: an allreduce without rank %d worked",
+                      r, m->victim);
+        ck_assert_msg(m->shrunk[r] == loomSuccess, "%s, %d ranks: rank %d: shrink failed: %s", tp,
+                      nranks, r, m->text[r]);
+        ck_assert_int_eq(m->new_size[r], nranks - 1);
+        ck_assert_int_eq(m->new_rank[r], want++);
+        ck_assert_msg(m->exact[r] == (int)SH_NCOUNTS, "rank %d: %d of %zu allreduces exact", r,
+                      m->exact[r], SH_NCOUNTS);
+        ck_assert_msg(m->shrink_s[r] < 5, "rank %d: shrink took %.2f s", r, m->shrink_s[r]);
+    }
+}
+END_TEST
+
+/* Survivors that disagree on the list: every one fails, naming the ranks and their lists,
+ * within LOOM_TIMEOUT (and at once when they meet at the same rank). */
+START_TEST(test_shrink_disagree)
+{
+    shrink_t *m = shared_map(sizeof(*m));
+    m->victim = 3;
+    m->bad_list = _i + 1;
+    int status[4];
+    h_run_procs(4, shrink_rank, m, 40, status);
+    for (int r = 0; r < 3; r++) {
+        fprintf(stderr, "lists %d: rank %d: shrink %d in %.2f s: %s\n", m->bad_list, r,
+                (int)m->shrunk[r], m->shrink_s[r], m->text[r]);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(m->shrunk[r] == loomInvalidUsage, "rank %d: shrink returned %d: %s", r,
+                      (int)m->shrunk[r], m->text[r]);
+        const char *t = m->text[r];
+        if (m->bad_list == 1) {
+            ck_assert_msg(strstr(t, "rank 2 excludes [1 3]") && strstr(t, "excludes [3]"),
+                          "rank %d's error does not name both lists: '%s'", r, t);
+            ck_assert_msg(m->shrink_s[r] < 3, "rank %d took %.2f s", r, m->shrink_s[r]);
+        } else {
+            /* Ranks 0 and 2 meet at rank 0, rank 1 waits for rank 2 at itself. */
+            ck_assert_msg(strstr(t, "did not call loomCommShrink") && strstr(t, "not agree"),
+                          "rank %d's error does not name the missing rank: '%s'", r, t);
+            ck_assert_msg(m->shrink_s[r] < 5 + 3, "rank %d took %.2f s", r, m->shrink_s[r]);
+        }
+    }
+}
+END_TEST
+
+/* LOOM_SHRINK_ABORT while another thread is blocked in an allreduce on the parent (its peer is
+ * stopped, so nothing fails by itself): the default mode refuses, the abort mode ends the
+ * allreduce at once and builds the child. */
+typedef struct {
+    loomComm_t comm;
+    loomResult_t res;
+    double end;
+} blocked_t;
+
+static void *blocked_main(void *p)
+{
+    blocked_t *b = p;
+    int32_t x = 1;
+    b->res = loomAllReduce(&x, &x, 1, loomInt32, loomSum, b->comm, NULL);
+    b->end = now_s();
+    return NULL;
+}
+
+typedef struct {
+    loomResult_t refused[4], shrunk[4], blocked[4];
+    double blocked_after[4];
+    int exact[4];
+    char text[4][TEXT_MAX];
+} outstanding_t;
+
+static int outstanding_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    outstanding_t *m = p;
+    int32_t x = rank;
+    if (loomAllReduce(&x, &x, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    if (rank == 3) {
+        raise(SIGSTOP);
+        return 0;
+    }
+    blocked_t b = {.comm = comm};
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_main, &b);
+    usleep(300000);
+    int excl = 3;
+    loomComm_t nc = NULL;
+    m->refused[rank] = loomCommShrink(comm, &excl, 1, &nc, NULL, LOOM_SHRINK_DEFAULT);
+    collect_text(comm, m->text[rank], TEXT_MAX);
+    double t0 = now_s();
+    m->shrunk[rank] = loomCommShrink(comm, &excl, 1, &nc, NULL, LOOM_SHRINK_ABORT);
+    pthread_join(t, NULL);
+    m->blocked[rank] = b.res;
+    m->blocked_after[rank] = b.end - t0;
+    if (m->shrunk[rank] == loomSuccess) {
+        int members[3] = {0, 1, 2};
+        m->exact[rank] = exact_allreduces(nc, members, 3, rank);
+        loomCommDestroy(nc);
+    } else {
+        collect_text(comm, m->text[rank], TEXT_MAX);
+    }
+    if (rank == 0) {
+        /* Every survivor is done with the parent: the stopped rank may go. */
+        pid_t pid = h_child_pid(3);
+        if (pid > 0) kill(pid, SIGKILL);
+    }
+    return 0;
+}
+
+START_TEST(test_shrink_outstanding)
+{
+    setenv("LOOM_TIMEOUT", "30", 1); /* nothing may end the blocked call but the abort */
+    outstanding_t *m = shared_map(sizeof(*m));
+    int status[4];
+    h_run_procs(4, outstanding_rank, m, 40, status);
+    for (int r = 0; r < 3; r++) {
+        fprintf(stderr, "rank %d: default %d, abort %d, blocked call %d after %.2f s: %s\n", r,
+                (int)m->refused[r], (int)m->shrunk[r], (int)m->blocked[r], m->blocked_after[r],
+                m->text[r]);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(m->refused[r] == loomInvalidUsage && strstr(m->text[r], "outstanding"),
+                      "rank %d: the default mode did not refuse the outstanding call: %d '%s'", r,
+                      (int)m->refused[r], m->text[r]);
+        ck_assert_msg(m->shrunk[r] == loomSuccess, "rank %d: abort mode failed: %s", r, m->text[r]);
+        ck_assert_msg(m->blocked[r] == loomRemoteError, "rank %d: the blocked call returned %d", r,
+                      (int)m->blocked[r]);
+        ck_assert_msg(m->blocked_after[r] < 3, "rank %d: the blocked call left after %.2f s", r,
+                      m->blocked_after[r]);
+        ck_assert_int_eq(m->exact[r], (int)SH_NCOUNTS);
+    }
+}
+END_TEST
+
 int main(void)
 {
     setenv("LOOM_TIMEOUT", "5", 1);
     Suite *s = suite_create("recover");
     const h_case_t cases[] = {
         {.name = "root_mismatch", .test = test_root_mismatch, .timeout_s = 30, .loops = 12},
+        {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 4},
+        {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
+        {.name = "shrink_outstanding", .test = test_shrink_outstanding, .timeout_s = 60},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 60);
     return h_check_main(s, true, CK_VERBOSE);
