@@ -294,13 +294,16 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
              "meet",
              comm->rank, root, as);
     LOOM_CHECK_GOTO(sock_send_all(fd, rec, sizeof(*rec), dl, what), r, out);
-    LOOM_CHECK_GOTO(
-        sock_send_all(fd, excl, (size_t)rec->nexclude * sizeof(int32_t), dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_send_all(fd, excl, (size_t)rec->nexclude * sizeof(int32_t), dl, what), r,
+                    out);
     LOOM_CHECK_GOTO(sock_send_all(fd, addr, rec->info.addr_bytes, dl, what), r, out);
     snprintf(what, sizeof(what),
              "loomCommShrink: rank %d waiting for rank %d (%s) to hear from all %d survivors "
              "(does every survivor call loomCommShrink with the same exclude list?)",
              comm->rank, root, as, n);
+    /* The meeting point's own deadline rules: it answers (with an error naming whoever did not
+     * come) just after it, so wait a little longer than that for its answer. */
+    dl += 2000000000ull;
     shrink_reply_t rep;
     LOOM_CHECK_GOTO(sock_recv_all(fd, &rep, sizeof(rep), dl, what), r, out);
     if (rep.status != 0) {
@@ -393,9 +396,9 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
         }
         LOOM_CHECK_GOTO(shrink_serve(comm, key, surv, n, excl, nexclude, table, addrs, dl), r, out);
     } else {
-        LOOM_CHECK_GOTO(shrink_join(comm, key, surv[0], n, &rec, excl, child->net.my_addr, table,
-                                    addrs, dl),
-                        r, out);
+        LOOM_CHECK_GOTO(
+            shrink_join(comm, key, surv[0], n, &rec, excl, child->net.my_addr, table, addrs, dl), r,
+            out);
     }
     size_t total = 0;
     for (int i = 0; i < n; i++) {
