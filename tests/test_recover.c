@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -390,6 +391,203 @@ START_TEST(test_shrink_outstanding)
 }
 END_TEST
 
+/* ---- restarting in the same process ---------------------------------------------------- */
+/* Twenty rounds of: a job of 4 (three processes that live through every round and a new one),
+ * an exact allreduce, the new member killed (even rounds) or aborting (odd rounds), the
+ * survivors' failed call, a shrink to the three and exact allreduces there, then the parent
+ * aborted (even) or destroyed (odd) and a new job with a new unique id. Descriptors, threads and
+ * the heap must not grow from round to round. */
+
+#define RS_ROUNDS 20
+#define RS_N 4 /* ranks 0-2 live through every round; rank 3 is a new process each round */
+#define RS_COUNT 1000
+#define RS_WAIT_S 30
+
+typedef struct {
+    atomic_int round; /* k + 1 once rank 0 has published round k's id */
+    loomUniqueId id[RS_ROUNDS];
+    atomic_int ready[RS_ROUNDS];     /* ranks whose first allreduce of the round is done */
+    atomic_int gone[RS_ROUNDS];      /* the new member was killed or aborted and exited */
+    atomic_int torn_down[RS_ROUNDS]; /* survivors that aborted or destroyed their comm */
+    int fds[RS_N][RS_ROUNDS], threads[RS_N][RS_ROUNDS];
+    long long heap[RS_N][RS_ROUNDS];
+    loomResult_t broken[RS_N][RS_ROUNDS];
+    int failed_round[RS_N];
+    char text[RS_N][TEXT_MAX];
+} restart_t;
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n - 1; /* the directory's own descriptor */
+}
+
+static int count_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    if (f) fclose(f);
+    return n;
+}
+
+static bool wait_at_least(atomic_int *v, int want)
+{
+    for (double t0 = now_s(); atomic_load(v) < want; usleep(1000))
+        if (now_s() - t0 > RS_WAIT_S) return false;
+    return true;
+}
+
+/* One round's communicator: init with that round's id, one exact allreduce. */
+static int rs_join(restart_t *m, int k, int rank, loomComm_t *c)
+{
+    if (!wait_at_least(&m->round, k + 1)) return 1;
+    if (loomCommInitRank(c, RS_N, m->id[k], rank) != loomSuccess) return 2;
+    int64_t *buf = malloc(RS_COUNT * sizeof(int64_t));
+    for (int i = 0; i < RS_COUNT; i++)
+        buf[i] = (int64_t)(rank + 1) * 1000003 + i + k;
+    loomResult_t r = loomAllReduce(buf, buf, RS_COUNT, loomInt64, loomSum, *c, NULL);
+    bool ok = r == loomSuccess;
+    for (int i = 0; i < RS_COUNT && ok; i++)
+        ok = buf[i] == (int64_t)(1 + 2 + 3 + 4) * 1000003 + (int64_t)RS_N * (i + k);
+    free(buf);
+    if (!ok) return 3;
+    atomic_fetch_add(&m->ready[k], 1);
+    return 0;
+}
+
+static int rs_survivor(restart_t *m, int rank)
+{
+    for (int k = 0; k < RS_ROUNDS; k++) {
+        if (rank == 0) {
+            if (loomGetUniqueId(&m->id[k]) != loomSuccess) return 10;
+            atomic_store(&m->round, k + 1);
+        }
+        loomComm_t c = NULL;
+        int rc = rs_join(m, k, rank, &c);
+        if (rc == 0 && !wait_at_least(&m->gone[k], 1)) rc = 4;
+        if (rc == 0) {
+            /* The new member is gone: this call must fail, then the communicator goes. */
+            int32_t x = 1;
+            m->broken[rank][k] = loomAllReduce(&x, &x, 1, loomInt32, loomSum, c, NULL);
+            if (m->broken[rank][k] == loomSuccess) rc = 5;
+            snprintf(m->text[rank], TEXT_MAX, "round %d: the call without the member: %s", k,
+                     loomGetLastError(NULL));
+        }
+        if (rc == 0) {
+            /* The survivors go on without it too, before they start over. */
+            int ex = RS_N - 1, members[RS_N - 1] = {0, 1, 2};
+            loomComm_t nc = NULL;
+            if (loomCommShrink(c, &ex, 1, &nc, NULL,
+                               k % 2 == 0 ? LOOM_SHRINK_ABORT : LOOM_SHRINK_DEFAULT) != loomSuccess)
+                rc = 8;
+            else if (exact_allreduces(nc, members, RS_N - 1, rank) != (int)SH_NCOUNTS)
+                rc = 9;
+            loomCommDestroy(nc);
+        }
+        if (rc) {
+            m->failed_round[rank] = k + 1;
+            snprintf(m->text[rank], TEXT_MAX, "round %d: step %d: %s", k, rc,
+                     loomGetLastError(NULL));
+            return rc;
+        }
+        if (k % 2 == 0 ? loomCommAbort(c) != loomSuccess : loomCommDestroy(c) != loomSuccess)
+            return 6;
+        atomic_fetch_add(&m->torn_down[k], 1);
+        if (!wait_at_least(&m->torn_down[k], RS_N - 1)) return 7;
+        /* Threads that are leaving (the rendezvous root's) get a moment to go. */
+        int th = count_threads();
+        for (int i = 0; i < 50 && k > 0 && th > m->threads[rank][k - 1]; i++) {
+            usleep(20000);
+            th = count_threads();
+        }
+        m->threads[rank][k] = th;
+        m->fds[rank][k] = count_fds();
+        m->heap[rank][k] = (long long)mallinfo2().uordblks;
+    }
+    return 0;
+}
+
+/* Round k's new member: joins, then is killed (even rounds) or aborts and exits (odd). */
+static int rs_member(restart_t *m, int k)
+{
+    loomComm_t c = NULL;
+    int rc = rs_join(m, k, RS_N - 1, &c);
+    if (rc) return rc;
+    if (k % 2 == 0)
+        for (;;)
+            pause(); /* the test kills it */
+    loomCommAbort(c);
+    return 0;
+}
+
+START_TEST(test_restart_loop)
+{
+    setenv("LOOM_TIMEOUT", "5", 1);
+    restart_t *m = shared_map(sizeof(*m));
+    pid_t surv[RS_N - 1];
+    /* This process never calls loom: forking from it is always safe. */
+    for (int r = 0; r < RS_N - 1; r++) {
+        surv[r] = fork();
+        ck_assert(surv[r] >= 0);
+        if (surv[r] == 0) _exit(rs_survivor(m, r));
+    }
+    double t0 = now_s();
+    for (int k = 0; k < RS_ROUNDS; k++) {
+        pid_t v = fork();
+        ck_assert(v >= 0);
+        if (v == 0) _exit(rs_member(m, k));
+        bool joined = wait_at_least(&m->ready[k], RS_N);
+        if (!joined || k % 2 == 0) kill(v, SIGKILL);
+        int st = 0;
+        waitpid(v, &st, 0);
+        atomic_store(&m->gone[k], 1);
+        if (!joined) {
+            for (int r = 0; r < RS_N - 1; r++)
+                kill(surv[r], SIGKILL);
+            for (int r = 0; r < RS_N - 1; r++)
+                waitpid(surv[r], NULL, 0);
+            for (int r = 0; r < RS_N - 1; r++)
+                fprintf(stderr, "rank %d: %s\n", r, m->text[r]);
+            ck_abort_msg("round %d: the job did not form", k);
+        }
+        ck_assert_msg(k % 2 == 0 || (WIFEXITED(st) && WEXITSTATUS(st) == 0),
+                      "round %d: the member that aborted exited with %d", k, st);
+    }
+    for (int r = 0; r < RS_N - 1; r++) {
+        int st = 0;
+        waitpid(surv[r], &st, 0);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d: %s", r, st,
+                      m->text[r]);
+    }
+    fprintf(stderr, "%d rounds in %.1f s\n", RS_ROUNDS, now_s() - t0);
+    for (int r = 0; r < RS_N - 1; r++) {
+        fprintf(stderr, "rank %d: %s\n", r, m->text[r]);
+        fprintf(stderr, "rank %d: fds %d -> %d, threads %d -> %d, heap %lld -> %lld bytes\n", r,
+                m->fds[r][2], m->fds[r][RS_ROUNDS - 1], m->threads[r][2],
+                m->threads[r][RS_ROUNDS - 1], m->heap[r][2], m->heap[r][RS_ROUNDS - 1]);
+        /* The first rounds start what lives for the process (the progress thread). */
+        for (int k = 3; k < RS_ROUNDS; k++) {
+            ck_assert_msg(m->fds[r][k] <= m->fds[r][2],
+                          "rank %d: %d descriptors after round %d, %d after round 2", r,
+                          m->fds[r][k], k, m->fds[r][2]);
+            ck_assert_msg(m->threads[r][k] <= m->threads[r][2],
+                          "rank %d: %d threads after round %d, %d after round 2", r,
+                          m->threads[r][k], k, m->threads[r][2]);
+        }
+        long long grow = m->heap[r][RS_ROUNDS - 1] - m->heap[r][2];
+        ck_assert_msg(grow < 64 * 1024, "rank %d: the heap grew by %lld bytes in %d rounds", r,
+                      grow, RS_ROUNDS - 3);
+    }
+}
+END_TEST
+
 int main(void)
 {
     setenv("LOOM_TIMEOUT", "5", 1);
@@ -399,6 +597,7 @@ int main(void)
         {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 4},
         {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
         {.name = "shrink_outstanding", .test = test_shrink_outstanding, .timeout_s = 60},
+        {.name = "restart_loop", .test = test_restart_loop, .timeout_s = 240},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 60);
     return h_check_main(s, true, CK_VERBOSE);
