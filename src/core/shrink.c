@@ -341,7 +341,7 @@ out:
 loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, const loomConfig_t *cfg,
                          loomComm_t *newcomm)
 {
-    int P = comm->nranks;
+    int P = comm->nranks, n = 0, me = -1;
     int32_t *excl = malloc(((size_t)nexclude + 1) * sizeof(int32_t));
     int *surv = malloc((size_t)P * sizeof(int));
     bool *out_set = calloc((size_t)P, sizeof(bool));
@@ -358,7 +358,6 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
     qsort(excl, (size_t)nexclude, sizeof(int32_t), cmp_int);
     for (int i = 0; i < nexclude; i++)
         out_set[excl[i]] = true;
-    int n = 0, me = -1;
     for (int q = 0; q < P; q++)
         if (!out_set[q]) {
             if (q == comm->rank) me = n;
