@@ -275,10 +275,10 @@ void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const r
                     bool inplace)
 {
     ring_group_t g = whole(s);
-    ring_broadcast_group(s, desc, &g, count, root, SCHED_BUF_SEND, prm, inplace);
-    /* The chain's last rank closes the ring towards the root. */
+    /* The chain's last rank closes the ring towards the root (first: issued at once). */
     ring_close(s, desc, count, algo_mod(s->rank - root, s->nranks) == s->nranks - 1,
                s->rank == root);
+    ring_broadcast_group(s, desc, &g, count, root, SCHED_BUF_SEND, prm, inplace);
 }
 
 void ring_broadcast_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count,
@@ -304,9 +304,10 @@ void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring
                  bool inplace, bool avg)
 {
     ring_group_t g = whole(s);
-    ring_reduce_group(s, desc, &g, count, root, prm, inplace, avg);
-    /* The root, the chain's end, closes the ring towards the chain's first rank. */
+    /* The root, the chain's end, closes the ring towards the chain's first rank (first: issued
+     * at once). */
     ring_close(s, desc, count, s->rank == root, algo_mod(s->rank - root - 1, s->nranks) == 0);
+    ring_reduce_group(s, desc, &g, count, root, prm, inplace, avg);
 }
 
 void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_t count, int root,
