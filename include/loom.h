@@ -419,6 +419,26 @@ loomResult_t loomFusionGetStats(loomFusion_t fusion, loomFusionStats_t *stats);
  * Collective when tensors are pending; after loomCommAbort of its communicator, local. */
 loomResult_t loomFusionDestroy(loomFusion_t fusion);
 
+/* ---- Recovery: shrinking a communicator (NCCL 2.27's ncclCommShrink) -------------------- */
+
+#define LOOM_SHRINK_DEFAULT 0x00 /* no operation may be outstanding on comm */
+#define LOOM_SHRINK_ABORT 0x01   /* abort comm's outstanding operations first (after an error) */
+
+/*
+ * Creates *newcomm of comm's ranks that are not in excludeRanks (nExclude of them; the ranks that
+ * died, or that leave), numbered in the order of their ranks in comm, without a new unique id:
+ * the survivors meet through comm's own per-rank listeners, never through its links (which an
+ * error has broken) and never waiting on an excluded rank. Collective over the survivors only:
+ * excluded ranks do not call it. Every survivor must pass the same set (in any order): otherwise
+ * every survivor that called gets loomInvalidUsage naming the ranks and their lists, and a
+ * survivor that never calls is named after LOOM_TIMEOUT. With LOOM_SHRINK_ABORT, calls blocked on
+ * comm (in other threads) return first and comm is aborted (peers see it closed); with
+ * LOOM_SHRINK_DEFAULT, an operation in flight on comm is loomInvalidUsage, and comm stays usable.
+ * Either way comm still needs loomCommDestroy (or loomCommAbort). config as for loomCommSplit.
+ */
+loomResult_t loomCommShrink(loomComm_t comm, const int *excludeRanks, int nExclude,
+                            loomComm_t *newcomm, loomConfig_t *config, int flags);
+
 #ifdef __cplusplus
 }
 #endif

@@ -322,6 +322,12 @@ static void check_calls(void)
                "%s: gather to root 1 of 1 rank was not refused", what);
         int n = 0;
         EXPECT(ncclCommCount(comm, &n) == ncclSuccess && n == 1, "%s: count %d", what, n);
+        /* Shrinking by nobody: a communicator of the same one rank, without a new id. */
+        ncclComm_t nc = NULL;
+        EXPECT(ncclCommShrink(comm, NULL, 0, &nc, NULL, NCCL_SHRINK_DEFAULT) == ncclSuccess &&
+                   ncclCommCount(nc, &n) == ncclSuccess && n == 1,
+               "%s: shrink: %s", what, ncclGetLastError(NULL));
+        EXPECT(ncclCommDestroy(nc) == ncclSuccess, "%s: destroy the shrunk one", what);
         EXPECT(ncclCommDestroy(comm) == ncclSuccess, "%s: destroy", what);
     }
 
@@ -329,7 +335,7 @@ static void check_calls(void)
     ncclComm_t none = NULL;
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     ncclWindow_t win = NULL;
-    EXPECT(ncclCommShrink(NULL, NULL, 0, &none, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage,
+    EXPECT(ncclCommShrink(NULL, NULL, 0, &none, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument,
            "ncclCommShrink");
     EXPECT(ncclCommWindowRegister(NULL, NULL, 0, &win, NCCL_WIN_DEFAULT) == ncclInvalidUsage,
            "ncclCommWindowRegister");

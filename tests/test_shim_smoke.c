@@ -448,11 +448,6 @@ static int body_collectives(ncclComm_t *commp, int rank, int nranks, void *arg)
 
     /* What loom 0.1 lacks: ncclInvalidUsage, a text, and outputs cleared. */
     {
-        ncclComm_t nc = (ncclComm_t)(uintptr_t)1;
-        int excl = nranks - 1;
-        REFUSED(ncclCommShrink(comm, &excl, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidUsage,
-                "ncclCommShrink is not supported by loom");
-        EXPECT(nc == NULL, "rank %d: ncclCommShrink left *newcomm set", rank);
         ncclWindow_t win = (ncclWindow_t)(uintptr_t)1;
         REFUSED(ncclCommWindowRegister(comm, in, N * sizeof(float), &win, NCCL_WIN_DEFAULT),
                 ncclInvalidUsage, "ncclCommWindowRegister is not supported by loom");
@@ -538,6 +533,42 @@ static int body_abort(ncclComm_t *commp, int rank, int nranks, void *arg)
     OK(ncclCommGetAsyncError(*commp, &async));
     OK(ncclCommAbort(*commp));
     *commp = NULL;
+    return 0;
+}
+
+/* Shrink: after one good allreduce the last rank revokes (as a rank that fails would stop); rank
+ * 0's next call fails, and it shrinks to itself with NCCL_SHRINK_ABORT (no new unique id); the
+ * revoked rank shrinks its revoked communicator to itself too. Bad flags and a rank excluding
+ * itself are refused, changing nothing. */
+static int body_shrink(ncclComm_t *commp, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    ncclComm_t comm = *commp, nc = (ncclComm_t)(uintptr_t)1;
+    int x = rank + 1, y = 0;
+    OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
+    EXPECT(y == nranks * (nranks + 1) / 2, "rank %d: allreduce before shrink %d", rank, y);
+    int other = rank == 0 ? nranks - 1 : 0, self = rank;
+    REFUSED(ncclCommShrink(comm, &other, 1, &nc, NULL, 2), ncclInvalidArgument, "flags");
+    EXPECT(nc == NULL, "rank %d: a refused ncclCommShrink left *newcomm set", rank);
+    REFUSED(ncclCommShrink(comm, &self, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+            "excludes itself");
+    if (rank == nranks - 1) {
+        OK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
+        OK(ncclCommShrink(comm, &other, 1, &nc, NULL, NCCL_SHRINK_DEFAULT));
+    } else {
+        EXPECT(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL) != ncclSuccess,
+               "rank %d: allreduce with a revoked peer succeeded", rank);
+        OK(ncclCommShrink(comm, &other, 1, &nc, NULL, NCCL_SHRINK_ABORT));
+    }
+    int n = 0, me = -1;
+    OK(ncclCommCount(nc, &n));
+    OK(ncclCommUserRank(nc, &me));
+    EXPECT(n == nranks - 1 && me == 0, "rank %d: shrunk communicator: count %d, rank %d", rank, n,
+           me);
+    y = 0;
+    OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, nc, NULL));
+    EXPECT(y == x, "rank %d: allreduce on the shrunk communicator %d", rank, y);
+    OK(ncclCommDestroy(nc));
     return 0;
 }
 
@@ -760,7 +791,7 @@ static int test_nulls(void)
     }
     EXPECT(ncclMemFree(NULL) == ncclSuccess, "MemFree(NULL)");
     /* Unsupported calls answer the same whatever their arguments. */
-    REFUSED(ncclCommShrink(NULL, NULL, 0, NULL, NULL, 0), ncclInvalidUsage, "not supported");
+    REFUSED(ncclCommShrink(NULL, NULL, 0, NULL, NULL, 0), ncclInvalidArgument, "not a live");
     REFUSED(ncclCommWindowRegister(NULL, NULL, 0, NULL, 0), ncclInvalidUsage, "not supported");
     REFUSED(ncclGroupSimulateEnd(NULL), ncclInvalidUsage, "not supported");
     EXPECT(ncclGetLastError(NULL) != NULL, "ncclGetLastError(NULL) is NULL");
@@ -904,9 +935,9 @@ static int test_reset_debug(const char *log)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* as in NVIDIA's header */
     ncclResetDebugInit();
-    ncclComm_t c = NULL;
-    REFUSED(ncclCommShrink(NULL, NULL, 0, &c, NULL, 0), ncclInvalidUsage, "not supported");
-    EXPECT(!log_has(log, "ncclCommShrink is not supported"),
+    ncclWindow_t w = NULL;
+    REFUSED(ncclCommWindowRegister(NULL, NULL, 0, &w, 0), ncclInvalidUsage, "not supported");
+    EXPECT(!log_has(log, "ncclCommWindowRegister is not supported"),
            "LOOM_DEBUG=NONE after ncclResetDebugInit still logged a warning");
     setenv("LOOM_DEBUG", saved, 1);
     pncclResetDebugInit();
@@ -968,6 +999,7 @@ int main(int argc, char **argv)
     test_init_all();
     run_job("abort", body_abort, NULL, NULL);
     run_job("revoke", body_revoke, NULL, NULL);
+    run_job("shrink", body_shrink, NULL, NULL);
     /* Nothing above loaded another libnccl on the way (dlopen by loom, say). */
     test_maps();
 

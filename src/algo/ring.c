@@ -254,10 +254,30 @@ void ring_allgather(sched_t *s, uint16_t desc, uint64_t n, const ring_params_t *
     }
 }
 
+/*
+ * Broadcast and reduce are chains along the ring, so one rank of each would only send (the
+ * broadcast's root, the reduce's first rank) and never see a peer's descriptor: a rank that
+ * believes itself the root, alone, would return success. One element from the chain's end to
+ * its start (from scratch, depending on nothing, so it leaves at once: the start waits one hop,
+ * not a round trip) closes the ring: every rank then receives from its predecessor whatever the
+ * root, and compares the predecessor's descriptor (root included) with its own.
+ */
+static void ring_close(sched_t *s, uint16_t desc, uint64_t count, bool end, bool start)
+{
+    if (count == 0 || s->nranks < 2) return;
+    int next = algo_mod(s->rank + 1, s->nranks), prev = algo_mod(s->rank - 1, s->nranks);
+    if (end || start) s->tmp_elems = LOOM_MAX(s->tmp_elems, 1);
+    if (end) sched_send(s, desc, next, SCHED_BUF_TMP, 0, 1);
+    if (start) sched_recv(s, desc, prev, SCHED_BUF_TMP, 0, 1);
+}
+
 void ring_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                     bool inplace)
 {
     ring_group_t g = whole(s);
+    /* The chain's last rank closes the ring towards the root (first: issued at once). */
+    ring_close(s, desc, count, algo_mod(s->rank - root, s->nranks) == s->nranks - 1,
+               s->rank == root);
     ring_broadcast_group(s, desc, &g, count, root, SCHED_BUF_SEND, prm, inplace);
 }
 
@@ -284,6 +304,9 @@ void ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring
                  bool inplace, bool avg)
 {
     ring_group_t g = whole(s);
+    /* The root, the chain's end, closes the ring towards the chain's first rank (first: issued
+     * at once). */
+    ring_close(s, desc, count, s->rank == root, algo_mod(s->rank - root - 1, s->nranks) == 0);
     ring_reduce_group(s, desc, &g, count, root, prm, inplace, avg);
 }
 

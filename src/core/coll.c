@@ -177,7 +177,7 @@ buffers:
     if (s->tmp_elems && s->tmp_elems * es > comm->cache.tmp_bytes) {
         free(comm->cache.tmp_buf);
         comm->cache.tmp_bytes = 0;
-        comm->cache.tmp_buf = malloc(s->tmp_elems * es);
+        comm->cache.tmp_buf = calloc(1, s->tmp_elems * es); /* sent as it is by ring_close */
         if (comm->cache.tmp_buf == NULL)
             return base_error(loomSystemError, LOG_COLL, "out of memory");
         comm->cache.tmp_bytes = s->tmp_elems * es;

@@ -307,6 +307,7 @@ void comm_free(loomComm_t comm)
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->fini(comm->net.tp[t].ctx);
     if (comm->st.wake_fd >= 0) close(comm->st.wake_fd);
+    if (comm->net.shrink_fd >= 0) close(comm->net.shrink_fd);
     sched_free(&comm->cache.p2p);
     for (size_t i = 0; i < LOOM_ARRAY_SIZE(comm->cache.slot); i++)
         sched_free(&comm->cache.slot[i].s);
@@ -337,6 +338,7 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     c->rank = rank;
     c->nranks = nranks;
     c->st.wake_fd = -1;
+    c->net.shrink_fd = -1;
     c->dev.cuda_dev = -1;
     pthread_mutex_init(&c->st.lock, NULL);
     atomic_init(&c->st.async_error, loomSuccess);
@@ -813,6 +815,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
 #endif
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
     mine.addr_bytes = comm->net.my_addr_len;
+    LOOM_CHECK(comm_shrink_listen(comm, mine.shrink_addr));
     LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
     LOOM_CHECK(comm_layout(comm));
     for (int q = 0; q < comm->nranks; q++) {

@@ -38,8 +38,9 @@ typedef struct {
     /* Bytes of transport addresses too large for a handle (UCX's worker address) that follow
      * this record in the bootstrap and in split: see comm_peer_addr. */
     uint32_t addr_bytes;
-    uint32_t tune_hash; /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
-                           different files would choose different algorithms */
+    uint32_t tune_hash;      /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
+                                different files would choose different algorithms */
+    uint8_t shrink_addr[32]; /* its shrink listener (shrink.c), packed; all zero: none */
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -82,6 +83,7 @@ typedef struct {
     exec_link_t *links;   /* by peer; conn NULL until a schedule needs it */
     uint8_t *my_addr;     /* this rank's large addresses (comm_peer_addr's layout) */
     uint32_t my_addr_len;
+    int shrink_fd; /* the shrink listener (shrink.c), -1: none */
 } comm_net_t;
 
 /* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read
@@ -105,6 +107,7 @@ typedef struct {
     uint64_t coll;                 /* collectives issued so far */
     uint64_t *p2p_send, *p2p_recv; /* point-to-point messages, by peer */
     int split;                     /* splits so far */
+    int shrink;                    /* shrinks so far (shrink.c) */
 } comm_seq_t;
 
 /* Error and abort state, shared with other threads (comm.c). */
@@ -209,6 +212,13 @@ loomResult_t comm_config_read(const loomConfig_t *in, loomConfig_t *out);
  * collective over comm, arguments already checked (split.c). */
 loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t *cfg,
                         loomComm_t *newcomm);
+/* loomCommShrink (shrink.c). comm_shrink_listen opens this rank's shrink listener for comm and
+ * writes its packed address (every communicator has one from its creation, published in
+ * peer_info_t.shrink_addr); comm_shrink builds the child of the ranks not in exclude (checked:
+ * in range, no duplicates, not this rank), collective over those survivors only. */
+loomResult_t comm_shrink_listen(loomComm_t comm, uint8_t addr[32]);
+loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, const loomConfig_t *cfg,
+                         loomComm_t *newcomm);
 /* Fills in comm->exech (at allocation: what it points to lives as long as the communicator). */
 void comm_exec_fill(loomComm_t comm);
 /* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */

@@ -20,6 +20,7 @@ typedef struct {
     uint8_t handle[TP_MAX][TRANSPORT_HANDLE_BYTES];
     uint32_t addr_bytes; /* the large transport addresses (comm_peer_addr), in a third exchange */
     uint32_t pad;
+    uint8_t shrink_addr[32]; /* the child's shrink listener (shrink.c) */
 } split_rec_t;
 
 /* The child's rank of parent rank q: its place in the order of (key, parent rank) among the
@@ -74,6 +75,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
         child->lay.comm_id = base_hash64(&color, sizeof(color), split_id);
         memcpy(child->lay.secret, comm->lay.secret, 16);
         LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
+        LOOM_CHECK_GOTO(comm_shrink_listen(child, mine.shrink_addr), r, out);
         mine.addr_bytes = child->net.my_addr_len;
     }
     LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
@@ -129,6 +131,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
             child->lay.peers[qr] = comm->lay.peers[q];
             child->lay.peers[qr].rank = qr;
             memcpy(child->lay.peers[qr].handle, all[q].handle, sizeof(all[q].handle));
+            memcpy(child->lay.peers[qr].shrink_addr, all[q].shrink_addr, 32);
             child->lay.peers[qr].addr_bytes = all[q].addr_bytes;
         }
         if (child->lay.addrs) {

@@ -404,8 +404,8 @@ SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
  * the connections close, and from then on every call on the handle fails with loomInvalidUsage
  * ("being aborted") except the queries, ncclCommGetAsyncError, ncclCommDestroy and
  * ncclCommAbort. It returns once no call is inside the communicator (NCCL's non-blocking revoke
- * returns ncclInProgress until then). loom cannot split or shrink a revoked communicator, so its
- * use is to stop work now and destroy later.
+ * returns ncclInProgress until then). A revoked communicator can be shrunk (ncclCommShrink: the
+ * survivors meet over the parent's own listeners, not its stopped links), not split.
  */
 SHIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
@@ -433,13 +433,20 @@ SHIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int
                                      ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
     shim_enter();
-    (void)comm;
-    (void)excludeRanksList;
-    (void)excludeRanksCount;
-    (void)config;
-    (void)shrinkFlags;
     if (newcomm) *newcomm = NULL; /* no stale handle for a caller that ignores the result */
-    return unsupported("ncclCommShrink");
+    int dev = -1;
+    if (comm == NULL || loomCommCuDevice(LC(comm), &dev) != loomSuccess || dev < 0)
+        dev = current_cuda_device();
+    loomConfig_t cfg;
+    if (!shim_new_config(config, dev, &cfg, "ncclCommShrink")) return ncclInvalidArgument;
+    _Static_assert(NCCL_SHRINK_DEFAULT == LOOM_SHRINK_DEFAULT &&
+                       NCCL_SHRINK_ABORT == LOOM_SHRINK_ABORT,
+                   "shrink flags");
+    loomComm_t child = NULL;
+    loomResult_t r = loomCommShrink(LC(comm), excludeRanksList, excludeRanksCount,
+                                    newcomm ? &child : NULL, &cfg, shrinkFlags);
+    if (newcomm && r == loomSuccess) *newcomm = NC(child);
+    return (ncclResult_t)r;
 }
 
 SHIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
