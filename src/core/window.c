@@ -34,14 +34,16 @@ LOOM_EXPORT loomResult_t loomCommWindowRegister(loomComm_t comm, void *buff, siz
     int ord = -1;
     mem_type_t mt = mem_type_dev(buff, &ord);
     if (mt != MEM_DEVICE)
-        return base_error(loomInvalidArgument, LOG_CUDA,
-                          "%s: rank %d: %p is %s memory; a window is CUDA device memory (cudaMalloc, "
-                          "loomMemAlloc)",
-                          fn, comm->rank, buff, mt == MEM_MANAGED ? "CUDA managed" : "host");
+        return base_error(
+            loomInvalidArgument, LOG_CUDA,
+            "%s: rank %d: %p is %s memory; a window is CUDA device memory (cudaMalloc, "
+            "loomMemAlloc)",
+            fn, comm->rank, buff, mt == MEM_MANAGED ? "CUDA managed" : "host");
     if (comm->dev.cuda_dev >= 0 && ord != comm->dev.cuda_dev)
-        return base_error(loomInvalidUsage, LOG_CUDA,
-                          "%s: %p is on GPU %d, but rank %d of this communicator is bound to GPU %d",
-                          fn, buff, ord, comm->rank, comm->dev.cuda_dev);
+        return base_error(
+            loomInvalidUsage, LOG_CUDA,
+            "%s: %p is on GPU %d, but rank %d of this communicator is bound to GPU %d", fn, buff,
+            ord, comm->rank, comm->dev.cuda_dev);
     comm->dev.cuda_dev = ord;
     dev_host_t *h = &comm->dev.host;
     atomic_fetch_add(&comm->st.active_calls, 1);

@@ -140,7 +140,8 @@ static loomResult_t win_register(dev_state_t *s, void *buff, size_t size, int fl
             if (unmappable < 0) unmappable = s->lay.lrank[j];
         }
     dev_win_t *w = res == loomSuccess ? calloc(1, sizeof(*w)) : NULL;
-    if (res == loomSuccess && w == NULL) res = base_error(loomSystemError, LOG_CUDA, "out of memory");
+    if (res == loomSuccess && w == NULL)
+        res = base_error(loomSystemError, LOG_CUDA, "out of memory");
     if (res != loomSuccess) {
         free(all);
         return res;
@@ -379,7 +380,8 @@ loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool *d
             a.io[j] = (dev_io_t){0, 0, (size_t)j * S, S};
         path = "allgather on windows";
         break;
-    default: /* broadcast: every rank copies the root's buffer (the root its own, unless in place) */
+    default: /* broadcast: every rank copies the root's buffer (the root its own, unless in place)
+              */
         a.direct_copy = 1;
         a.io[o->root] = (dev_io_t){0, 0, 0, S};
         path = "broadcast on windows";
