@@ -182,8 +182,9 @@ void dev_ipc_close_all(dev_state_t *s);
 
 /* dev_win.c */
 /* A same-node collective on buffers inside symmetric windows, read and written where they are
- * with no exchange on the host: *done says whether it was taken. */
-loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool *done);
+ * with no exchange on the host: *done says whether it was taken (never without launch: then
+ * only a buffer partly inside a window is refused). */
+loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool launch, bool *done);
 /* The mapped window holding [p, p + len) (NULL: none); a range partly inside one is an error. */
 loomResult_t dev_win_find(dev_state_t *s, const void *p, size_t len, const char *what,
                           dev_win_t **w);

@@ -376,12 +376,13 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     size_t es = red_type_size(o->type), S = o->count * es;
     int n = s->lay.n, me = s->lay.me;
     dev_args_t a;
-    bool win = false;
     /* buffers in symmetric windows: read and written where they are, no exchange (the latency
      * path keeps the calls it takes: one launch, no meeting of blocks) */
-    if (s->win.list && !(S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max &&
-                         (o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCESCATTER))) {
-        LOOM_CHECK(dev_win_run(s, o, st, &win));
+    if (s->win.list) {
+        bool lla = S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max &&
+                   (o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCESCATTER);
+        bool win = false;
+        LOOM_CHECK(dev_win_run(s, o, st, !lla, &win));
         if (win) return loomSuccess;
     }
     switch (o->kind) {

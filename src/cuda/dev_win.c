@@ -316,7 +316,7 @@ static char *peer_at(const dev_win_t *w, int j, const void *p)
     return (char *)(uintptr_t)(w->peer[j] + ((CUdeviceptr)(uintptr_t)p - w->base));
 }
 
-loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool *done)
+loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool launch, bool *done)
 {
     *done = false;
     const int n = s->lay.n, me = s->lay.me;
@@ -333,7 +333,7 @@ loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool *d
     dev_win_t *ws = NULL, *wr = NULL;
     LOOM_CHECK(dev_win_find(s, o->send, sb, "sendbuff", &ws));
     LOOM_CHECK(dev_win_find(s, o->recv, rb, "recvbuff", &wr));
-    if (ws == NULL || wr == NULL || !(ws->flags & DEV_WIN_SYMMETRIC) ||
+    if (!launch || ws == NULL || wr == NULL || !(ws->flags & DEV_WIN_SYMMETRIC) ||
         !(wr->flags & DEV_WIN_SYMMETRIC))
         return loomSuccess;
     const bool reduces = o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCESCATTER;
