@@ -374,12 +374,18 @@ loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool la
         a.self_len = S;
         path = "reduce-scatter on windows";
         break;
-    case OPK_ALLGATHER:
+    case OPK_ALLGATHER: {
+        /* in place, every rank's input is its own slice of its output: rank j's at j * S */
+        const bool ip = (uintptr_t)o->send == (uintptr_t)o->recv + (size_t)me * S;
         a.direct_copy = 1;
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < n; j++) {
             a.io[j] = (dev_io_t){0, 0, (size_t)j * S, S};
+            if (ip && j != me)
+                a.peer_send[j] = peer_at(wr, j, (const char *)o->recv + (size_t)j * S);
+        }
         path = "allgather on windows";
         break;
+    }
     default: /* broadcast: every rank copies the root's buffer (the root its own, unless in place)
               */
         a.direct_copy = 1;
