@@ -118,8 +118,9 @@ static loomResult_t win_register(dev_state_t *s, void *buff, size_t size, int fl
         mine.alloc_size = asize;
         mine.off = dp - base;
     }
-    /* mapping a peer's buffer needs CUDA IPC between processes on one node */
-    const bool local = !s->stg.multinode && n > 1 && s->ipc.direct_ok;
+    /* mapping a peer's buffer needs CUDA IPC between processes on one node (whatever
+     * LOOM_CUDA_DIRECT says about the direct path of unregistered buffers) */
+    const bool local = !s->stg.multinode && n > 1 && !one_process(s);
     if (mine.err == WERR_NONE && local)
         mine.mappable = dev_ipc_export(s, buff, &mine.id, &mine.off, &mine.h);
     win_rec_t *all = calloc((size_t)s->h->nranks, sizeof(*all));
