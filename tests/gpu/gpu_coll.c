@@ -1796,6 +1796,54 @@ static void grp_win(ctx_t *c)
                         win_case(c, &A, &B, kind, wtypes[ti], count, ip, root, 0, 0, "sym", h1, e1);
                     }
 
+    /* calls on symmetric windows need no exchange on the host: captured in a CUDA graph, they
+     * replay with new inputs (a one-shot allreduce out of place, a two-shot one in place) */
+    case_begin(c, n,
+               "win: capture allreduce float n=786433 outofplace and n=4194307 inplace on "
+               "windows, 10 replays with new inputs");
+    {
+        const size_t n1 = 786433, n2 = 4194307, b1 = n1 * 4, b2 = n2 * 4, o2 = GUARD + (4u << 20);
+        CUgraph g = NULL;
+        CUgraphExec ge = NULL;
+        if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_RELAXED))) {
+            lok(c,
+                loomAllReduce(P(A.base + GUARD), P(B.base + GUARD), n1, loomFloat32, loomSum,
+                              c->comm, c->s),
+                c->comm, "loomAllReduce (captured, one shot)");
+            lok(c,
+                loomAllReduce(P(B.base + o2), P(B.base + o2), n2, loomFloat32, loomSum, c->comm,
+                              c->s),
+                c->comm, "loomAllReduce (captured, two shots, in place)");
+            if (CU(d->cuStreamEndCapture(c->s, &g)) && g) CU(d->cuGraphInstantiate(&ge, g, 0));
+        }
+        for (int rep = 0; ge && rep < 10 && !c->failed; rep++) {
+            uint64_t s1 = mix(0x9a1ull + (uint64_t)rep), s2 = mix(s1);
+            reg_poison(c, &A, GUARD + b1 + GUARD);
+            gen_fill(K_SUM, F32, s1, me, n, 0, n1, h1);
+            reg_put(c, &A, GUARD, h1, b1);
+            reg_poison(c, &B, o2 + b2 + GUARD);
+            ref_fill(K_SUM, K_SUM, F32, s1, n, 0, n1, e1);
+            reg_expect(&B, GUARD, e1, b1);
+            gen_fill(K_SUM, F32, s2, me, n, 0, n2, h1);
+            reg_put(c, &B, o2, h1, b2);
+            ref_fill(K_SUM, K_SUM, F32, s2, n, 0, n2, e1);
+            reg_expect(&B, o2, e1, b2);
+            CU(d->cuGraphLaunch(ge, c->s));
+            sync_ok(c, c->s, c->comm);
+            reg_check(c, &A, GUARD, b1, F32, "sendbuff (must stay unchanged)");
+            reg_check(c, &B, o2, b2, F32, "recvbuffs of the replay");
+            if (c->failed) {
+                char first[232];
+                memcpy(first, c->msg, sizeof(first));
+                snprintf(c->msg, sizeof(c->msg), "replay %d: %.200s", rep, first);
+            }
+        }
+        if (ge == NULL) case_fail(c, "no graph to replay");
+        if (ge) d->cuGraphExecDestroy(ge);
+        if (g) d->cuGraphDestroy(g);
+    }
+    case_end(c);
+
     /* misuse, each refused on every rank with the rank, window and addresses named; the
      * communicator stays usable */
     case_begin(c, n, "win: a buffer partly inside a window -> loomInvalidArgument");
