@@ -1955,6 +1955,55 @@ static void grp_win(ctx_t *c)
     win_dereg(c, &wa);
     win_dereg(c, &wb);
     case_end(c);
+
+    /* memory from the VMM API has no legacy IPC handle: its windows are registered but never
+     * mapped, and calls on them take the paths of unregistered memory */
+    case_begin(c, n, "win: symmetric windows on VMM memory (cuMemCreate): registered, plain paths");
+    {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = c->dev;
+        size_t gran = 0, vsz = 0;
+        CUmemGenericAllocationHandle vh = 0;
+        CUdeviceptr va = 0;
+        bool made = false;
+        if (CU(d->cuMemGetAllocationGranularity(&gran, &prop,
+                                                CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))) {
+            vsz = (2 * (size_t)4194307 * 4 + 2 * GUARD + gran - 1) / gran * gran;
+            made = CU(d->cuMemCreate(&vh, vsz, &prop, 0)) &&
+                   CU(d->cuMemAddressReserve(&va, vsz, 0, 0, 0)) &&
+                   CU(d->cuMemMap(va, vsz, 0, vh, 0));
+            CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->dev},
+                                   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            made = made && CU(d->cuMemSetAccess(va, vsz, &acc, 1));
+        }
+        loomWindow_t wv = NULL;
+        if (made && win_reg(c, va, vsz, LOOM_WIN_COLL_SYMMETRIC, &wv)) {
+            static const size_t vc[2] = {65537, 4194307};
+            for (int k = 0; k < 2 && !c->failed; k++) {
+                size_t count = vc[k], bytes = count * 4;
+                uint64_t salt = mix(0x7a7ull + (uint64_t)k);
+                gen_fill(K_SUM, F32, salt, me, n, 0, count, h1);
+                ref_fill(K_SUM, K_SUM, F32, salt, n, 0, count, e1);
+                CU(d->cuMemcpyHtoDAsync(va + GUARD, h1, bytes, c->s));
+                lok(c,
+                    loomAllReduce(P(va + GUARD), P(va + GUARD), count, loomFloat32, loomSum,
+                                  c->comm, c->s),
+                    c->comm, "loomAllReduce on a VMM window");
+                sync_ok(c, c->s, c->comm);
+                CU(d->cuMemcpyDtoH(h1, va + GUARD, bytes));
+                if (!c->failed && memcmp(h1, e1, bytes) != 0)
+                    case_fail(c, "allreduce in place n=%zu on a VMM window: wrong result", count);
+            }
+            win_dereg(c, &wv);
+        }
+        if (made) d->cuMemUnmap(va, vsz);
+        if (va) d->cuMemAddressFree(va, vsz);
+        if (vh) d->cuMemRelease(vh);
+    }
+    case_end(c);
     free(h1);
     free(e1);
     reg_free(c, &A);
