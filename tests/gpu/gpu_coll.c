@@ -29,7 +29,8 @@
  *   win        registered windows (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
  *              tests/gpu/windows.sh runs it): allreduce, reduce-scatter, allgather, broadcast on
  *              symmetric windows (float32/bfloat16, in/out of place, 4 B to 16 MiB), misuse
- *              refused, deregistration after queued calls, non-symmetric windows
+ *              refused, deregistration after queued calls, non-symmetric windows, window calls
+ *              captured in a graph and replayed, windows on VMM memory (plain paths)
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path) and once at 4 KiB (latency path)
