@@ -268,6 +268,27 @@ loomResult_t loomMemFree(void *ptr);
 loomResult_t loomCommRegister(const loomComm_t comm, void *buff, size_t size, void **handle);
 loomResult_t loomCommDeregister(const loomComm_t comm, void *handle);
 
+/* ---- Registered windows (GPU builds) ------------------------------------------------------
+ *
+ * loomCommWindowRegister registers [buff, buff + size) of CUDA device memory (cudaMalloc,
+ * loomMemAlloc) as this rank's part of a window; collective: every rank of comm calls it, with
+ * the same flags, in the same order as its other window calls. Every other rank of the node maps
+ * the buffer once, here, so that later collectives whose buffers lie in windows read and write the
+ * peers' buffers where they are. With LOOM_WIN_COLL_SYMMETRIC (NCCL_WIN_COLL_SYMMETRIC's value)
+ * every rank registers the same size, and a collective whose buffers lie in symmetric windows, at
+ * the same offsets on every rank, runs with no exchange on the host at any size (also inside a
+ * CUDA graph): allreduce, reduce-scatter, allgather and broadcast (docs/device.md, "Windows").
+ * A buffer partly inside a window is refused (loomInvalidArgument). loomCommWindowDeregister is
+ * collective too; it waits for the calls already queued on the communicator (any stream), which
+ * may use the window, and must not be called while a captured graph that uses it may still run.
+ */
+#define LOOM_WIN_DEFAULT 0x00
+#define LOOM_WIN_COLL_SYMMETRIC 0x01
+typedef struct loomWindow *loomWindow_t;
+loomResult_t loomCommWindowRegister(loomComm_t comm, void *buff, size_t size, loomWindow_t *win,
+                                    int winFlags);
+loomResult_t loomCommWindowDeregister(loomComm_t comm, loomWindow_t win);
+
 /* ---- Extensions ------------------------------------------------------------------------- */
 
 /*

@@ -265,6 +265,9 @@ typedef struct {
     int (*RedOpCreatePreMulSum)(int *, void *, int, int, nccl_comm_t);
     int (*RedOpDestroy)(int, nccl_comm_t);
     int (*CommDeregister)(nccl_comm_t, void *);
+    /* optional (NCCL 2.27): -R 2 */
+    int (*CommWindowRegister)(nccl_comm_t, void *, size_t, void **, int);
+    int (*CommWindowDeregister)(nccl_comm_t, void *);
     int version;
     char path[4096]; /* the file dlopen found */
 } nccl_t;
@@ -312,6 +315,8 @@ static const nccl_t *nccl_load(const char *lib, char *why, size_t whylen)
     NCCL_SYM(RedOpCreatePreMulSum, "ncclRedOpCreatePreMulSum", 0);
     NCCL_SYM(RedOpDestroy, "ncclRedOpDestroy", 0);
     NCCL_SYM(CommDeregister, "ncclCommDeregister", 0);
+    NCCL_SYM(CommWindowRegister, "ncclCommWindowRegister", 0);
+    NCCL_SYM(CommWindowDeregister, "ncclCommWindowDeregister", 0);
 #undef NCCL_SYM
     Dl_info di;
     if (dladdr(anchor, &di) && di.dli_fname && di.dli_fname[0])
@@ -1315,17 +1320,26 @@ static void corrupt_output(ctx_t *x, void *r, int type)
     stream_sync(x);
 }
 
-/* Registers (or, with reg NULL, deregisters) a buffer for -R. */
+/* Registers a buffer for -R: -R 1 locally, -R 2 as a symmetric window (NCCL_WIN_COLL_SYMMETRIC,
+ * as nccl-tests does; every rank registers the same size). */
 static void *reg_buf(ctx_t *x, void *buf, size_t bytes)
 {
     void *h = NULL;
+    const bool win = x->o->local_register == 2;
 #ifdef LOOM_HAVE_CUDA
     if (x->nccl) {
-        int r = x->nccl->CommRegister(x->ncomm, buf, bytes, &h);
-        if (r != 0) nccl_fail(x, "ncclCommRegister", r);
+        int r = win ? x->nccl->CommWindowRegister(x->ncomm, buf, bytes, &h, 0x01)
+                    : x->nccl->CommRegister(x->ncomm, buf, bytes, &h);
+        if (r != 0) nccl_fail(x, win ? "ncclCommWindowRegister" : "ncclCommRegister", r);
         return h;
     }
 #endif
+    if (win) {
+        loomWindow_t w = NULL;
+        CHECK(x->rank, x->comm,
+              loomCommWindowRegister(x->comm, buf, bytes, &w, LOOM_WIN_COLL_SYMMETRIC));
+        return w;
+    }
     CHECK(x->rank, x->comm, loomCommRegister(x->comm, buf, bytes, &h));
     return h;
 }
@@ -1333,13 +1347,20 @@ static void *reg_buf(ctx_t *x, void *buf, size_t bytes)
 static void dereg_buf(ctx_t *x, void *h)
 {
     if (!h) return;
+    const bool win = x->o->local_register == 2;
 #ifdef LOOM_HAVE_CUDA
     if (x->nccl) {
-        x->nccl->CommDeregister(x->ncomm, h);
+        if (win)
+            x->nccl->CommWindowDeregister(x->ncomm, h);
+        else
+            x->nccl->CommDeregister(x->ncomm, h);
         return;
     }
 #endif
-    loomCommDeregister(x->comm, h);
+    if (win)
+        CHECK(x->rank, x->comm, loomCommWindowDeregister(x->comm, (loomWindow_t)h));
+    else
+        loomCommDeregister(x->comm, h);
 }
 
 static int run_rank(ctx_t *x)
@@ -1675,7 +1696,15 @@ static int dev_open(ctx_t *x, const launch_t *L)
                         n->path);
             return 2;
         }
-        if (o->local_register && !(n->CommRegister && n->CommDeregister)) {
+        if (o->local_register == 2 && !(n->CommWindowRegister && n->CommWindowDeregister)) {
+            if (!L->quiet)
+                fprintf(stderr,
+                        "loom-perf: --backend nccl: -R 2: %s has no ncclCommWindowRegister "
+                        "(NCCL 2.27)\n",
+                        n->path);
+            return 2;
+        }
+        if (o->local_register == 1 && !(n->CommRegister && n->CommDeregister)) {
             if (!L->quiet)
                 fprintf(stderr,
                         "loom-perf: --backend nccl: -R 1: %s has no ncclCommRegister (NCCL 2.19)\n",

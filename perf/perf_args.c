@@ -147,8 +147,10 @@ static void usage(void)
         "  -C, --report_cputime 0|1  report the host's time to issue the calls, not to "
         "complete them [0]\n"
         "  -a, --average 0|1|2|3   the time shown: rank 0's, mean, min or max over ranks [1]\n"
-        "  -R, --local_register 0|1  register the buffers with the communicator (device "
-        "memory) [0]\n"
+        "  -R, --local_register 0|1|2  register the buffers with the communicator (device "
+        "memory):\n"
+        "                          1 locally (loomCommRegister), 2 as symmetric windows\n"
+        "                          (loomCommWindowRegister, LOOM_WIN_COLL_SYMMETRIC) [0]\n"
         "  -J, --output_file FILE  write the results as JSON (nccl-tests' layout, with loom's\n"
         "                          version, the arguments and the LOOM_*/NCCL_* variables)\n"
         "  -u, --cumask, -x, --cta_policy   refused: RCCL's CU mask and NCCL's CTA policy have\n"
@@ -450,9 +452,6 @@ void perf_parse(int argc, char **argv, opts_t *o)
             break;
         case 'R':
             o->local_register = (int)parse_int(optarg, 0, 2, "0 none, 1 local, 2 symmetric");
-            if (o->local_register == 2)
-                bad(optarg, "symmetric registration (NCCL windows) is not supported by loom "
-                            "(0 or 1)");
             break;
         case 'J':
         case OPT_JSON: o->json = optarg; break;
@@ -543,7 +542,8 @@ void perf_parse(int argc, char **argv, opts_t *o)
     }
     if (o->local_register && !o->mem_device) {
         snprintf(g_flag, sizeof(g_flag), "-R");
-        bad("1", "registration is for device buffers (--mem device); host buffers need none");
+        bad(o->local_register == 2 ? "2" : "1",
+            "registration is for device buffers (--mem device); host buffers need none");
     }
     if (o->stream_null && o->mem_device) {
         snprintf(g_flag, sizeof(g_flag), "-y");

@@ -10,6 +10,9 @@
 # A machine without libsodium's development files (the GPU machine has no package access):
 # run scripts/gpu-deps.sh where the tree comes from and carry .gpu-deps with it.
 #
+# (tests/gpu/windows.sh is the registered windows' check: two ranks on one GPU, gpu_coll's "win"
+# group and loom-perf -R 2; on a machine of one GPU gpu_coll itself skips that group.)
+#
 # Prints the GPUs and their topology, then runs, each with its output tee'd into $OUT/<name>.txt
 # ($OUT defaults to /tmp/loom-gpu): DIR/tests/gpu_guard, DIR/tests/gpu_coll, and every executable
 # tests/gpu/*.sh (called with DIR as $1; LOOM_BUILD_DIR and OUT are exported as well). Exit 77
@@ -46,7 +49,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown argument '$1' (usage: scripts/gpu-check.sh [--prebuilt DIR] [--perf])" ;;

@@ -70,7 +70,7 @@ refuse "$p: -u 0xff: a CU mask (RCCL's --cumask) has no meaning for loom, which 
 kernels onto chosen compute units" -u 0xff
 refuse "$p: -x 1: the CTA policy is NCCL's (ncclConfig_t.CTAPolicy); loom has none" -x 1
 refuse "$p: -R 1: registration is for device buffers (--mem device); host buffers need none" -R 1
-refuse "$p: -R 2: symmetric registration (NCCL windows) is not supported by loom (0 or 1)" -R 2
+refuse "$p: -R 2: registration is for device buffers (--mem device); host buffers need none" -R 2
 refuse "$p: -o add: unknown op (sum prod max min avg mulsum, or all)" -o add
 refuse "$p: -d quad: unknown type (int8 uint8 int32 uint32 int64 uint64 half float double \
 bfloat16 f8e4m3 f8e5m2, or all)" -d quad

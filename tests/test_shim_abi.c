@@ -337,9 +337,9 @@ static void check_calls(void)
     ncclWindow_t win = NULL;
     EXPECT(ncclCommShrink(NULL, NULL, 0, &none, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument,
            "ncclCommShrink");
-    EXPECT(ncclCommWindowRegister(NULL, NULL, 0, &win, NCCL_WIN_DEFAULT) == ncclInvalidUsage,
-           "ncclCommWindowRegister");
-    EXPECT(ncclCommWindowDeregister(NULL, win) == ncclInvalidUsage, "ncclCommWindowDeregister");
+    EXPECT(ncclCommWindowRegister(NULL, NULL, 0, &win, NCCL_WIN_DEFAULT) == ncclInvalidArgument,
+           "ncclCommWindowRegister on a NULL communicator");
+    EXPECT(ncclCommWindowDeregister(NULL, win) == ncclInvalidArgument, "ncclCommWindowDeregister");
     EXPECT(ncclGroupSimulateEnd(&sim) == ncclInvalidUsage, "ncclGroupSimulateEnd");
 #ifdef HAVE_NCCL_DEVICE_H
     EXPECT(ncclDevCommCreate(NULL, NULL, NULL) == ncclInvalidUsage, "ncclDevCommCreate");

@@ -448,12 +448,26 @@ static int body_collectives(ncclComm_t *commp, int rank, int nranks, void *arg)
 
     /* What loom 0.1 lacks: ncclInvalidUsage, a text, and outputs cleared. */
     {
+        /* windows are device memory: host buffers, bad flags, empty buffers and handles that
+         * are not windows are refused, each rank on its own (nothing collective starts) */
         ncclWindow_t win = (ncclWindow_t)(uintptr_t)1;
-        REFUSED(ncclCommWindowRegister(comm, in, N * sizeof(float), &win, NCCL_WIN_DEFAULT),
-                ncclInvalidUsage, "ncclCommWindowRegister is not supported by loom");
+        ncclResult_t wr =
+            ncclCommWindowRegister(comm, in, N * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC);
+        const char *we = ncclGetLastError(NULL);
+        EXPECT((wr == ncclInvalidArgument || wr == ncclInvalidUsage) && we &&
+                   strstr(we, "device memory"),
+               "rank %d: ncclCommWindowRegister on host memory -> %d: \"%s\"", rank, (int)wr,
+               we ? we : "(null)");
         EXPECT(win == NULL, "rank %d: ncclCommWindowRegister left *win set", rank);
-        REFUSED(ncclCommWindowDeregister(comm, NULL), ncclInvalidUsage,
-                "ncclCommWindowDeregister is not supported by loom");
+        win = (ncclWindow_t)(uintptr_t)1;
+        REFUSED(ncclCommWindowRegister(comm, in, N * sizeof(float), &win, 0x4), ncclInvalidArgument,
+                "unknown flags 0x4");
+        EXPECT(win == NULL, "rank %d: ncclCommWindowRegister (bad flags) left *win set", rank);
+        REFUSED(ncclCommWindowRegister(comm, in, 0, &win, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+                "a window is a non-empty buffer");
+        REFUSED(ncclCommWindowDeregister(comm, NULL), ncclInvalidArgument, "win is NULL");
+        REFUSED(ncclCommWindowDeregister(comm, (ncclWindow_t)(uintptr_t)16), ncclInvalidArgument,
+                "not a window");
         REFUSED(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage,
                 "ncclDevCommCreate is not supported by loom");
         REFUSED(ncclDevCommDestroy(comm, NULL), ncclInvalidUsage,
@@ -792,7 +806,7 @@ static int test_nulls(void)
     EXPECT(ncclMemFree(NULL) == ncclSuccess, "MemFree(NULL)");
     /* Unsupported calls answer the same whatever their arguments. */
     REFUSED(ncclCommShrink(NULL, NULL, 0, NULL, NULL, 0), ncclInvalidArgument, "not a live");
-    REFUSED(ncclCommWindowRegister(NULL, NULL, 0, NULL, 0), ncclInvalidUsage, "not supported");
+    REFUSED(ncclCommWindowRegister(NULL, NULL, 0, NULL, 0), ncclInvalidArgument, "win is NULL");
     REFUSED(ncclGroupSimulateEnd(NULL), ncclInvalidUsage, "not supported");
     EXPECT(ncclGetLastError(NULL) != NULL, "ncclGetLastError(NULL) is NULL");
     printf("%-28s %s\n", "NULL and bad arguments", failures == before ? "ok" : "FAILED");

@@ -107,6 +107,14 @@ void dev_poll(dev_host_t *h);
 /* Stops kernels in flight (abort) and frees the device state. */
 void dev_abort(dev_host_t *h);
 void dev_free(dev_host_t *h);
+/* Registered windows (loomCommWindowRegister; src/cuda/dev_win.c). Both are collective over
+ * the communicator, after dev_setup. DEV_WIN_SYMMETRIC is LOOM_WIN_COLL_SYMMETRIC. */
+#define DEV_WIN_SYMMETRIC 0x01
+typedef struct dev_win dev_win_t;
+loomResult_t dev_win_register(dev_host_t *h, void *buff, size_t size, int flags, dev_win_t **win);
+/* Waits for the communicator's queued calls (which may use the window), then unmaps it. */
+loomResult_t dev_win_deregister(dev_host_t *h, dev_win_t *win);
+
 /* loomMemAlloc / loomMemFree: plain device memory on the current context's device. */
 loomResult_t dev_mem_alloc(void **ptr, size_t size);
 loomResult_t dev_mem_free(void *ptr);

@@ -5,6 +5,7 @@
  *   dev_local.c  same-node collectives: kernel arguments, the slot, direct and latency paths,
  *                launches, the order of a communicator's work across streams
  *   dev_ipc.c    user buffers mapped through CUDA IPC for the direct path (export and import)
+ *   dev_win.c    registered windows: mapped once by every local peer, used by later calls
  *   dev_stage.c  device data crossing nodes through pinned host memory
  *   dev_watch.c  kernels' failure records and peers' exits turned into the communicator's error
  */
@@ -97,8 +98,15 @@ struct dev_state {
         struct dev_ipc_in {
             uint64_t id, use;
             CUdeviceptr base;
+            int pin; /* windows holding the mapping (never evicted while > 0) */
         } in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
     } ipc;
+    /* registered windows (dev_win.c), in registration order; seq numbers them the same way on
+     * every rank (registration is collective) */
+    struct dev_wins {
+        dev_win_t *list;
+        uint64_t next_seq;
+    } win;
     /* watchdog: peers' process exits and kernel failures; and the stop of everything the
      * executor has on core's progress thread */
     struct dev_watch {
@@ -132,6 +140,20 @@ struct dev_state {
     } stg;
 };
 
+/* A registered window (loomCommWindowRegister): [base, base + size) of this rank, and where
+ * every local rank's window of the same registration lies in this process. */
+struct dev_win {
+    dev_win_t *next;
+    uint64_t seq;     /* registration number on this communicator (the same on every rank) */
+    CUdeviceptr base; /* this rank's window */
+    size_t size;
+    int flags;                       /* DEV_WIN_* */
+    bool mapped;                     /* the peers' windows are mapped here (else: plain paths) */
+    CUdeviceptr peer[DEV_MAX_LOCAL]; /* local rank j's window start, mapped here (mine: base) */
+    size_t peer_size[DEV_MAX_LOCAL];
+    uint64_t peer_id[DEV_MAX_LOCAL]; /* its allocation's id (the pinned entry of ipc.in[j]) */
+};
+
 static inline const char *dev_kind_name(int k)
 {
     return sched_opkind_name(k);
@@ -148,12 +170,25 @@ void dev_args_init(dev_state_t *s, dev_args_t *a, int mode, int kind, const void
 void dev_set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op);
 void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *len);
 loomResult_t dev_launch(dev_state_t *s, dev_args_t *a, CUstream st);
+loomResult_t dev_launch_direct(dev_state_t *s, dev_args_t *a, CUstream st, const char *path);
 
 /* dev_ipc.c */
 bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, CUipcMemHandle *h);
+/* pin: the mapping is a window's, kept until dev_ipc_unpin */
 loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHandle *h,
-                            CUdeviceptr *base);
+                            CUdeviceptr *base, bool pin);
+void dev_ipc_unpin(dev_state_t *s, int j, uint64_t id);
 void dev_ipc_close_all(dev_state_t *s);
+
+/* dev_win.c */
+/* A same-node collective on buffers inside symmetric windows, read and written where they are
+ * with no exchange on the host: *done says whether it was taken (never without launch: then
+ * only a buffer partly inside a window is refused). */
+loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool launch, bool *done);
+/* The mapped window holding [p, p + len) (NULL: none); a range partly inside one is an error. */
+loomResult_t dev_win_find(dev_state_t *s, const void *p, size_t len, const char *what,
+                          dev_win_t **w);
+void dev_win_free_all(dev_state_t *s);
 
 /* dev_stage.c */
 loomResult_t dev_stage_open(dev_state_t *s);

@@ -34,17 +34,30 @@ bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, 
 
 /* Rank j's allocation `id`, mapped here (opened once, then from the cache). */
 loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHandle *h,
-                            CUdeviceptr *base)
+                            CUdeviceptr *base, bool pin)
 {
     for (int i = 0; i < DEV_IPC_CACHE; i++) {
         struct dev_ipc_in *e = &s->ipc.in[j][i];
         if (e->use && e->id == id) {
             e->use = lru_tick(&s->ipc.clock);
+            e->pin += pin;
             *base = e->base;
             return loomSuccess;
         }
     }
-    struct dev_ipc_in *lru = &s->ipc.in[j][LRU_PICK(s->ipc.in[j], DEV_IPC_CACHE, use)];
+    /* the least recently used entry that no window holds */
+    struct dev_ipc_in *lru = NULL;
+    for (int i = 0; i < DEV_IPC_CACHE; i++) {
+        struct dev_ipc_in *e = &s->ipc.in[j][i];
+        if (e->pin) continue;
+        if (lru == NULL || e->use < lru->use) lru = e;
+    }
+    if (lru == NULL)
+        return base_error(
+            loomInvalidUsage, LOG_CUDA,
+            "rank %d: mapping rank %d's buffer (allocation %llu): all %d mappings of "
+            "that rank's allocations are held by registered windows (deregister some)",
+            s->h->rank, s->lay.lrank[j], (unsigned long long)id, DEV_IPC_CACHE);
     if (lru->use) { /* evict: kernels already queued may still read through it */
         if (s->run.ev_valid)
             s->drv.d->cuEventSynchronize(s->run.ev); /* only direct kernels read there */
@@ -57,8 +70,21 @@ loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHa
                           "rank %d: mapping rank %d's buffer (allocation %llu): "
                           "cuIpcOpenMemHandle: %s",
                           s->h->rank, s->lay.lrank[j], (unsigned long long)id, cudrv_err(cr));
-    *lru = (struct dev_ipc_in){.id = id, .use = lru_tick(&s->ipc.clock), .base = *base};
+    *lru = (struct dev_ipc_in){
+        .id = id, .use = lru_tick(&s->ipc.clock), .base = *base, .pin = pin ? 1 : 0};
     return loomSuccess;
+}
+
+/* A window let go of rank j's allocation `id`: the mapping stays cached (and evictable). */
+void dev_ipc_unpin(dev_state_t *s, int j, uint64_t id)
+{
+    for (int i = 0; i < DEV_IPC_CACHE; i++) {
+        struct dev_ipc_in *e = &s->ipc.in[j][i];
+        if (e->use && e->id == id && e->pin > 0) {
+            e->pin--;
+            return;
+        }
+    }
 }
 
 /* Teardown: every peer's allocation mapped here (no kernel reads them any more). */

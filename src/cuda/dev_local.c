@@ -178,6 +178,12 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
     return loomSuccess;
 }
 
+/* DEV_DIRECT: every block, on every rank (blocks meet their peers' blocks of the same index). */
+loomResult_t dev_launch_direct(dev_state_t *s, dev_args_t *a, CUstream st, const char *path)
+{
+    return go(s, a, (unsigned)s->lay.nblocks, (unsigned)s->lay.threads, st, false, path);
+}
+
 /* The slot path: only the blocks whose lanes carry pieces. */
 loomResult_t dev_launch(dev_state_t *s, dev_args_t *a, CUstream st)
 {
@@ -228,8 +234,45 @@ void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *le
 typedef struct {
     int32_t ok, pad;
     uint64_t sid, soff, rid, roff;
+    uint64_t swin, rwin; /* buffer inside a mapped window: its seq + 1, *off the offset in it */
     CUipcMemHandle sh, rh;
 } direct_rec_t;
+
+/* One buffer of a direct call: inside a mapped window (its number and offset, no handle), else
+ * its allocation's handle. */
+static bool direct_export(dev_state_t *s, const void *p, size_t len, uint64_t *win, uint64_t *id,
+                          uint64_t *off, CUipcMemHandle *h, loomResult_t *res)
+{
+    dev_win_t *w = NULL;
+    *res = dev_win_find(s, p, len, "buffer", &w);
+    if (*res != loomSuccess) return false;
+    if (w) {
+        *win = w->seq + 1;
+        *off = (CUdeviceptr)(uintptr_t)p - w->base;
+        return true;
+    }
+    return dev_ipc_export(s, p, id, off, h);
+}
+
+/* Rank j's buffer of a direct call, mapped here: through its window, or its handle. */
+static loomResult_t direct_import(dev_state_t *s, int j, uint64_t win, uint64_t id, uint64_t off,
+                                  const CUipcMemHandle *h, CUdeviceptr *p)
+{
+    if (win) {
+        for (dev_win_t *w = s->win.list; w; w = w->next)
+            if (w->seq == win - 1 && w->mapped) {
+                *p = w->peer[j] + off;
+                return loomSuccess;
+            }
+        return base_error(loomInternalError, LOG_CUDA,
+                          "rank %d: rank %d's buffer lies in window %llu, which is not mapped here",
+                          s->h->rank, s->lay.lrank[j], (unsigned long long)(win - 1));
+    }
+    CUdeviceptr base = 0;
+    LOOM_CHECK(dev_ipc_import(s, j, id, h, &base, false));
+    *p = base + off;
+    return loomSuccess;
+}
 
 /* A large allreduce or reduce-scatter reading the peers' inputs where they are (DEV_DIRECT).
  * Every rank enters on the same conditions; what only a rank knows (its buffers exportable,
@@ -249,9 +292,16 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
         return loomSuccess;
     direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->h->nranks, sizeof(*all));
     if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
+    loomResult_t xres = loomSuccess;
     if (mine.ok)
-        mine.ok = dev_ipc_export(s, o->send, &mine.sid, &mine.soff, &mine.sh) &&
-                  (rs || dev_ipc_export(s, o->recv, &mine.rid, &mine.roff, &mine.rh));
+        mine.ok =
+            direct_export(s, o->send, total, &mine.swin, &mine.sid, &mine.soff, &mine.sh, &xres) &&
+            (rs ||
+             direct_export(s, o->recv, S, &mine.rwin, &mine.rid, &mine.roff, &mine.rh, &xres));
+    if (xres != loomSuccess) {
+        free(all);
+        return xres;
+    }
     const void *sp = &mine;
     void *rp = all;
     loomResult_t res = s->h->allgather(&s->h, &sp, &rp, sizeof(mine), 1);
@@ -266,11 +316,12 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
         for (int j = 0; j < s->lay.n && res == loomSuccess; j++) {
             if (j == s->lay.me) continue;
             const direct_rec_t *r = &all[s->lay.lrank[j]];
-            CUdeviceptr sb = 0, rb = 0;
-            res = dev_ipc_import(s, j, r->sid, &r->sh, &sb);
-            if (res == loomSuccess && !rs) res = dev_ipc_import(s, j, r->rid, &r->rh, &rb);
-            a.peer_send[j] = (const char *)(uintptr_t)(sb + r->soff);
-            a.peer_recv[j] = rs ? NULL : (char *)(uintptr_t)(rb + r->roff);
+            CUdeviceptr sp = 0, rp = 0;
+            res = direct_import(s, j, r->swin, r->sid, r->soff, &r->sh, &sp);
+            if (res == loomSuccess && !rs)
+                res = direct_import(s, j, r->rwin, r->rid, r->roff, &r->rh, &rp);
+            a.peer_send[j] = (const char *)(uintptr_t)sp;
+            a.peer_recv[j] = rs ? NULL : (char *)(uintptr_t)rp;
         }
     }
     free(all);
@@ -286,8 +337,7 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
         a.self_src = a.self_dst = off * es;
         a.self_len = len * es;
     }
-    LOOM_CHECK(go(s, &a, (unsigned)s->lay.nblocks, (unsigned)s->lay.threads, st, false,
-                  "direct reads of the peers' buffers"));
+    LOOM_CHECK(dev_launch_direct(s, &a, st, "direct reads of the peers' buffers"));
     *done = true;
     return loomSuccess;
 }
@@ -326,6 +376,15 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     size_t es = red_type_size(o->type), S = o->count * es;
     int n = s->lay.n, me = s->lay.me;
     dev_args_t a;
+    /* buffers in symmetric windows: read and written where they are, no exchange (the latency
+     * path keeps the calls it takes: one launch, no meeting of blocks) */
+    if (s->win.list) {
+        bool lla = S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max &&
+                   (o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCESCATTER);
+        bool win = false;
+        LOOM_CHECK(dev_win_run(s, o, st, !lla, &win));
+        if (win) return loomSuccess;
+    }
     switch (o->kind) {
     case OPK_ALLREDUCE: {
         if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max) return run_lla(s, o, st, cap);

@@ -580,11 +580,25 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
     if (sh.fail) return;
     u64 len = a.self_len, ch = ((len + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
     u64 pos = (u64)b * ch;
-    if (pos < len) {
+    /* a window's one shot in place (direct_stage): the peers still read my input, so the block's
+     * result waits in its own scratch (my slots of writer `me`, which nobody else writes) until
+     * every peer is done, then lands in my buffer */
+    char *scratch = mine + DEV_SLOT_OFF(me, b, 0, a.nblocks, a.nslot, a.slot);
+    if (a.direct_copy) {
+        /* a window's allgather or broadcast: io[j] says what comes from rank j's buffer */
+        for (int j = 0; j < n; j++) {
+            u64 jl = a.io[j].recv_len, jc = ((jl + gridDim.x - 1) / gridDim.x + 15) & ~15ull,
+                jp = (u64)b * jc;
+            if (jp >= jl) continue;
+            copy_bytes(a.recv + a.io[j].recv_off + jp,
+                       (j == me ? a.send : a.peer_send[j]) + a.io[j].send_off + jp,
+                       jl - jp < jc ? jl - jp : jc, t, nt);
+        }
+    } else if (pos < len) {
         u64 plen = len - pos < ch ? len - pos : ch;
         if (t < n) sh.srcs[t] = (t == me ? a.send : a.peer_send[t]) + a.self_src + pos;
         __syncthreads();
-        char *out = a.recv + a.self_dst + pos;
+        char *out = a.direct_stage ? scratch : a.recv + a.self_dst + pos;
         reduce_any(out, sh.srcs, n, -1, plen, a, a.avg ? n : 0, t, nt);
         __syncthreads();
         if (a.direct_fanout)
@@ -601,6 +615,11 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
                                      DEV_WAIT_ACK))
                 sh.fail = 1;
         if (!sh.fail) dstep[b] = s;
+    }
+    if (a.direct_stage && pos < len) {
+        __syncthreads();
+        if (sh.fail) return;
+        copy_bytes(a.recv + a.self_dst + pos, scratch, len - pos < ch ? len - pos : ch, t, nt);
     }
 }
 

@@ -234,8 +234,13 @@ typedef struct {
     const void *scale_dev; /* ... or in device memory (read when the kernel runs) */
     const char *peer_send[DEV_MAX_LOCAL]; /* DEV_DIRECT: the ranks' buffers, mapped here */
     char *peer_recv[DEV_MAX_LOCAL];
-    int direct_fanout, direct_pad; /* DEV_DIRECT: 1 (allreduce): the result into every output */
-    dev_err_t *err;                /* device address of the host-mapped error record */
+    int direct_fanout; /* DEV_DIRECT: 1 (allreduce): the result into every output */
+    /* DEV_DIRECT on registered windows (src/cuda/dev_win.c): direct_copy 1: no reduction, each
+     * io[j] (j = me too) copies recv_len bytes from rank j's buffer at send_off into recv at
+     * recv_off (allgather, broadcast); direct_stage 1: a one-shot allreduce in place, the block's
+     * result staged in its own slots until the peers are done reading */
+    int direct_copy, direct_stage, direct_pad;
+    dev_err_t *err; /* device address of the host-mapped error record */
     dev_io_t io[DEV_MAX_LOCAL];
 } dev_args_t;
 

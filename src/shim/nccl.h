@@ -45,7 +45,7 @@ typedef struct CUstream_st *cudaStream_t;
 typedef struct ncclComm *ncclComm_t;
 #define NCCL_COMM_NULL NULL
 
-/* Registered window handle (NCCL 2.27+). The shim never creates one. */
+/* Registered window handle (NCCL 2.27+): loom's loomWindow_t. */
 typedef struct ncclWindow_vidmem *ncclWindow_t;
 
 #define NCCL_UNIQUE_ID_BYTES 128

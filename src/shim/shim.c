@@ -503,26 +503,22 @@ SHIM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
     return (ncclResult_t)loomCommDeregister(LC(comm), handle);
 }
 
-/* Symmetric windows need every rank's buffer mapped into every peer: there is no loom
- * counterpart, and a success with no window would let the caller take a path that then fails. */
+/* Windows (NCCL 2.27): loom's own, with NCCL's flags (NCCL_WIN_COLL_SYMMETRIC is
+ * LOOM_WIN_COLL_SYMMETRIC); collective, as NCCL's. ncclWindow_t is loom's window handle. */
 SHIM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size,
                                              ncclWindow_t *win, int winFlags)
 {
     shim_enter();
-    (void)comm;
-    (void)buff;
-    (void)size;
-    (void)winFlags;
-    if (win) *win = NULL;
-    return unsupported("ncclCommWindowRegister");
+    loomWindow_t w = NULL;
+    loomResult_t r = loomCommWindowRegister(LC(comm), buff, size, win ? &w : NULL, winFlags);
+    if (win) *win = (ncclWindow_t)(void *)w;
+    return (ncclResult_t)r;
 }
 
 SHIM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
 {
     shim_enter();
-    (void)comm;
-    (void)win;
-    return unsupported("ncclCommWindowDeregister");
+    return (ncclResult_t)loomCommWindowDeregister(LC(comm), (loomWindow_t)(void *)win);
 }
 
 SHIM_API ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs,

@@ -26,6 +26,11 @@
  *   big        one uint8 sum allreduce of 2^31+4099 elements (sampled check)
  *   initall    one process drives every GPU: loomCommInitAll, group from one thread, threads
  *   samegpu    two ranks of one communicator on GPU 0 must get loomInvalidUsage
+ *   win        registered windows (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
+ *              tests/gpu/windows.sh runs it): allreduce, reduce-scatter, allgather, broadcast on
+ *              symmetric windows (float32/bfloat16, in/out of place, 4 B to 16 MiB), misuse
+ *              refused, deregistration after queued calls, non-symmetric windows, window calls
+ *              captured in a graph and replayed, windows on VMM memory (plain paths)
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path) and once at 4 KiB (latency path)
@@ -1667,6 +1672,345 @@ static void grp_initall(ctx_t *c)
     free(ec);
 }
 
+/* ---- registered windows ----------------------------------------------------------------- */
+
+/* Counts of the window cases: the latency path's sizes (or, with LOOM_CUDA_LL=0, the window
+ * kernels at every size), the one shot below LOOM_CUDA_DIRECT (4 MiB), two shots above it. */
+static const size_t win_counts[] = {1, 7, 1023, 65537, 786433, 1048579, 4194307};
+#define NWC (sizeof(win_counts) / sizeof(win_counts[0]))
+#define WIN_MAX 4194307
+
+static bool win_reg(ctx_t *c, CUdeviceptr p, size_t size, int flags, loomWindow_t *w)
+{
+    *w = NULL;
+    return lok(c, loomCommWindowRegister(c->comm, P(p), size, w, flags), c->comm,
+               "loomCommWindowRegister");
+}
+
+static void win_dereg(ctx_t *c, loomWindow_t *w)
+{
+    if (*w) lok(c, loomCommWindowDeregister(c->comm, *w), c->comm, "loomCommWindowDeregister");
+    *w = NULL;
+}
+
+/* A call that must fail with `want` and a text holding `text` on this rank. */
+static void want_err(ctx_t *c, loomResult_t r, loomResult_t want, const char *text,
+                     const char *what)
+{
+    const char *e = loomGetLastError(c->comm);
+    if (r != want)
+        case_fail(c, "%s: got %s, want %s (%s)", what, loomGetErrorString(r),
+                  loomGetErrorString(want), e ? e : "");
+    else if (!e || !strstr(e, text))
+        case_fail(c, "%s: error text \"%s\" lacks \"%s\"", what, e ? e : "(null)", text);
+    else
+        case_info(c, "%s", e);
+}
+
+/* One allreduce, reduce-scatter, allgather or broadcast case on A (send) and B (recv), views at
+ * GUARD + soff / roff; checks both regions. */
+static void win_case(ctx_t *c, reg_t *A, reg_t *B, int kind, int t, size_t count, bool ip, int root,
+                     size_t soff, size_t roff, const char *tag, uint8_t *h1, uint8_t *e1)
+{
+    int n = c->nranks, me = c->rank;
+    size_t bytes = count * TS[t], nb = (size_t)n * bytes;
+    static const char *kn[4] = {"allreduce", "reducescatter", "allgather", "broadcast"};
+    uint64_t salt = mix(0x3131ull ^ ((uint64_t)kind << 40) ^ ((uint64_t)t << 32) ^ count ^
+                        ((uint64_t)root << 48) ^ ((uint64_t)ip << 56));
+    case_begin(c, n, "win %s %s %s n=%zu%s %s", tag, kn[kind], TN[t], count,
+               kind == 3 ? (root ? " root=1" : " root=0") : "", ip ? "inplace" : "outofplace");
+    size_t sbytes = kind == 1 ? nb : bytes, rbytes = kind == 2 ? nb : bytes;
+    if (kind <= 1) {
+        gen_fill(K_SUM, t, salt, me, n, 0, sbytes / TS[t], h1);
+        ref_fill(K_SUM, K_SUM, t, salt, n, kind == 1 ? (size_t)me * count : 0, count, e1);
+    } else {
+        gen_fill(K_COPY, t, salt, me, n, 0, count, h1);
+        for (int r = 0; r < n; r++)
+            if (kind == 2 || r == root) gen_fill(K_COPY, t, salt, r, n, 0, count, e1 + r * bytes);
+    }
+    size_t stot = GUARD + soff + sbytes + GUARD, rtot = GUARD + roff + rbytes + GUARD;
+    CUdeviceptr sp, rp;
+    reg_t *R = ip ? A : B;
+    if (ip) { /* one buffer: in place at the rank's slice (reduce-scatter's output, allgather's
+               * input) */
+        size_t tot = GUARD + soff + (sbytes > rbytes ? sbytes : rbytes) + GUARD;
+        reg_poison(c, A, tot);
+        rp = A->base + GUARD + soff;
+        sp = kind == 2 ? rp + (size_t)me * bytes : rp;
+        reg_put(c, A, (size_t)(sp - A->base), h1, sbytes);
+        if (kind == 1) rp = sp + (size_t)me * bytes;
+    } else {
+        reg_poison(c, A, stot);
+        reg_put(c, A, GUARD + soff, h1, sbytes);
+        reg_poison(c, B, rtot);
+        sp = A->base + GUARD + soff;
+        rp = B->base + GUARD + roff;
+    }
+    loomResult_t r = loomSuccess;
+    switch (kind) {
+    case 0:
+        r = loomAllReduce(P(sp), P(rp), count, (loomDataType_t)t, loomSum, c->comm, c->s);
+        break;
+    case 1:
+        r = loomReduceScatter(P(sp), P(rp), count, (loomDataType_t)t, loomSum, c->comm, c->s);
+        break;
+    case 2: r = loomAllGather(P(sp), P(rp), count, (loomDataType_t)t, c->comm, c->s); break;
+    default: r = loomBroadcast(P(sp), P(rp), count, (loomDataType_t)t, root, c->comm, c->s);
+    }
+    lok(c, r, c->comm, kn[kind]);
+    sync_ok(c, c->s, c->comm);
+    size_t ro = (size_t)(rp - R->base);
+    if (kind == 1 && ip) { /* only this rank's slice is defined afterwards */
+        reg_dontcare(c, A, (size_t)(sp - A->base), nb);
+        if (A->dc) memset(A->dc + ro, 0, bytes);
+    }
+    if (!ip) reg_check(c, A, GUARD + soff, sbytes, t, "sendbuff (must stay unchanged)");
+    reg_expect(R, ro, kind == 3 ? e1 + (size_t)root * bytes : e1, rbytes);
+    reg_check(c, R, ro, rbytes, t, "recvbuff");
+    case_end(c);
+}
+
+static void grp_win(ctx_t *c)
+{
+    const cudrv_t *d = c->d;
+    int n = c->nranks, me = c->rank;
+    size_t cap = (size_t)n * WIN_MAX * 4 + 2 * GUARD + 8192;
+    reg_t A, B;
+    reg_alloc(c, &A, cap);
+    reg_alloc(c, &B, cap);
+    uint8_t *h1 = halloc(c, cap), *e1 = halloc(c, cap);
+    loomWindow_t wa = NULL, wb = NULL;
+
+    /* symmetric windows over both allocations: every kind, size, type, in and out of place */
+    case_begin(c, n, "win: register symmetric windows of %zu bytes (send and receive)", cap);
+    win_reg(c, A.base, cap, LOOM_WIN_COLL_SYMMETRIC, &wa);
+    win_reg(c, B.base, cap, LOOM_WIN_COLL_SYMMETRIC, &wb);
+    if (!case_end(c)) fatal(c, "cannot go on without windows");
+    static const int wtypes[2] = {F32, BF16};
+    for (int kind = 0; kind < 4; kind++)
+        for (int ti = 0; ti < 2; ti++)
+            for (size_t ci = 0; ci < NWC; ci++)
+                for (int ip = 0; ip < 2; ip++)
+                    for (int root = 0; root < (kind == 3 ? n : 1); root++) {
+                        size_t count = win_counts[ci];
+                        if (kind != 0 && count > 1048579) continue; /* n x the size: enough */
+                        win_case(c, &A, &B, kind, wtypes[ti], count, ip, root, 0, 0, "sym", h1, e1);
+                    }
+
+    /* calls on symmetric windows need no exchange on the host: captured in a CUDA graph, they
+     * replay with new inputs (a one-shot allreduce out of place, a two-shot one in place) */
+    case_begin(c, n,
+               "win: capture allreduce float n=786433 outofplace and n=4194307 inplace on "
+               "windows, 10 replays with new inputs");
+    {
+        const size_t n1 = 786433, n2 = 4194307, b1 = n1 * 4, b2 = n2 * 4, o2 = GUARD + (4u << 20);
+        CUgraph g = NULL;
+        CUgraphExec ge = NULL;
+        if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_RELAXED))) {
+            lok(c,
+                loomAllReduce(P(A.base + GUARD), P(B.base + GUARD), n1, loomFloat32, loomSum,
+                              c->comm, c->s),
+                c->comm, "loomAllReduce (captured, one shot)");
+            lok(c,
+                loomAllReduce(P(B.base + o2), P(B.base + o2), n2, loomFloat32, loomSum, c->comm,
+                              c->s),
+                c->comm, "loomAllReduce (captured, two shots, in place)");
+            if (CU(d->cuStreamEndCapture(c->s, &g)) && g) CU(d->cuGraphInstantiate(&ge, g, 0));
+        }
+        for (int rep = 0; ge && rep < 10 && !c->failed; rep++) {
+            uint64_t s1 = mix(0x9a1ull + (uint64_t)rep), s2 = mix(s1);
+            reg_poison(c, &A, GUARD + b1 + GUARD);
+            gen_fill(K_SUM, F32, s1, me, n, 0, n1, h1);
+            reg_put(c, &A, GUARD, h1, b1);
+            reg_poison(c, &B, o2 + b2 + GUARD);
+            ref_fill(K_SUM, K_SUM, F32, s1, n, 0, n1, e1);
+            reg_expect(&B, GUARD, e1, b1);
+            gen_fill(K_SUM, F32, s2, me, n, 0, n2, h1);
+            reg_put(c, &B, o2, h1, b2);
+            ref_fill(K_SUM, K_SUM, F32, s2, n, 0, n2, e1);
+            reg_expect(&B, o2, e1, b2);
+            CU(d->cuGraphLaunch(ge, c->s));
+            sync_ok(c, c->s, c->comm);
+            reg_check(c, &A, GUARD, b1, F32, "sendbuff (must stay unchanged)");
+            reg_check(c, &B, o2, b2, F32, "recvbuffs of the replay");
+            if (c->failed) {
+                char first[232];
+                memcpy(first, c->msg, sizeof(first));
+                snprintf(c->msg, sizeof(c->msg), "replay %d: %.200s", rep, first);
+            }
+        }
+        if (ge == NULL) case_fail(c, "no graph to replay");
+        if (ge) d->cuGraphExecDestroy(ge);
+        if (g) d->cuGraphDestroy(g);
+    }
+    case_end(c);
+
+    /* misuse, each refused on every rank with the rank, window and addresses named; the
+     * communicator stays usable */
+    case_begin(c, n, "win: a buffer partly inside a window -> loomInvalidArgument");
+    {
+        loomWindow_t wh = NULL;
+        win_dereg(c, &wb);
+        win_reg(c, B.base, cap / 2, LOOM_WIN_COLL_SYMMETRIC, &wh);
+        CUdeviceptr rp = B.base + cap / 2 - 4096;
+        for (int k = 0; k < 2; k++) { /* latency-path size and window-kernel size */
+            size_t cnt = k ? 1048579 : 4096;
+            want_err(c, loomAllReduce(P(A.base), P(rp), cnt, loomFloat32, loomSum, c->comm, c->s),
+                     loomInvalidArgument, "partly inside window",
+                     "allreduce across a window's end");
+        }
+        sync_ok(c, c->s, c->comm);
+        win_dereg(c, &wh);
+        win_reg(c, B.base, cap, LOOM_WIN_COLL_SYMMETRIC, &wb);
+    }
+    case_end(c);
+    case_begin(c, n, "win: symmetric windows of different sizes -> loomInvalidArgument");
+    {
+        loomWindow_t w = NULL;
+        want_err(c,
+                 loomCommWindowRegister(c->comm, P(B.base), cap - (size_t)me * 4096, &w,
+                                        LOOM_WIN_COLL_SYMMETRIC),
+                 loomInvalidArgument, "same size on every rank", "loomCommWindowRegister");
+        if (w) case_fail(c, "*win set after a failure");
+    }
+    case_end(c);
+    case_begin(c, n, "win: different flags on the ranks -> loomInvalidArgument");
+    {
+        loomWindow_t w = NULL;
+        want_err(c,
+                 loomCommWindowRegister(c->comm, P(B.base), 4096, &w,
+                                        me ? LOOM_WIN_DEFAULT : LOOM_WIN_COLL_SYMMETRIC),
+                 loomInvalidArgument, "same flags", "loomCommWindowRegister");
+    }
+    case_end(c);
+    case_begin(c, n, "win: a buffer past its allocation's end -> loomInvalidArgument");
+    {
+        loomWindow_t w = NULL;
+        want_err(c, loomCommWindowRegister(c->comm, P(A.base + cap - 100), (size_t)1 << 30, &w, 0),
+                 loomInvalidArgument, "runs past the end of its allocation",
+                 "loomCommWindowRegister");
+    }
+    case_end(c);
+    case_begin(c, n, "win: host memory, unknown and twice-deregistered windows -> errors");
+    {
+        loomWindow_t w = NULL;
+        want_err(c, loomCommWindowRegister(c->comm, h1, 4096, &w, 0), loomInvalidArgument,
+                 "host memory", "loomCommWindowRegister on host memory");
+        int junk = 0;
+        want_err(c, loomCommWindowDeregister(c->comm, (loomWindow_t)(void *)&junk),
+                 loomInvalidArgument, "not a window registered", "deregister of a non-window");
+        loomWindow_t w2 = NULL;
+        win_reg(c, A.base, 8192, 0, &w2);
+        loomWindow_t copy = w2;
+        win_dereg(c, &w2);
+        want_err(c, loomCommWindowDeregister(c->comm, copy), loomInvalidArgument,
+                 "not a window registered", "second deregister of a window");
+    }
+    case_end(c);
+    win_case(c, &A, &B, 0, F32, 1048579, false, 0, 0, 0, "after the errors,", h1, e1);
+
+    /* deregistration waits for the calls queued on the window: 8 allreduces on two streams,
+     * deregister, then overwrite the input at once (the legacy stream, not ordered after them) */
+    case_begin(c, n, "win: deregister ordered after 8 queued allreduces on 2 streams");
+    {
+        CUstream s2 = NULL;
+        CU(d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+        size_t count = 1048579, bytes = count * 4;
+        uint64_t salt = mix(0xde7ull);
+        gen_fill(K_SUM, F32, salt, me, n, 0, count, h1);
+        ref_fill(K_SUM, K_SUM, F32, salt, n, 0, count, e1);
+        reg_poison(c, &A, bytes);
+        reg_put(c, &A, 0, h1, bytes);
+        reg_poison(c, &B, 8 * bytes);
+        CU(d->cuStreamSynchronize(c->s));
+        for (int k = 0; k < 8; k++)
+            lok(c,
+                loomAllReduce(P(A.base), P(B.base + (size_t)k * bytes), count, loomFloat32, loomSum,
+                              c->comm, k % 2 ? s2 : c->s),
+                c->comm, "loomAllReduce");
+        win_dereg(c, &wa);
+        win_dereg(c, &wb);
+        CU(d->cuMemsetD8(A.base, 0, bytes));
+        CU(d->cuCtxSynchronize());
+        memset(A.img, 0, bytes);
+        for (int k = 0; k < 8; k++)
+            reg_expect(&B, (size_t)k * bytes, e1, bytes);
+        reg_check(c, &B, 0, 8 * bytes, F32, "recvbuff of the queued calls");
+        d->cuStreamDestroy(s2);
+    }
+    case_end(c);
+
+    /* windows without the flag, at different sizes and offsets on the ranks: the direct path
+     * through the windows (offsets exchanged per call), the slots below it */
+    case_begin(c, n, "win: register non-symmetric windows (sizes differ by rank)");
+    win_reg(c, A.base + (size_t)me * 512, cap - 8192 - (size_t)me * 1024, 0, &wa);
+    win_reg(c, B.base, cap - (size_t)me * 4096, 0, &wb);
+    case_end(c);
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t ci = 0; ci < NWC; ci++)
+            for (int ip = 0; ip < 2; ip++)
+                win_case(c, &A, &B, 0, wtypes[ti], win_counts[ci], ip, 0, 512 + (size_t)me * 64,
+                         (size_t)me * 128, "nonsym", h1, e1);
+    win_case(c, &A, &B, 1, F32, 1048579, false, 0, 512 + (size_t)me * 64, 0, "nonsym", h1, e1);
+    case_begin(c, n, "win: deregister the non-symmetric windows");
+    win_dereg(c, &wa);
+    win_dereg(c, &wb);
+    case_end(c);
+
+    /* memory from the VMM API has no legacy IPC handle: its windows are registered but never
+     * mapped, and calls on them take the paths of unregistered memory */
+    case_begin(c, n, "win: symmetric windows on VMM memory (cuMemCreate): registered, plain paths");
+    {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = c->dev;
+        size_t gran = 0, vsz = 0;
+        CUmemGenericAllocationHandle vh = 0;
+        CUdeviceptr va = 0;
+        bool made = false;
+        if (CU(d->cuMemGetAllocationGranularity(&gran, &prop,
+                                                CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))) {
+            vsz = (2 * (size_t)4194307 * 4 + 2 * GUARD + gran - 1) / gran * gran;
+            made = CU(d->cuMemCreate(&vh, vsz, &prop, 0)) &&
+                   CU(d->cuMemAddressReserve(&va, vsz, 0, 0, 0)) &&
+                   CU(d->cuMemMap(va, vsz, 0, vh, 0));
+            CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->dev},
+                                   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            made = made && CU(d->cuMemSetAccess(va, vsz, &acc, 1));
+        }
+        loomWindow_t wv = NULL;
+        if (made && win_reg(c, va, vsz, LOOM_WIN_COLL_SYMMETRIC, &wv)) {
+            static const size_t vc[2] = {65537, 4194307};
+            for (int k = 0; k < 2 && !c->failed; k++) {
+                size_t count = vc[k], bytes = count * 4;
+                uint64_t salt = mix(0x7a7ull + (uint64_t)k);
+                gen_fill(K_SUM, F32, salt, me, n, 0, count, h1);
+                ref_fill(K_SUM, K_SUM, F32, salt, n, 0, count, e1);
+                CU(d->cuMemcpyHtoDAsync(va + GUARD, h1, bytes, c->s));
+                lok(c,
+                    loomAllReduce(P(va + GUARD), P(va + GUARD), count, loomFloat32, loomSum,
+                                  c->comm, c->s),
+                    c->comm, "loomAllReduce on a VMM window");
+                sync_ok(c, c->s, c->comm);
+                CU(d->cuMemcpyDtoH(h1, va + GUARD, bytes));
+                if (!c->failed && memcmp(h1, e1, bytes) != 0)
+                    case_fail(c, "allreduce in place n=%zu on a VMM window: wrong result", count);
+            }
+            win_dereg(c, &wv);
+        }
+        if (made) d->cuMemUnmap(va, vsz);
+        if (va) d->cuMemAddressFree(va, vsz);
+        if (vh) d->cuMemRelease(vh);
+    }
+    case_end(c);
+    free(h1);
+    free(e1);
+    reg_free(c, &A);
+    reg_free(c, &B);
+}
+
 /* ---- two ranks on one GPU --------------------------------------------------------------- */
 
 static void grp_samegpu(ctx_t *c)
@@ -1820,7 +2164,7 @@ static void grp_kill(ctx_t *c)
 
 /* ---- groups and the parent ------------------------------------------------------------ */
 
-enum { M_ALL, M_SINGLE, M_SAMEGPU, M_TWO };
+enum { M_ALL, M_SINGLE, M_SAMEGPU, M_TWO, M_WIN };
 
 typedef struct {
     const char *name;
@@ -1842,6 +2186,9 @@ static const group_t groups[] = {
     {"initall", grp_initall, M_SINGLE, 1, 150, 0, "one process, every GPU (loomCommInitAll)"},
     {"samegpu", grp_samegpu, M_SAMEGPU, 1, 90, 2, "2 ranks on GPU 0 -> loomInvalidUsage"},
     {"kill", grp_kill, M_TWO, 2, 150, 1, "rank 1 SIGKILLed; rank 0 gets an error, no hang"},
+    {"win", grp_win, M_WIN, 1, 420, 1,
+     "registered windows: 4 collectives on them, misuse, deregistration order (2 ranks; on one "
+     "GPU with LOOM_CUDA_SHARE_GPU=1)"},
 };
 #define NGROUPS ((int)(sizeof(groups) / sizeof(groups[0])))
 
@@ -1942,6 +2289,8 @@ static void describe(int st, int watchdog, char *buf, size_t len)
 static void run_group(const group_t *g, int ngpu)
 {
     int np = g->mode == M_ALL ? ngpu : g->mode == M_SINGLE ? 1 : 2;
+    /* windows: two ranks, on two GPUs or sharing the one (LOOM_CUDA_SHARE_GPU=1) */
+    const bool win_shared = g->mode == M_WIN && ngpu < 2;
     memset(tab, 0, sizeof(*tab));
     for (int r = 0; r < MAXR; r++)
         tab->cur[r] = -1;
@@ -1971,7 +2320,7 @@ static void run_group(const group_t *g, int ngpu)
             alarm((unsigned)g->watchdog);
             ctx_t c = base;
             c.rank = started;
-            c.dev = g->mode == M_SAMEGPU ? 0 : started;
+            c.dev = g->mode == M_SAMEGPU || win_shared ? 0 : started;
             c.cur = -1;
             child_main(g, &c);
         }
@@ -2250,6 +2599,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < NGROUPS; i++) {
         const group_t *g = &groups[i];
         if ((only && !listed(only, g->name)) || listed(skip, g->name)) continue;
+        if (g->mode == M_WIN && ngpu < 2) {
+            const char *sh = getenv("LOOM_CUDA_SHARE_GPU");
+            if (!sh || strcmp(sh, "1") != 0) {
+                printf("skip %s: one GPU: run with LOOM_CUDA_SHARE_GPU=1 (tests/gpu/windows.sh)\n",
+                       g->name);
+                skipped++;
+                continue;
+            }
+        }
         if (g->min_gpu > ngpu) {
             printf("skip %s: needs %d GPUs, using %d\n", g->name, g->min_gpu, ngpu);
             skipped++;
