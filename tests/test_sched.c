@@ -2156,7 +2156,8 @@ START_TEST(test_registry_pick)
 END_TEST
 
 /* Reduce and broadcast: the choice is among the rows with that form, the lowest prediction
- * (ties to the earlier row), the tree from 4 ranks on; the others are "n/a (no ... form)";
+ * (ties to the earlier row), the tree where its hops are fewer than the ring's p - 1 (from 5
+ * ranks on); the others are "n/a (no ... form)";
  * LOOM_ALGO naming a row without the form leaves the operation to the model. */
 START_TEST(test_registry_pick_rooted)
 {
@@ -2177,7 +2178,7 @@ START_TEST(test_registry_pick_rooted)
                     const registry_algo_t *w = registry_get(pick);
                     ck_assert_ptr_nonnull(w);
                     ck_assert_ptr_nonnull(w->rooted[op].gen);
-                    ck_assert_int_eq(pick, p >= 4 ? ALGO_TREE : ALGO_RING);
+                    ck_assert_int_eq(pick, tree_rooted_hops(p) < p - 1 ? ALGO_TREE : ALGO_RING);
                     char text[1024];
                     registry_explain_rooted(&m, op, bytes, pick, text, sizeof(text));
                     ck_assert_msg(strstr(text, ", predicted "), "%s", text);
@@ -2195,6 +2196,16 @@ START_TEST(test_registry_pick_rooted)
                     }
                 }
             }
+    /* the hops of the trees' actual shapes: 2 ranks 1, 4 ranks 3 (the second tree of 3 hangs
+     * below one member), 5 ranks 3, 8 ranks 4, 1024 ranks 11 (1023 others: a perfect tree of
+     * 10 levels and the other one a level deeper) */
+    ck_assert_int_eq(tree_rooted_hops(2), 1);
+    ck_assert_int_eq(tree_rooted_hops(4), 3);
+    ck_assert_int_eq(tree_rooted_hops(5), 3);
+    ck_assert_int_eq(tree_rooted_hops(8), 4);
+    ck_assert_int_eq(tree_rooted_hops(1024), 11);
+    registry_model_t five = {.nranks = 5, .nnodes = 1, .a_loc = 1e-6, .b_loc = 1e-9};
+    ck_assert_int_eq(registry_pick_rooted(&five, ROOTED_REDUCE, 8), ALGO_TREE);
     for (int op = 0; op < ROOTED_COUNT; op++) {
         ck_assert_int_eq(registry_rooted_forced(ALGO_TREE, op), ALGO_TREE);
         ck_assert_int_eq(registry_rooted_forced(ALGO_RING, op), ALGO_RING);

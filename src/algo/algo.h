@@ -170,11 +170,15 @@ void tree_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uin
                            uint32_t out_buf, uint64_t base, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
 /* Reduce toward / broadcast from any root: the two trees over the other p - 1 ranks, the root
- * above both tops (one more hop): ceil(log2 p) hops, about n bytes through every rank. */
+ * above both tops (one more hop): about log2(p) hops (tree_rooted_hops), about n bytes through
+ * every rank. */
 void tree_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                  bool inplace, bool avg);
 void tree_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                     bool inplace);
+/* The hops from the deeper tree's farthest leaf to the root, for p ranks: about log2(p), one
+ * more where the second tree hangs below one member (the cost model's step count). */
+int tree_rooted_hops(int p);
 
 /* ---- alltoall.c: direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i
  * sends to r+i and receives from r-i), count elements per pair. Out of place only. */

@@ -168,15 +168,18 @@ void tree_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params
  * interior rank instead of n, the pipeline's rate halved. Putting R at the top of tree 0 only
  * and adding the hop from tree 1's top costs the same hop and still brings 1.5n into R. With R
  * above both trees every rank, R included, receives (reduce) or sends (broadcast) about n, and
- * the critical path is depth(p - 1) hops, at most one more than depth(p): cheaper in bandwidth
- * at every size and, at most, one hop dearer (the cost model in registry.c says which wins
- * against the ring's p - 1 hops).
+ * the critical path is the deeper tree's levels (tree_rooted_hops: about log2 p): cheaper in
+ * bandwidth at every size and, at most, a hop dearer (the cost model in registry.c says where
+ * that beats the ring's p - 1 hops).
  *
  * Tree 1 must also keep every subtree a run of consecutive ranks (partial sums over
  * consecutive ranks, as in the allreduce), so the cyclic shift of the allreduce, whose wrap
  * would join R - 1 to R + 1 across R, is not one of its shapes; the candidates are the mirror
  * of tree 0, and the in-order tree over all but the first (or the last) member hung below that
- * member, whichever leaves fewest members interior in both trees (a function of p alone).
+ * member, whichever leaves fewest members interior in both trees (a function of p alone). The
+ * hung ones are a level deeper; they are taken where the mirror would be the same tree (p - 1
+ * = 2^k - 1, a perfect tree, is its own mirror), since a shared interior rank takes 2n, not n:
+ * one hop more against half the rate at that rank.
  */
 
 enum { RT_MIRROR, RT_TOP_FIRST, RT_TOP_LAST, RT_KINDS };
@@ -225,6 +228,14 @@ static int rooted_kind(int n)
         if (both < least) best = k, least = both;
     }
     return best;
+}
+
+int tree_rooted_hops(int p)
+{
+    if (p <= 1) return 0;
+    int n = p - 1, d0 = tree_depth(n);
+    int d1 = rooted_kind(n) == RT_MIRROR ? d0 : 1 + tree_depth(n - 1);
+    return LOOM_MAX(d0, d1); /* a tree of d levels, then the hop from its top to the root */
 }
 
 /* This rank's parent and children in each tree (global ranks; the tops' parent is the root),

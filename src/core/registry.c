@@ -106,20 +106,14 @@ static double tree_cost(const registry_model_t *m, double nb)
  * Reduce and broadcast. The ring's is a chain of p - 1 hops, pipelined: p - 1 steps before the
  * last rank (reduce: the root) has the first slice, then n through every rank's link (and n
  * reduced per rank). The tree's (tree.c) climbs or descends two trees over the other p - 1
- * ranks, the root above both tops: ceil(log2 p) hops, and each rank still receives (reduce) or
- * sends (broadcast) about n: an interior rank of one tree handles two children's halves, a
- * leaf of the other one half. So the tree wins by its steps alone from 4 ranks on (2 against 3),
- * ties the ring at 2 and 3 (the earlier row, ring, is taken), and the model sees no difference
- * in bandwidth, which perf/RESULTS.md's measurements can overrule.
+ * ranks, the root above both tops: tree_rooted_hops(p) hops, the generator's own shape (about
+ * log2 p; one more where the second tree hangs below one member), and each rank still receives
+ * (reduce) or sends (broadcast) about n: an interior rank of one tree handles two children's
+ * halves, a leaf of the other one half. So the tree wins by its steps alone from 5 ranks on
+ * (3 hops against 4), ties the ring up to 4 (the earlier row, ring, is taken: the tree's two
+ * halves are twice the messages per hop), and the model sees no difference in bandwidth,
+ * which perf/RESULTS.md's measurements can overrule.
  */
-static double ceil_log2(double p)
-{
-    double l = 0;
-    while (pow(2, l) < p)
-        l++;
-    return l;
-}
-
 static double ring_reduce_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
@@ -135,13 +129,13 @@ static double ring_bcast_cost(const registry_model_t *m, double nb)
 static double tree_reduce_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return ceil_log2(t.p) * t.a_flat + nb * t.b_flat + nb * m->gamma;
+    return tree_rooted_hops(m->nranks) * t.a_flat + nb * t.b_flat + nb * m->gamma;
 }
 
 static double tree_bcast_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return ceil_log2(t.p) * t.a_flat + nb * t.b_flat;
+    return tree_rooted_hops(m->nranks) * t.a_flat + nb * t.b_flat;
 }
 
 static void gen_ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root,
