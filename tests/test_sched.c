@@ -2206,6 +2206,10 @@ START_TEST(test_registry_pick_rooted)
     ck_assert_int_eq(tree_rooted_hops(1024), 11);
     registry_model_t five = {.nranks = 5, .nnodes = 1, .a_loc = 1e-6, .b_loc = 1e-9};
     ck_assert_int_eq(registry_pick_rooted(&five, ROOTED_REDUCE, 8), ALGO_TREE);
+    /* ranks outnumbering cores: the job's messages count, the tree's are twice the ring's */
+    registry_model_t busy = {.nranks = 1024, .nnodes = 1, .a_loc = 1e-6, .oversubscribed = true};
+    for (int op = 0; op < ROOTED_COUNT; op++)
+        ck_assert_int_eq(registry_pick_rooted(&busy, op, 8), ALGO_RING);
     for (int op = 0; op < ROOTED_COUNT; op++) {
         ck_assert_int_eq(registry_rooted_forced(ALGO_TREE, op), ALGO_TREE);
         ck_assert_int_eq(registry_rooted_forced(ALGO_RING, op), ALGO_RING);

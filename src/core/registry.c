@@ -111,8 +111,8 @@ static double tree_cost(const registry_model_t *m, double nb)
  * (reduce) or sends (broadcast) about n: an interior rank of one tree handles two children's
  * halves, a leaf of the other one half. So the tree wins by its steps alone from 5 ranks on
  * (3 hops against 4), ties the ring up to 4 (the earlier row, ring, is taken: the tree's two
- * halves are twice the messages per hop), and the model sees no difference in bandwidth,
- * which perf/RESULTS.md's measurements can overrule.
+ * halves are twice the messages per hop), and the model sees no difference in bandwidth. On
+ * oversubscribed nodes the ring is taken at every size (tree_steps).
  */
 static double ring_reduce_cost(const registry_model_t *m, double nb)
 {
@@ -126,16 +126,27 @@ static double ring_bcast_cost(const registry_model_t *m, double nb)
     return (t.p - 1) * t.a_flat + nb * t.b_flat;
 }
 
+/* The tree's steps. A tree hop is two messages (one per half) where the ring's is one; on
+ * separate links they overlap, and the tree's hops count. But where ranks outnumber cores (and
+ * block: c_wake) the cores set the pace, every message a wake-up after another: the time goes
+ * with the job's messages, 2(p - 1) for the tree, p - 1 for the ring, whatever the depth.
+ * Measured on the 2-core VM, shm, 8 B (perf/RESULTS.md): ring 233, 230, 654 us at 4, 8, 16
+ * ranks, tree 439, 753, 1323 us. */
+static double tree_steps(const registry_model_t *m)
+{
+    return m->oversubscribed ? 2.0 * (m->nranks - 1) : tree_rooted_hops(m->nranks);
+}
+
 static double tree_reduce_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return tree_rooted_hops(m->nranks) * t.a_flat + nb * t.b_flat + nb * m->gamma;
+    return tree_steps(m) * t.a_flat + nb * t.b_flat + nb * m->gamma;
 }
 
 static double tree_bcast_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
-    return tree_rooted_hops(m->nranks) * t.a_flat + nb * t.b_flat;
+    return tree_steps(m) * t.a_flat + nb * t.b_flat;
 }
 
 static void gen_ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root,
