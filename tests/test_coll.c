@@ -364,6 +364,49 @@ START_TEST(hier_algos)
 }
 END_TEST
 
+/* Reduce and broadcast with LOOM_ALGO=ring and =tree (the double binary tree) on 2..9 ranks:
+ * every type and op, counts 0, 1, p-1, p, p+1, primes and a large one, every root for the small
+ * counts (the tree's shape turns with the root), in place and out of place, bit for bit. */
+static int rooted_rank(loomComm_t comm, int r, int p, void *arg)
+{
+    (void)arg;
+    size_t counts[] = {0, 1, (size_t)p - 1, (size_t)p, (size_t)p + 1, 13, 4099, 100003};
+    int ncounts = (int)(sizeof(counts) / sizeof(counts[0])), bad = 0;
+    for (int c = C_BROADCAST; c <= C_REDUCE; c++)
+        for (int t = 0; t < loomNumTypes; t++)
+            for (int op = 0; op < (c == C_REDUCE ? 6 : 1); op++)
+                for (int k = 0; k < ncounts; k++) {
+                    /* 8-bit floats hold the partial sums of in_val's inputs exactly up to 8
+                     * ranks only (9 is not an E5M2 value) */
+                    if (c == C_REDUCE && is_fp8(t) && p > 8) continue;
+                    bool big = counts[k] > 1000;
+                    /* the big counts with sum (every op for float32), at the two end roots */
+                    if (big && op != 0 && t != loomFloat32) continue;
+                    for (int root = 0; root < p; root += big && p > 1 ? p - 1 : 1)
+                        for (int ip = 0; ip < 2; ip++) {
+                            bad += one_case(comm, r, p, c, t, op, counts[k], ip, root);
+                            if (bad > 5) return bad;
+                        }
+                }
+    return bad;
+}
+
+static const char *const rooted_algos[] = {"ring", "tree"};
+
+START_TEST(rooted_algos_grid)
+{
+    const char *algo = rooted_algos[_i / 8];
+    int p = 2 + _i % 8;
+    small_slices();
+    setenv("LOOM_ALGO", algo, 1);
+    param_reset_cache();
+    int bad = h_run_threads(p, rooted_rank, NULL);
+    unsetenv("LOOM_ALGO");
+    param_reset_cache();
+    ck_assert_msg(bad == 0, "LOOM_ALGO=%s, %d ranks: %d ranks saw wrong results", algo, p, bad);
+}
+END_TEST
+
 int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 0);
@@ -386,5 +429,9 @@ int main(void)
     tcase_set_timeout(algos, 600);
     tcase_add_loop_test(algos, hier_algos, 0, NCOLL_ALGOS);
     suite_add_tcase(s, algos);
+    TCase *rooted = tcase_create("rooted");
+    tcase_set_timeout(rooted, 600);
+    tcase_add_loop_test(rooted, rooted_algos_grid, 0, 16);
+    suite_add_tcase(s, rooted);
     return h_check_main(s, false, CK_NORMAL);
 }

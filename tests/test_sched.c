@@ -70,38 +70,53 @@ typedef enum {
     ALG_HIER_TREE, /* hier with other algorithms across nodes */
     ALG_HIER_RAB,
     ALG_HIER_RD,
+    ALG_TREE_REDUCE, /* the double binary tree's reduce and broadcast (any root) */
+    ALG_TREE_BCAST,
     ALG_COUNT
 } alg_t;
 
 static const char *const alg_names[ALG_COUNT] = {
-    "allreduce", "reduce_scatter",    "allgather", "broadcast", "reduce",       "alltoall",
-    "hier",      "hier_leader",       "ps",        "rd",        "rabenseifner", "tree",
-    "hier:tree", "hier:rabenseifner", "hier:rd"};
+    "allreduce", "reduce_scatter",    "allgather", "broadcast",   "reduce",        "alltoall",
+    "hier",      "hier_leader",       "ps",        "rd",          "rabenseifner",  "tree",
+    "hier:tree", "hier:rabenseifner", "hier:rd",   "tree_reduce", "tree_broadcast"};
 
+/* The operation a generator implements: the rooted trees are a reduce and a broadcast. */
+static alg_t alg_op(alg_t a)
+{
+    return a == ALG_TREE_REDUCE ? ALG_REDUCE : a == ALG_TREE_BCAST ? ALG_BROADCAST : a;
+}
+/* The allreduce generators past the plain operations (hier .. hier:rd). */
+static bool alg_more_allreduce(alg_t a)
+{
+    return a >= ALG_HIER && a <= ALG_HIER_RD;
+}
 static bool alg_reduces(alg_t a)
 {
-    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_REDUCE || a >= ALG_HIER;
+    a = alg_op(a);
+    return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_REDUCE ||
+           alg_more_allreduce(a);
 }
 /* The result of every allreduce, whichever the algorithm. */
 static bool alg_is_allreduce(alg_t a)
 {
-    return a == ALG_ALLREDUCE || a >= ALG_HIER;
+    return a == ALG_ALLREDUCE || alg_more_allreduce(a);
 }
 static bool alg_rooted(alg_t a)
 {
+    a = alg_op(a);
     return a == ALG_BROADCAST || a == ALG_REDUCE;
 }
 /* Generators that read prm->nchannels; for the others channel counts would repeat cases. */
 static bool alg_channels(alg_t a)
 {
     return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_ALLGATHER || a == ALG_HIER ||
-           a == ALG_HIER_LEADER || a >= ALG_HIER_TREE;
+           a == ALG_HIER_LEADER || (a >= ALG_HIER_TREE && a <= ALG_HIER_RD);
 }
 /* hier and its variants: the node-local ring joins a node's ranks in its own order first, which
  * interval values cannot follow (exact count vectors prove them) */
 static bool alg_node_ring(alg_t a)
 {
-    return a == ALG_HIER || a >= ALG_HIER_TREE;
+    return a == ALG_HIER || (a >= ALG_HIER_TREE && a <= ALG_HIER_RD);
 }
 
 typedef struct {
@@ -172,6 +187,8 @@ static const struct {
     [ALG_HIER_TREE] = {OPK_ALLREDUCE, ALGO_HIER_TREE},
     [ALG_HIER_RAB] = {OPK_ALLREDUCE, ALGO_HIER_RAB},
     [ALG_HIER_RD] = {OPK_ALLREDUCE, ALGO_HIER_RD},
+    [ALG_TREE_REDUCE] = {OPK_REDUCE, ALGO_TREE},
+    [ALG_TREE_BCAST] = {OPK_BROADCAST, ALGO_TREE},
 };
 
 /* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
@@ -570,7 +587,7 @@ static void buffer_sizes(const cfg_t *c, int r, uint64_t *v)
         v[1] = n;
         return;
     }
-    switch (c->alg) {
+    switch (alg_op(c->alg)) {
     case ALG_ALLREDUCE:
         v[0] = n;
         v[1] = n;
@@ -1334,7 +1351,7 @@ static void final_check(sim_t *m)
     }
     for (int r = 0; r < m->p && !m->failed; r++) {
         uint64_t len;
-        switch (c->alg) {
+        switch (alg_op(c->alg)) {
         case ALG_REDUCE: len = r == c->root ? n : 0; break;
         case ALG_ALLGATHER:
         case ALG_ALLTOALL: len = n * (uint64_t)c->p; break;
@@ -1344,7 +1361,7 @@ static void final_check(sim_t *m)
             const uint8_t *v = elem(m, r, SCHED_BUF_RECV, e);
             int32_t want_idx;
             int want_rank = -1; /* -1: every rank once */
-            switch (c->alg) {
+            switch (alg_op(c->alg)) {
             case ALG_REDUCE_SCATTER: want_idx = (int32_t)((uint64_t)r * n + e); break;
             case ALG_ALLGATHER:
                 want_rank = (int)(e / n);
@@ -1503,6 +1520,17 @@ START_TEST(test_grid)
     int p = grid_ps[_i % NGRID_P];
     if (!grid_selected(alg)) return;
     uint64_t counts[] = {0, 1, (uint64_t)p - 1, (uint64_t)p, (uint64_t)p + 1, 37, 1000};
+    /* roots: 0 and p - 1; the trees' (whose shape moves with the root) every one up to 9
+     * ranks, beyond that the ends and two inside */
+    int roots[16] = {0, p - 1}, nroots = alg_rooted(alg) && p > 1 ? 2 : 1;
+    if (alg == ALG_TREE_REDUCE || alg == ALG_TREE_BCAST) {
+        nroots = 0;
+        if (p <= 9)
+            for (int q = 0; q < p; q++)
+                roots[nroots++] = q;
+        else
+            roots[0] = 0, roots[1] = p - 1, roots[2] = 1, roots[3] = p / 2, nroots = 4;
+    }
     static const uint64_t slices[] = {1, 3, 64};
     tally_t t = {0};
     struct timespec t0, t1;
@@ -1516,7 +1544,7 @@ START_TEST(test_grid)
             for (size_t si = 0; si < sizeof(slices) / sizeof(slices[0]); si++)
                 for (int ip = 0; ip <= (alg == ALG_ALLTOALL ? 0 : 1); ip++)
                     for (int avg = 0; avg <= (alg_reduces(alg) ? 1 : 0); avg++)
-                        for (int ri = 0; ri < (alg_rooted(alg) && p > 1 ? 2 : 1); ri++) {
+                        for (int ri = 0; ri < nroots; ri++) {
                             /* 1000 elements in slices of 1 or 3 is the expensive corner: there
                              * only the two extremes of the channel / in-place / avg axes. */
                             bool heavy = counts[ci] == 1000 && slices[si] < 64;
@@ -1534,8 +1562,8 @@ START_TEST(test_grid)
                                                   : 1);
                             if (elems / slices[si] > 10000) continue;
                             /* node algorithms: uneven nodes of 3 and 1 ranks, or of 2 */
-                            cfg_t c = {alg, p,   counts[ci],     nch,        slices[si],
-                                       ip,  avg, ri ? p - 1 : 0, ri ? -4 : 2};
+                            cfg_t c = {alg, p,         counts[ci],     nch, slices[si], ip,
+                                       avg, roots[ri], ri % 2 ? -4 : 2};
                             run_case(&c, &t);
                         }
     }
@@ -1670,6 +1698,45 @@ START_TEST(test_scale_hier_1024)
     scale_hier_1024(ALG_HIER_RAB, 8);
     scale_hier_1024(ALG_HIER_RD, -8);
     scale_hier_1024(ALG_HIER_TREE, -8);
+}
+END_TEST
+
+/* The trees' reduce and broadcast at scale: the shape turns with the root (ranks are counted
+ * from root + 1), so every root at 128 and 129 ranks, then the ends and the middle at 1000,
+ * 1023, 1024 and 1025 ranks (2^10 - 1 + 1: the other ranks are a perfect tree's 1023), several
+ * slices per half, interval values. */
+static void scale_rooted(alg_t alg, int p, int root, uint64_t slice, bool inplace)
+{
+    cfg_t c = {alg, p, 3 * (uint64_t)p + 1, 1, slice, inplace, alg == ALG_TREE_REDUCE, root, 0};
+    policy_t pol = {POL_ORDER, 0, false, 0};
+    char err[768], cs[160];
+    sched_t *s = xcalloc((size_t)p, sizeof(sched_t));
+    cfg_str(&c, cs, sizeof(cs));
+    ck_assert_msg(build_scheds(&c, s, err, sizeof(err)), "%s: %s", cs, err);
+    bool ok = verify(&c, s, &pol, VAL_IVL, err, sizeof(err));
+    free_scheds(s, p);
+    free(s);
+    ck_assert_msg(ok, "%s: %s", cs, err);
+}
+
+START_TEST(test_scale_tree_rooted)
+{
+    alg_t alg = _i ? ALG_TREE_BCAST : ALG_TREE_REDUCE;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int p = 128; p <= 129; p++)
+        for (int root = 0; root < p; root++)
+            scale_rooted(alg, p, root, 1u << 20, root % 2);
+    static const int ps[] = {1000, 1023, 1024, 1025};
+    for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
+        int p = ps[k], roots[] = {0, 1, p / 2, p - 1};
+        for (int j = 0; j < 4; j++)
+            scale_rooted(alg, p, roots[j], 128, j % 2);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fprintf(stderr, "scale: %s, every root at 128 and 129 ranks, 4 roots at 1000-1025: %.2f s\n",
+            alg_names[alg],
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
 }
 END_TEST
 
@@ -2011,6 +2078,17 @@ START_TEST(test_registry_covered)
         for (int a = 0; a < ALG_COUNT; a++)
             proved |= alg_plan[a].kind == OPK_ALLREDUCE && alg_plan[a].algo == i;
         ck_assert_msg(proved, "registry row %s has no symbolic proof here", row->name);
+        /* its reduce and broadcast forms too (the plain rows run the ring's: algo -1) */
+        for (int op = 0; op < ROOTED_COUNT; op++) {
+            if (row->rooted[op].gen == NULL) continue;
+            uint8_t kind = op == ROOTED_REDUCE ? OPK_REDUCE : OPK_BROADCAST;
+            bool rp = false;
+            for (int a = 0; a < ALG_COUNT; a++)
+                rp |= alg_plan[a].kind == kind &&
+                      (alg_plan[a].algo == i || (alg_plan[a].algo < 0 && i == ALGO_RING));
+            ck_assert_msg(rp, "registry row %s's %s has no symbolic proof here", row->name,
+                          op == ROOTED_REDUCE ? "reduce" : "broadcast");
+        }
     }
     ck_assert_ptr_null(registry_get(ALGO_COUNT));
     ck_assert_ptr_null(registry_get(ALGO_AUTO));
@@ -2077,6 +2155,70 @@ START_TEST(test_registry_pick)
 }
 END_TEST
 
+/* Reduce and broadcast: the choice is among the rows with that form, the lowest prediction
+ * (ties to the earlier row), the tree where its hops are fewer than the ring's p - 1 (from 5
+ * ranks on); the others are "n/a (no ... form)";
+ * LOOM_ALGO naming a row without the form leaves the operation to the model. */
+START_TEST(test_registry_pick_rooted)
+{
+    static const char *const none[ROOTED_COUNT] = {"no reduce form", "no broadcast form"};
+    for (int op = 0; op < ROOTED_COUNT; op++)
+        for (int p = 2; p <= 1024; p = p < 9 ? p + 1 : p * 4)
+            for (int nn = 1; nn <= 2 && nn <= p; nn++) {
+                registry_model_t m = {.nranks = p,
+                                      .nnodes = nn,
+                                      .a_net = 20e-6,
+                                      .b_net = 1 / 1.25e9,
+                                      .a_loc = 5e-6,
+                                      .b_loc = 1 / 6e9,
+                                      .gamma = 1 / 5e9,
+                                      .shared_mem = true};
+                for (uint64_t bytes = 1; bytes <= (1ull << 30); bytes *= 32) {
+                    int pick = registry_pick_rooted(&m, op, bytes);
+                    const registry_algo_t *w = registry_get(pick);
+                    ck_assert_ptr_nonnull(w);
+                    ck_assert_ptr_nonnull(w->rooted[op].gen);
+                    ck_assert_int_eq(pick, tree_rooted_hops(p) < p - 1 ? ALGO_TREE : ALGO_RING);
+                    char text[1024];
+                    registry_explain_rooted(&m, op, bytes, pick, text, sizeof(text));
+                    ck_assert_msg(strstr(text, ", predicted "), "%s", text);
+                    for (int i = 0; i < ALGO_COUNT; i++) {
+                        const registry_algo_t *a = &registry_algos[i];
+                        char na[96];
+                        snprintf(na, sizeof(na), "; %s n/a (%s)", a->name, none[op]);
+                        ck_assert_msg(i == pick ||
+                                          (strstr(text, na) != NULL) == (a->rooted[op].gen == NULL),
+                                      "%s", text);
+                        if (a->rooted[op].gen == NULL) continue;
+                        double c = a->rooted[op].cost(&m, (double)bytes);
+                        double cw = w->rooted[op].cost(&m, (double)bytes);
+                        ck_assert_msg(cw < c || (cw == c && pick <= i), "%s", text);
+                    }
+                }
+            }
+    /* the hops of the trees' actual shapes: 2 ranks 1, 4 ranks 3 (the second tree of 3 hangs
+     * below one member), 5 ranks 3, 8 ranks 4, 1024 ranks 11 (1023 others: a perfect tree of
+     * 10 levels and the other one a level deeper) */
+    ck_assert_int_eq(tree_rooted_hops(2), 1);
+    ck_assert_int_eq(tree_rooted_hops(4), 3);
+    ck_assert_int_eq(tree_rooted_hops(5), 3);
+    ck_assert_int_eq(tree_rooted_hops(8), 4);
+    ck_assert_int_eq(tree_rooted_hops(1024), 11);
+    registry_model_t five = {.nranks = 5, .nnodes = 1, .a_loc = 1e-6, .b_loc = 1e-9};
+    ck_assert_int_eq(registry_pick_rooted(&five, ROOTED_REDUCE, 8), ALGO_TREE);
+    /* ranks outnumbering cores: the job's messages count, the tree's are twice the ring's */
+    registry_model_t busy = {.nranks = 1024, .nnodes = 1, .a_loc = 1e-6, .oversubscribed = true};
+    for (int op = 0; op < ROOTED_COUNT; op++)
+        ck_assert_int_eq(registry_pick_rooted(&busy, op, 8), ALGO_RING);
+    for (int op = 0; op < ROOTED_COUNT; op++) {
+        ck_assert_int_eq(registry_rooted_forced(ALGO_TREE, op), ALGO_TREE);
+        ck_assert_int_eq(registry_rooted_forced(ALGO_RING, op), ALGO_RING);
+        ck_assert_int_eq(registry_rooted_forced(ALGO_RD, op), -1);
+        ck_assert_int_eq(registry_rooted_forced(ALGO_AUTO, op), -1);
+    }
+}
+END_TEST
+
 /* ---- Runner ------------------------------------------------------------------------------ */
 
 static Suite *sched_suite(void)
@@ -2097,6 +2239,7 @@ static Suite *sched_suite(void)
     tcase_add_test(reg, test_registry_covered);
     tcase_add_test(reg, test_registry_parse);
     tcase_add_test(reg, test_registry_pick);
+    tcase_add_test(reg, test_registry_pick_rooted);
     suite_add_tcase(s, reg);
 
     TCase *grid = tcase_create("grid");
@@ -2112,6 +2255,7 @@ static Suite *sched_suite(void)
     tcase_add_test(scale, test_scale_1024);
     tcase_add_test(scale, test_scale_hier);
     tcase_add_test(scale, test_scale_hier_1024);
+    tcase_add_loop_test(scale, test_scale_tree_rooted, 0, 2);
     suite_add_tcase(s, scale);
     return s;
 }

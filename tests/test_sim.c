@@ -154,6 +154,56 @@ START_TEST(all_at_1024)
 }
 END_TEST
 
+static double rooted_time(const sim_machine_t *m, sim_coll_t coll, int algo, uint64_t bytes,
+                          int root)
+{
+    sim_result_t r;
+    loomResult_t rc = sim_collective(m, coll, algo, bytes, root, &r);
+    ck_assert_msg(rc == loomSuccess, "%s %s at %d ranks, root %d, %llu bytes: %s",
+                  registry_get(algo)->name, coll == SIM_REDUCE ? "reduce" : "broadcast", m->ranks,
+                  root, (unsigned long long)bytes, base_last_error());
+    return r.time;
+}
+
+/* Reduce and broadcast: two ranks against the closed form (the ring one message of n, the
+ * tree two halves one after the other on the root's port: alpha + n/B both), every root on
+ * 2..9 ranks, and at 1024 ranks the tree's log2(p) hops far ahead of the ring's p - 1 at 8 B;
+ * a row without the form is refused. */
+START_TEST(rooted)
+{
+    sim_machine_t m = plain(2, 8);
+    for (int c = SIM_REDUCE; c <= SIM_BROADCAST; c++)
+        for (uint64_t n = 8; n <= (64u << 20); n *= 64)
+            for (int a = 0; a < 2; a++) {
+                int algo = a ? ALGO_TREE : ALGO_RING;
+                near(rooted_time(&m, (sim_coll_t)c, algo, n, 1), m.loc_alpha + (double)n / m.loc_bw,
+                     1e-9, a ? "tree, 2 ranks" : "ring, 2 ranks");
+            }
+    for (int p = 2; p <= 9; p++)
+        for (int root = 0; root < p; root++)
+            for (int c = SIM_REDUCE; c <= SIM_BROADCAST; c++) {
+                sim_machine_t q = plain(p, 4);
+                double t = rooted_time(&q, (sim_coll_t)c, ALGO_TREE, 4096, root);
+                double r = rooted_time(&q, (sim_coll_t)c, ALGO_RING, 4096, root);
+                ck_assert(t > 0 && r > 0);
+            }
+    sim_machine_t big;
+    ck_assert(sim_machine_preset("h200", &big));
+    big.ranks = 1024;
+    big.per_node = 8;
+    for (int c = SIM_REDUCE; c <= SIM_BROADCAST; c++) {
+        double t = rooted_time(&big, (sim_coll_t)c, ALGO_TREE, 8, 5);
+        double r = rooted_time(&big, (sim_coll_t)c, ALGO_RING, 8, 5);
+        fprintf(stderr, "sim 1024 ranks %s 8 B: tree %.1f us, ring %.1f us\n",
+                c == SIM_REDUCE ? "reduce" : "broadcast", t * 1e6, r * 1e6);
+        ck_assert_msg(t * 10 < r, "tree %.1f us, ring %.1f us", t * 1e6, r * 1e6);
+    }
+    sim_result_t res;
+    ck_assert_int_eq(sim_collective(&m, SIM_REDUCE, ALGO_RD, 8, 0, &res), loomInvalidArgument);
+    ck_assert_int_eq(sim_collective(&m, SIM_BROADCAST, ALGO_TREE, 8, 2, &res), loomInvalidArgument);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("sim");
@@ -163,6 +213,7 @@ int main(void)
     tcase_add_test(tc, hier_two_by_two);
     tcase_add_test(tc, laws);
     tcase_add_test(tc, all_at_1024);
+    tcase_add_test(tc, rooted);
     suite_add_tcase(s, tc);
     return h_check_main(s, false, CK_NORMAL);
 }

@@ -1,12 +1,16 @@
 /*
- * loom-sim: predicted allreduce times of loom's algorithms on a modelled machine of up to 1024
- * (or more) ranks, from the very schedules the planner builds (src/sim/sim.h says the model).
+ * loom-sim: predicted allreduce (or reduce, broadcast) times of loom's algorithms on a modelled
+ * machine of up to 1024 (or more) ranks, from the very schedules the planner builds
+ * (src/sim/sim.h says the model).
  *
  *   loom-sim --ranks P[,P2...] --per-node G [-b MIN] [-e MAX] [-f F] [--algo NAME[,NAME...]]
+ *            [--collective allreduce|reduce|broadcast] [--root R]
  *            [--machine h200|dev] [--fabric rail|fat-tree] [--oversub X]
  *            [--loc-alpha US] [--loc-bw GBPS] [--net-alpha US] [--net-bw GBPS]
  *            [--slice BYTES] [--channels C] [--csv FILE] [--plot PREFIX]
  *
+ * --collective reduce or broadcast (root R, default 0) runs the rows that have that form (ring,
+ * tree), with busbw = algbw as nccl-tests counts them.
  * Prints nccl-tests' table, one block per algorithm headed by its name, then the registry's
  * automatic choice per size and the simulated time of what it chose. --csv writes every point;
  * --plot PREFIX writes the CSV and draws PREFIX-busbw.png (busbw against size, per algorithm)
@@ -31,7 +35,8 @@ static void usage(FILE *f)
                "rail|fat-tree]\n"
                "                [--oversub X] [--loc-alpha US] [--loc-bw GB/s] [--net-alpha US]\n"
                "                [--net-bw GB/s] [--slice BYTES] [--channels C] [--csv FILE]\n"
-               "                [--plot PREFIX]\n"
+               "                [--plot PREFIX] [--collective allreduce|reduce|broadcast] "
+               "[--root R]\n"
                "algorithms:");
     for (int i = 0; i < ALGO_COUNT; i++)
         fprintf(f, " %s", registry_get(i)->name);
@@ -94,6 +99,8 @@ int main(int argc, char **argv)
     sim_machine_t ov = {0};
     const char *fabric = NULL;
     double oversub = 0;
+    const char *coll_arg = "allreduce";
+    int root = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -140,6 +147,10 @@ int main(int argc, char **argv)
             csv = argv[i + 1];
         else if (strcmp(a, "--plot") == 0)
             plot = argv[i + 1];
+        else if (strcmp(a, "--collective") == 0)
+            coll_arg = v;
+        else if (strcmp(a, "--root") == 0)
+            root = atoi(v);
         else
             takes = false;
         if (!takes) {
@@ -182,6 +193,19 @@ int main(int argc, char **argv)
                 (unsigned long long)lo, (unsigned long long)hi, f);
         return 2;
     }
+    sim_coll_t coll;
+    if (strcmp(coll_arg, "allreduce") == 0)
+        coll = SIM_ALLREDUCE;
+    else if (strcmp(coll_arg, "reduce") == 0)
+        coll = SIM_REDUCE;
+    else if (strcmp(coll_arg, "broadcast") == 0)
+        coll = SIM_BROADCAST;
+    else {
+        fprintf(stderr, "loom-sim: --collective %s: unknown (allreduce, reduce, broadcast)\n",
+                coll_arg);
+        return 2;
+    }
+    int rop = coll == SIM_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST;
     char *rk[64];
     int nr = split_list(ranks_arg, rk, 64);
     int algos[ALGO_COUNT], na = 0;
@@ -196,11 +220,15 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return 2;
             }
+            if (coll != SIM_ALLREDUCE && registry_rooted_forced(id, rop) < 0) {
+                fprintf(stderr, "loom-sim: --algo %s: no %s form\n", names[i], coll_arg);
+                return 2;
+            }
             algos[na++] = id;
         }
     } else {
         for (int i = 0; i < ALGO_COUNT; i++)
-            algos[na++] = i;
+            if (coll == SIM_ALLREDUCE || registry_rooted_forced(i, rop) >= 0) algos[na++] = i;
     }
     FILE *out = NULL;
     char csvpath[4096];
@@ -227,6 +255,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "loom-sim: --ranks %s: not a rank count\n", rk[ri]);
             return 2;
         }
+        if (coll != SIM_ALLREDUCE && (root < 0 || root >= m.ranks)) {
+            fprintf(stderr, "loom-sim: --root %d: not one of %d ranks\n", root, m.ranks);
+            return 2;
+        }
         int g = m.per_node > 0 && m.per_node < m.ranks ? m.per_node : m.ranks;
         /* as comm.c does: nodes with more ranks than cores get 4x slices job-wide */
         if (m.cores > 0 && g > m.cores && ov.slice_bytes == 0) m.slice_bytes *= 4;
@@ -239,9 +271,9 @@ int main(int argc, char **argv)
                                   .b_loc = 1 / m.loc_bw,
                                   .shared_mem = m.cores > 0,
                                   .oversubscribed = m.cores > 0 && g > m.cores};
-        printf("# loom-sim: %d ranks, %d nodes of %d, machine %s (%s, oversubscription %g)\n",
-               m.ranks, nn, g, machine, m.fabric == SIM_RAIL ? "rail-optimised" : "fat tree",
-               m.oversub);
+        printf("# loom-sim: %s, %d ranks, %d nodes of %d, machine %s (%s, oversubscription %g)\n",
+               coll_arg, m.ranks, nn, g, machine,
+               m.fabric == SIM_RAIL ? "rail-optimised" : "fat tree", m.oversub);
         printf("# node-local links %.1f us, %.1f GB/s; NICs %.1f us, %.1f GB/s; slice %llu B, "
                "%d channels\n",
                m.loc_alpha * 1e6, m.loc_bw / 1e9, m.net_alpha * 1e6, m.net_bw / 1e9,
@@ -265,16 +297,18 @@ int main(int argc, char **argv)
             clock_gettime(CLOCK_MONOTONIC, &t0);
             for (int si = 0; si < nsizes; si++) {
                 sim_result_t res;
-                if (sim_allreduce(&m, a, sizes[si], &res) != loomSuccess) {
+                if (sim_collective(&m, coll, a, sizes[si], root, &res) != loomSuccess) {
                     fprintf(stderr, "loom-sim: %s\n", base_last_error());
                     return 1;
                 }
                 double t = res.time, algbw = t > 0 ? (double)sizes[si] / t / 1e9 : 0;
-                double busbw = algbw * 2.0 * (m.ranks - 1) / m.ranks;
+                double busbw =
+                    coll == SIM_ALLREDUCE ? algbw * 2.0 * (m.ranks - 1) / m.ranks : algbw;
                 times[(size_t)a * (size_t)nsizes + (size_t)si] = t;
                 printf("%12llu %13llu %9s %7s %7d %11.2f %9.2f %9.2f%s\n",
                        (unsigned long long)sizes[si], (unsigned long long)(sizes[si] / 4), "float",
-                       "sum", -1, t * 1e6, algbw, busbw,
+                       coll == SIM_BROADCAST ? "none" : "sum", coll == SIM_ALLREDUCE ? -1 : root,
+                       t * 1e6, algbw, busbw,
                        res.slice_bytes != m.slice_bytes ? "  (coarser slices)" : "");
                 if (out)
                     fprintf(out, "%d,%d,%s,%llu,%.4f,%.4f,%.4f,%llu,%llu\n", m.ranks, g, row->name,
@@ -292,7 +326,8 @@ int main(int argc, char **argv)
         printf("#%11s %16s %11s %16s %11s\n", "size", "choice", "time(us)", "best simulated",
                "time(us)");
         for (int si = 0; si < nsizes; si++) {
-            int pick = registry_pick(&model, sizes[si]);
+            int pick = coll == SIM_ALLREDUCE ? registry_pick(&model, sizes[si])
+                                             : registry_pick_rooted(&model, rop, sizes[si]);
             int best = -1;
             for (int ai = 0; ai < na; ai++) {
                 double t = times[(size_t)algos[ai] * (size_t)nsizes + (size_t)si];

@@ -6,7 +6,8 @@
  *                  and region forms, the building blocks of the hierarchical ones)
  *   rd.c           recursive doubling allreduce (latency-bound sizes)
  *   rabenseifner.c recursive-halving reduce-scatter + recursive-doubling allgather (middle sizes)
- *   tree.c         pipelined double binary tree allreduce (latency at many ranks)
+ *   tree.c         pipelined double binary tree allreduce, reduce and broadcast (latency at
+ *                  many ranks)
  *   alltoall.c     direct all-to-all
  *   hier.c         hierarchical allreduce: node-local reduce-scatter, a cross-node allreduce per
  *                  shard (ring, tree, rabenseifner or rd), node-local allgather
@@ -101,6 +102,53 @@ typedef void (*algo_region_fn)(sched_t *s, uint16_t desc, const ring_group_t *g,
                                uint32_t out_buf, uint64_t base, uint64_t count,
                                const ring_params_t *prm, bool inplace, bool avg);
 
+/* The power-of-two fold of recursive doubling and Rabenseifner (and of their cost rows): q is
+ * the largest power of two <= p, L = log2(q); among the first 2·extra = 2(p - q) members each
+ * odd one hands its whole input to the even one below before the power-of-two part and takes
+ * the result back after it, the even one standing for both. The q members that stay have
+ * virtual ranks 0 .. q-1. */
+typedef struct {
+    int q, L, extra;
+} algo_pow2_t;
+
+static inline algo_pow2_t algo_pow2(int p)
+{
+    algo_pow2_t f = {1, 0, 0};
+    while (f.q * 2 <= p)
+        f.q *= 2, f.L++;
+    f.extra = p - f.q;
+    return f;
+}
+/* Member r is folded away (odd, among the first 2·extra) / takes a folded member's input. */
+static inline bool algo_pow2_away(const algo_pow2_t *f, int r)
+{
+    return r < 2 * f->extra && r % 2 == 1;
+}
+static inline bool algo_pow2_folds(const algo_pow2_t *f, int r)
+{
+    return r < 2 * f->extra && r % 2 == 0;
+}
+/* A staying member's virtual rank, and the member of virtual rank v. */
+static inline int algo_pow2_vrank(const algo_pow2_t *f, int r)
+{
+    return r < 2 * f->extra ? r / 2 : r - f->extra;
+}
+static inline int algo_pow2_member(const algo_pow2_t *f, int v)
+{
+    return v < f->extra ? v * 2 : v + f->extra;
+}
+/* rd.c: the fold's steps, in slices of sl. A member folded away sends [base, base+count) of
+ * in_buf to the member below and receives the result into out_buf: its whole schedule. The
+ * member that folds receive-reduces the one above's input with in_buf into dst (at dst_off),
+ * and at the end sends the result back from out_buf. */
+void algo_pow2_away_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                          uint32_t out_buf, uint64_t base, uint64_t count, uint64_t sl);
+void algo_pow2_fold_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                          uint64_t base, uint32_t dst, uint64_t dst_off, uint64_t count,
+                          uint64_t sl);
+void algo_pow2_unfold_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t out_buf,
+                            uint64_t base, uint64_t count, uint64_t sl);
+
 /* ---- rd.c: recursive doubling allreduce: log2 steps, whole buffer each step (small buffers) */
 void rd_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
                   bool avg);
@@ -121,6 +169,16 @@ void tree_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params
 void tree_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
                            uint32_t out_buf, uint64_t base, uint64_t count,
                            const ring_params_t *prm, bool inplace, bool avg);
+/* Reduce toward / broadcast from any root: the two trees over the other p - 1 ranks, the root
+ * above both tops (one more hop): about log2(p) hops (tree_rooted_hops), about n bytes through
+ * every rank. */
+void tree_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
+                 bool inplace, bool avg);
+void tree_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
+                    bool inplace);
+/* The hops from the deeper tree's farthest leaf to the root, for p ranks: about log2(p), one
+ * more where the second tree hangs below one member (the cost model's step count). */
+int tree_rooted_hops(int p);
 
 /* ---- alltoall.c: direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i
  * sends to r+i and receives from r-i), count elements per pair. Out of place only. */

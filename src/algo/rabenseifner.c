@@ -16,20 +16,11 @@
  *
  * p not a power of two: the standard fold. Among the first 2(p-q) ranks each odd one hands its
  * whole input to the even one below before the halving, and receives the result from it after
- * the doubling; the even ones then stand for both.
+ * the doubling; the even ones then stand for both (algo.h's algo_pow2, shared with rd.c).
  */
 #include "algo.h"
 
 #include "base.h"
-
-/* Sends or receive-reduces [off, off+len) in slices, one message per slice; the two partners
- * of a step both call this with the same ranges, in the same order. */
-static void slices_send(sched_t *s, uint16_t desc, int peer, uint32_t buf, uint64_t off,
-                        uint64_t len, uint64_t sl)
-{
-    for (uint64_t j = 0, S = sched_nslices(len, sl); j < S; j++)
-        sched_send(s, desc, peer, buf, off + j * sl, sched_slice_len(len, sl, j));
-}
 
 void rab_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
                           uint32_t out_buf, uint64_t base, uint64_t count, const ring_params_t *prm,
@@ -41,33 +32,25 @@ void rab_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint
         if (!inplace) sched_copy(s, desc, in_buf, base, out_buf, base, count, 0);
         return;
     }
-    int q = 1, L = 0;
-    while (q * 2 <= p)
-        q *= 2, L++;
-    int extra = p - q;
+    algo_pow2_t f = algo_pow2(p);
+    int q = f.q, L = f.L;
     uint64_t sl = prm->slice_elems;
-    if (r < 2 * extra && r % 2 == 1) {
-        int to = grp_rank(g, r - 1);
-        slices_send(s, desc, to, in_buf, base, count, sl);
-        for (uint64_t j = 0, S = sched_nslices(count, sl); j < S; j++)
-            sched_recv(s, desc, to, out_buf, base + j * sl, sched_slice_len(count, sl, j));
+    if (algo_pow2_away(&f, r)) {
+        algo_pow2_away_steps(s, desc, g, in_buf, out_buf, base, count, sl);
         return;
     }
-    bool folds = r < 2 * extra;
+    bool folds = algo_pow2_folds(&f, r);
     uint32_t cur = in_buf; /* where this rank's partial values are */
     if (folds) {
-        int from = grp_rank(g, r + 1);
-        for (uint64_t j = 0, S = sched_nslices(count, sl); j < S; j++)
-            sched_recv_reduce(s, desc, from, in_buf, base + j * sl, out_buf, base + j * sl,
-                              sched_slice_len(count, sl, j), 0);
+        algo_pow2_fold_steps(s, desc, g, in_buf, base, out_buf, base, count, sl);
         cur = out_buf;
     }
-    int v = folds ? r / 2 : r - extra;
+    int v = algo_pow2_vrank(&f, r);
     /* blocks [blo, bhi) of q, as elements */
 #define BOFF(b) (base + sched_part_off(count, (uint64_t)q, (uint64_t)(b)))
     int blo = 0, bhi = q;
     for (int i = 0; i < L; i++) {
-        int pv = v ^ (1 << i), peer = grp_rank(g, pv < extra ? pv * 2 : pv + extra);
+        int peer = grp_rank(g, algo_pow2_member(&f, v ^ (1 << i)));
         int mid = blo + (bhi - blo) / 2;
         bool upper = (v >> i) & 1;
         int klo = upper ? mid : blo, khi = upper ? bhi : mid;
@@ -88,7 +71,7 @@ void rab_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint
         bhi = khi;
     }
     for (int i = L - 1; i >= 0; i--) {
-        int pv = v ^ (1 << i), peer = grp_rank(g, pv < extra ? pv * 2 : pv + extra);
+        int peer = grp_rank(g, algo_pow2_member(&f, v ^ (1 << i)));
         /* the partner owns the sibling of [blo, bhi) in the range both held before step i */
         int w = bhi - blo;
         bool upper = (v >> i) & 1;
@@ -105,7 +88,7 @@ void rab_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint
             bhi = phi;
     }
 #undef BOFF
-    if (folds) slices_send(s, desc, grp_rank(g, r + 1), out_buf, base, count, sl);
+    if (folds) algo_pow2_unfold_steps(s, desc, g, out_buf, base, count, sl);
 }
 
 void rab_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,

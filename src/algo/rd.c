@@ -32,22 +32,14 @@ void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint3
         if (!inplace) sched_copy(s, desc, in_buf, base, out_buf, base, count, 0);
         return;
     }
-    int q = 1, L = 0;
-    while (q * 2 <= p)
-        q *= 2, L++;
-    int extra = p - q;
+    algo_pow2_t f = algo_pow2(p);
+    int q = f.q, L = f.L;
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
-    /* Fold: among the first 2*extra ranks, each odd one hands its buffer to the even one below
-     * and later receives the result from it. */
-    if (r < 2 * extra && r % 2 == 1) {
-        int to = grp_rank(g, r - 1);
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, to, in_buf, base + j * sl, sched_slice_len(count, sl, j));
-        for (uint64_t j = 0; j < S; j++)
-            sched_recv(s, desc, to, out_buf, base + j * sl, sched_slice_len(count, sl, j));
+    if (algo_pow2_away(&f, r)) {
+        algo_pow2_away_steps(s, desc, g, in_buf, out_buf, base, count, sl);
         return;
     }
-    bool folds = r < 2 * extra;
+    bool folds = algo_pow2_folds(&f, r);
     int m = L + (folds ? 1 : 0); /* reductions this rank makes */
     /* Where write w (1..m) goes: the last into the output, the ones before alternating between
      * the scratch halves A (offset 2·base) and B (offset 2·base + count). */
@@ -74,13 +66,11 @@ void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint3
     int w = 0;
     if (folds) {
         w++;
-        for (uint64_t j = 0; j < S; j++)
-            sched_recv_reduce(s, desc, grp_rank(g, r + 1), buf[w - 1], off[w - 1] + j * sl, buf[w],
-                              off[w] + j * sl, sched_slice_len(count, sl, j), 0);
+        algo_pow2_fold_steps(s, desc, g, buf[w - 1], off[w - 1], buf[w], off[w], count, sl);
     }
-    int v = folds ? r / 2 : r - extra;
+    int v = algo_pow2_vrank(&f, r);
     for (int mask = 1; mask < q; mask <<= 1) {
-        int pv = v ^ mask, partner = grp_rank(g, pv < extra ? pv * 2 : pv + extra);
+        int partner = grp_rank(g, algo_pow2_member(&f, v ^ mask));
         uint8_t flags = (avg && mask * 2 == q) ? STEP_F_AVG : 0;
         w++;
         for (uint64_t j = 0; j < S; j++) {
@@ -90,8 +80,34 @@ void rd_allreduce_region(sched_t *s, uint16_t desc, const ring_group_t *g, uint3
                               off[w] + j * sl, len, flags);
         }
     }
-    if (folds)
-        for (uint64_t j = 0; j < S; j++)
-            sched_send(s, desc, grp_rank(g, r + 1), out_buf, base + j * sl,
-                       sched_slice_len(count, sl, j));
+    if (folds) algo_pow2_unfold_steps(s, desc, g, out_buf, base, count, sl);
+}
+
+void algo_pow2_away_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                          uint32_t out_buf, uint64_t base, uint64_t count, uint64_t sl)
+{
+    int to = grp_rank(g, g->me - 1);
+    uint64_t S = sched_nslices(count, sl);
+    for (uint64_t j = 0; j < S; j++)
+        sched_send(s, desc, to, in_buf, base + j * sl, sched_slice_len(count, sl, j));
+    for (uint64_t j = 0; j < S; j++)
+        sched_recv(s, desc, to, out_buf, base + j * sl, sched_slice_len(count, sl, j));
+}
+
+void algo_pow2_fold_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t in_buf,
+                          uint64_t base, uint32_t dst, uint64_t dst_off, uint64_t count,
+                          uint64_t sl)
+{
+    int from = grp_rank(g, g->me + 1);
+    for (uint64_t j = 0, S = sched_nslices(count, sl); j < S; j++)
+        sched_recv_reduce(s, desc, from, in_buf, base + j * sl, dst, dst_off + j * sl,
+                          sched_slice_len(count, sl, j), 0);
+}
+
+void algo_pow2_unfold_steps(sched_t *s, uint16_t desc, const ring_group_t *g, uint32_t out_buf,
+                            uint64_t base, uint64_t count, uint64_t sl)
+{
+    int to = grp_rank(g, g->me + 1);
+    for (uint64_t j = 0, S = sched_nslices(count, sl); j < S; j++)
+        sched_send(s, desc, to, out_buf, base + j * sl, sched_slice_len(count, sl, j));
 }

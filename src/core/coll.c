@@ -143,7 +143,12 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
                       .nchannels = comm->tune.nchannels,
                       .slice_bytes = comm->tune.slice_bytes};
     ring_params_t prm = plan_ring_params(&ctx, o->type);
-    int algo = o->kind == OPK_ALLREDUCE ? comm_pick_allreduce(comm, o->count * es) : -1;
+    int algo =
+        o->kind == OPK_ALLREDUCE ? comm_pick_allreduce(comm, o->count * es)
+        : o->kind == OPK_REDUCE || o->kind == OPK_BROADCAST
+            ? comm_pick_rooted(comm, o->kind == OPK_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST,
+                               o->count * es, o->root)
+            : -1;
     plan_call_t call = {
         .algo = algo, .inplace = plan_inplace(o->kind, r, o->count, es, send, recv), .avg = avg};
     call.desc = d;

@@ -372,6 +372,7 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     snprintf(c->lay.name, sizeof(c->lay.name), "%s", cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->cache.p2p, rank, nranks);
     c->tune.last_pick = -1;
+    c->tune.last_pick_rooted[0] = c->tune.last_pick_rooted[1] = -1;
     for (int m = 0; m < TUNE_NMEM; m++)
         tune_entry_clear(&c->tune.file[m]); /* until comm_layout reads LOOM_TUNE_FILE */
     loomResult_t ar = parse_algo(&c->tune.algo);
@@ -725,6 +726,26 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s [constants: %s]",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
             registry_explain(&m, bytes, pick, why, sizeof(why)), m.source);
+    }
+    return pick;
+}
+
+int comm_pick_rooted(loomComm_t comm, int op, uint64_t bytes, int root)
+{
+    int forced = registry_rooted_forced(comm->tune.algo, op);
+    if (forced >= 0) return forced;
+    if (comm->nranks == 1) return ALGO_RING;
+    registry_model_t m = comm_model(comm);
+    int pick = registry_pick_rooted(&m, op, bytes);
+    log_level_t lvl = pick != comm->tune.last_pick_rooted[op] ? LOG_INFO : LOG_TRACE;
+    comm->tune.last_pick_rooted[op] = pick;
+    if (log_enabled(lvl, LOG_TUNING)) {
+        char why[1024];
+        LOG(lvl, LOG_TUNING,
+            "%s of %llu bytes %s root %d on %d ranks / %d nodes: %s [constants: %s]",
+            op == ROOTED_REDUCE ? "reduce" : "broadcast", (unsigned long long)bytes,
+            op == ROOTED_REDUCE ? "to" : "from", root, comm->nranks, comm->lay.nnodes,
+            registry_explain_rooted(&m, op, bytes, pick, why, sizeof(why)), m.source);
     }
     return pick;
 }

@@ -89,8 +89,9 @@ typedef struct {
 /* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read
  * by the planner, the registry's selection and the executor. */
 typedef struct {
-    int algo;      /* LOOM_ALGO, or ALGO_AUTO */
-    int last_pick; /* the model's previous choice (for the log) */
+    int algo;                /* LOOM_ALGO, or ALGO_AUTO */
+    int last_pick;           /* the model's previous choice (for the log) */
+    int last_pick_rooted[2]; /* the same for reduce and broadcast (ROOTED_*) */
     int nchannels;
     uint64_t slice_bytes;
     int slices_in_flight;
@@ -175,6 +176,10 @@ struct loomComm {
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
  * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+/* The same for a reduce or broadcast (op: ROOTED_*) of `bytes` to or from root: LOOM_ALGO's row
+ * when it has that form, else the model's choice among the rows that do, said in the TUNING
+ * log like the allreduce's. */
+int comm_pick_rooted(loomComm_t comm, int op, uint64_t bytes, int root);
 
 /* The fusion bucket and segment sizes for a context's fields left 0, for memory type mem
  * (TUNE_MEM_*): LOOM_FUSION_BUCKET / LOOM_FUSION_SEGMENT when set, else the tuning file's

@@ -71,8 +71,15 @@ loomResult_t plan_build(const plan_ctx_t *ctx, const plan_call_t *call, sched_t 
         row->gen(s, di, &ctx->topo, n, &prm, in, avg);
         break;
     }
-    case OPK_BROADCAST: ring_broadcast(s, di, n, d->root, &prm, in); break;
-    case OPK_REDUCE: ring_reduce(s, di, n, d->root, &prm, in, avg); break;
+    case OPK_BROADCAST:
+    case OPK_REDUCE: {
+        /* the row's rooted form; a row without one (or none chosen) runs the ring's */
+        int op = d->kind == OPK_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST;
+        const registry_algo_t *row = registry_get(registry_rooted_forced(call->algo, op));
+        if (row == NULL) row = registry_get(ALGO_RING);
+        row->rooted[op].gen(s, di, n, d->root, &prm, in, avg);
+        break;
+    }
     case OPK_ALLGATHER:
     case OPK_SPLIT: ring_allgather(s, di, n, &prm, in); break;
     case OPK_REDUCESCATTER: ring_reduce_scatter(s, di, n, &prm, in, avg); break;

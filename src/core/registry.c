@@ -39,14 +39,12 @@ static model_terms_t terms(const registry_model_t *m)
 }
 
 /* log2 of the largest power of two <= p, and the fold's extra steps (before and after) for the
- * ranks beyond it (rd, rabenseifner). */
+ * ranks beyond it (rd, rabenseifner): algo.h's algo_pow2, the generators' own arithmetic. */
 static void pow2_terms(double p, double *lg, double *folds)
 {
-    int q = 1, l = 0;
-    while (q * 2 <= (int)p)
-        q *= 2, l++;
-    *lg = l;
-    *folds = q < (int)p ? 2 : 0;
+    algo_pow2_t f = algo_pow2((int)p);
+    *lg = f.L;
+    *folds = f.extra > 0 ? 2 : 0;
 }
 
 /* The flat algorithms over p ranks on links of latency a and inverse bandwidth b, n bytes:
@@ -102,6 +100,79 @@ static double tree_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
     return flat_cost(FLAT_TREE, t.p, t.a_flat, t.b_flat, m->gamma, nb);
+}
+
+/*
+ * Reduce and broadcast. The ring's is a chain of p - 1 hops, pipelined: p - 1 steps before the
+ * last rank (reduce: the root) has the first slice, then n through every rank's link (and n
+ * reduced per rank). The tree's (tree.c) climbs or descends two trees over the other p - 1
+ * ranks, the root above both tops: tree_rooted_hops(p) hops, the generator's own shape (about
+ * log2 p; one more where the second tree hangs below one member), and each rank still receives
+ * (reduce) or sends (broadcast) about n: an interior rank of one tree handles two children's
+ * halves, a leaf of the other one half. So the tree wins by its steps alone from 5 ranks on
+ * (3 hops against 4), ties the ring up to 4 (the earlier row, ring, is taken: the tree's two
+ * halves are twice the messages per hop), and the model sees no difference in bandwidth. On
+ * oversubscribed nodes the ring is taken at every size (tree_steps).
+ */
+static double ring_reduce_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return (t.p - 1) * t.a_flat + nb * t.b_flat + nb * m->gamma;
+}
+
+static double ring_bcast_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return (t.p - 1) * t.a_flat + nb * t.b_flat;
+}
+
+/* The tree's steps. A tree hop is two messages (one per half) where the ring's is one; on
+ * separate links they overlap, and the tree's hops count. But where ranks outnumber cores (and
+ * block: c_wake) the cores set the pace, every message a wake-up after another: the time goes
+ * with the job's messages, 2(p - 1) for the tree, p - 1 for the ring, whatever the depth.
+ * Measured on the 2-core VM, shm, 8 B (perf/RESULTS.md): ring 233, 230, 654 us at 4, 8, 16
+ * ranks, tree 439, 753, 1323 us. */
+static double tree_steps(const registry_model_t *m)
+{
+    return m->oversubscribed ? 2.0 * (m->nranks - 1) : tree_rooted_hops(m->nranks);
+}
+
+static double tree_reduce_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return tree_steps(m) * t.a_flat + nb * t.b_flat + nb * m->gamma;
+}
+
+static double tree_bcast_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    return tree_steps(m) * t.a_flat + nb * t.b_flat;
+}
+
+static void gen_ring_reduce(sched_t *s, uint16_t desc, uint64_t count, int root,
+                            const ring_params_t *prm, bool inplace, bool avg)
+{
+    ring_reduce(s, desc, count, root, prm, inplace, avg);
+}
+
+static void gen_ring_bcast(sched_t *s, uint16_t desc, uint64_t count, int root,
+                           const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)avg;
+    ring_broadcast(s, desc, count, root, prm, inplace);
+}
+
+static void gen_tree_reduce(sched_t *s, uint16_t desc, uint64_t count, int root,
+                            const ring_params_t *prm, bool inplace, bool avg)
+{
+    tree_reduce(s, desc, count, root, prm, inplace, avg);
+}
+
+static void gen_tree_bcast(sched_t *s, uint16_t desc, uint64_t count, int root,
+                           const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)avg;
+    tree_broadcast(s, desc, count, root, prm, inplace);
 }
 
 /* The node-local reduce-scatter and allgather at the fast link's price, then the cross-node
@@ -223,9 +294,12 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
     [ALGO_RING] = {.name = "ring",
                    .applies = "any layout",
                    .doc = "reduce-scatter then allgather around one ring: 2(p-1) steps, "
-                          "2(p-1)/p of the buffer per rank",
+                          "2(p-1)/p of the buffer per rank (reduce, broadcast: a pipelined "
+                          "chain of p-1 hops)",
                    .cost = ring_cost,
-                   .gen = gen_ring},
+                   .gen = gen_ring,
+                   .rooted = {[ROOTED_REDUCE] = {ring_reduce_cost, gen_ring_reduce},
+                              [ROOTED_BROADCAST] = {ring_bcast_cost, gen_ring_bcast}}},
     [ALGO_HIER] = {.name = "hier",
                    .applies = "several nodes",
                    .doc = "node-local reduce-scatter, a cross-node ring per shard, node-local "
@@ -261,9 +335,12 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
     [ALGO_TREE] = {.name = "tree",
                    .applies = "any layout",
                    .doc = "pipelined double binary tree, half the buffer on each: 2 log2(p) "
-                          "hops, about 2x the buffer per rank",
+                          "hops, about 2x the buffer per rank (reduce, broadcast: log2(p) "
+                          "hops, the root above both trees)",
                    .cost = tree_cost,
-                   .gen = gen_tree},
+                   .gen = gen_tree,
+                   .rooted = {[ROOTED_REDUCE] = {tree_reduce_cost, gen_tree_reduce},
+                              [ROOTED_BROADCAST] = {tree_bcast_cost, gen_tree_bcast}}},
     [ALGO_HIER_TREE] = {.name = "hier:tree",
                         .applies = "several nodes",
                         .doc = "hier with a double binary tree across nodes: 2(g-1) + "
@@ -310,37 +387,64 @@ loomResult_t registry_parse(const char *name, int *algo)
                       names);
 }
 
-/* Whether automatic selection may take row i, and why not (NULL: it may). */
-static const char *row_unfit(const registry_model_t *m, int i)
+static const char *const rooted_none[ROOTED_COUNT] = {"no reduce form", "no broadcast form"};
+
+/* Whether automatic selection may take row i for op (-1: allreduce, else ROOTED_*), and why not
+ * (NULL: it may). */
+static const char *row_unfit(const registry_model_t *m, int i, int op)
 {
     const registry_algo_t *a = &registry_algos[i];
+    if (op >= 0 && a->rooted[op].gen == NULL) return rooted_none[op];
     if (a->unfit && a->unfit(m)) return a->unfit(m);
-    if (a->cost == NULL) return "no cost model";
+    if ((op < 0 ? a->cost : a->rooted[op].cost) == NULL) return "no cost model";
     return NULL;
 }
 
-static const char *row_preferred(const registry_model_t *m, int i)
+static double row_cost(const registry_model_t *m, int i, int op, double nb)
 {
     const registry_algo_t *a = &registry_algos[i];
-    return row_unfit(m, i) == NULL && a->preferred ? a->preferred(m) : NULL;
+    return op < 0 ? a->cost(m, nb) : a->rooted[op].cost(m, nb);
 }
 
-int registry_pick(const registry_model_t *m, uint64_t bytes)
+/* Preference is measured for allreduce only. */
+static const char *row_preferred(const registry_model_t *m, int i, int op)
+{
+    const registry_algo_t *a = &registry_algos[i];
+    return op < 0 && row_unfit(m, i, op) == NULL && a->preferred ? a->preferred(m) : NULL;
+}
+
+static int pick_op(const registry_model_t *m, int op, uint64_t bytes)
 {
     for (int i = 0; i < ALGO_COUNT; i++)
-        if (row_preferred(m, i)) return i;
+        if (row_preferred(m, i, op)) return i;
     int pick = -1;
     double best = 0;
     for (int i = 0; i < ALGO_COUNT; i++) {
-        if (row_unfit(m, i)) continue;
-        double c = registry_algos[i].cost(m, (double)bytes);
+        if (row_unfit(m, i, op)) continue;
+        double c = row_cost(m, i, op, (double)bytes);
         if (pick < 0 || c < best) pick = i, best = c;
     }
     return pick < 0 ? ALGO_RING : pick;
 }
 
-const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick, char *buf,
-                             size_t len)
+int registry_pick(const registry_model_t *m, uint64_t bytes)
+{
+    return pick_op(m, -1, bytes);
+}
+
+int registry_pick_rooted(const registry_model_t *m, int op, uint64_t bytes)
+{
+    return pick_op(m, op, bytes);
+}
+
+int registry_rooted_forced(int forced, int op)
+{
+    const registry_algo_t *a = registry_get(forced);
+    return a && op >= 0 && op < ROOTED_COUNT && a->rooted[op].gen ? forced : -1;
+}
+
+static const char *explain_op(const registry_model_t *m, int op, uint64_t bytes, int pick,
+                              char *buf, size_t len)
 {
     size_t o = 0;
 #define PUT(...)                                                                                   \
@@ -349,9 +453,9 @@ const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick
     } while (0)
     double nb = (double)bytes;
     const registry_algo_t *pa = &registry_algos[pick];
-    const char *why = row_preferred(m, pick);
-    bool costed = row_unfit(m, pick) == NULL;
-    double pc = costed ? pa->cost(m, nb) : 0;
+    const char *why = row_preferred(m, pick, op);
+    bool costed = row_unfit(m, pick, op) == NULL;
+    double pc = costed ? row_cost(m, pick, op, nb) : 0;
     if (len) buf[0] = '\0';
     if (why)
         PUT("-> %s (preferred: %s; the model predicts %.1f us)", pa->name, why, pc * 1e6);
@@ -362,12 +466,12 @@ const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick
     for (int i = 0; i < ALGO_COUNT; i++) {
         if (i == pick) continue;
         const registry_algo_t *a = &registry_algos[i];
-        const char *unfit = row_unfit(m, i);
+        const char *unfit = row_unfit(m, i, op);
         if (unfit) {
             PUT("; %s n/a (%s)", a->name, unfit);
             continue;
         }
-        double c = a->cost(m, nb);
+        double c = row_cost(m, i, op, nb);
         if (!costed)
             PUT("; %s %.1f us", a->name, c * 1e6);
         else if (c > pc)
@@ -379,4 +483,16 @@ const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick
     }
 #undef PUT
     return buf;
+}
+
+const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick, char *buf,
+                             size_t len)
+{
+    return explain_op(m, -1, bytes, pick, buf, len);
+}
+
+const char *registry_explain_rooted(const registry_model_t *m, int op, uint64_t bytes, int pick,
+                                    char *buf, size_t len)
+{
+    return explain_op(m, op, bytes, pick, buf, len);
 }

@@ -52,6 +52,18 @@ typedef struct {
 typedef void (*registry_gen_fn)(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
                                 const ring_params_t *prm, bool inplace, bool avg);
 
+/* The rooted operations a row may have a form of besides allreduce (ring and tree do). */
+enum { ROOTED_REDUCE, ROOTED_BROADCAST, ROOTED_COUNT };
+
+/* One rank's reduce or broadcast schedule (avg: reduce only). */
+typedef void (*registry_rooted_fn)(sched_t *s, uint16_t desc, uint64_t count, int root,
+                                   const ring_params_t *prm, bool inplace, bool avg);
+
+typedef struct {
+    double (*cost)(const registry_model_t *m, double bytes); /* predicted seconds */
+    registry_rooted_fn gen;
+} registry_rooted_t;
+
 typedef struct {
     const char *name;    /* LOOM_ALGO's value */
     const char *applies; /* when automatic selection considers it, in words (loom-info) */
@@ -65,6 +77,8 @@ typedef struct {
      * was measured and the model does not capture. */
     const char *(*preferred)(const registry_model_t *m);
     registry_gen_fn gen;
+    /* Its reduce and broadcast forms (indexed by ROOTED_*; zero: none). */
+    registry_rooted_t rooted[ROOTED_COUNT];
 } registry_algo_t;
 
 /* The table, indexed by ALGO_*. */
@@ -87,5 +101,14 @@ int registry_pick(const registry_model_t *m, uint64_t bytes);
  * buf. */
 const char *registry_explain(const registry_model_t *m, uint64_t bytes, int pick, char *buf,
                              size_t len);
+
+/* The same for reduce or broadcast (op: ROOTED_*), among the rows that have that form; the
+ * explanation names the operation's candidates, and the others as "n/a (no reduce form)". */
+int registry_pick_rooted(const registry_model_t *m, int op, uint64_t bytes);
+const char *registry_explain_rooted(const registry_model_t *m, int op, uint64_t bytes, int pick,
+                                    char *buf, size_t len);
+/* The row that runs a reduce or broadcast when LOOM_ALGO says `forced`: forced itself if it has
+ * that form, else -1 (the automatic choice). */
+int registry_rooted_forced(int forced, int op);
 
 #endif

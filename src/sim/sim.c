@@ -408,8 +408,8 @@ static void run_free(run_t *r)
 
 /* Builds every rank's schedule with slices of `slice` bytes; false (with *over) when the steps
  * would pass the budget. */
-static loomResult_t build_all(run_t *r, int algo, uint64_t count, uint64_t slice, uint64_t budget,
-                              bool *over)
+static loomResult_t build_all(run_t *r, sim_coll_t coll, int algo, uint64_t count, int root,
+                              uint64_t slice, uint64_t budget, bool *over)
 {
     int p = r->p, nn = (p + r->g - 1) / r->g;
     int *node_of_r = malloc((size_t)p * sizeof(int)),
@@ -431,10 +431,12 @@ static loomResult_t build_all(run_t *r, int algo, uint64_t count, uint64_t slice
         .topo = {.nnodes = nn, .node_of = node_of_r, .node_start = start, .node_ranks = ranks},
         .nchannels = r->m->nchannels,
         .slice_bytes = slice};
-    plan_call_t call = {.desc = {.kind = OPK_ALLREDUCE,
+    plan_call_t call = {.desc = {.kind = coll == SIM_REDUCE      ? OPK_REDUCE
+                                         : coll == SIM_BROADCAST ? OPK_BROADCAST
+                                                                 : OPK_ALLREDUCE,
                                  .dtype = loomFloat32,
                                  .op = 0,
-                                 .root = -1,
+                                 .root = coll == SIM_ALLREDUCE ? -1 : root,
                                  .count = count,
                                  .seq = 1},
                         .algo = algo,
@@ -467,10 +469,24 @@ static loomResult_t build_all(run_t *r, int algo, uint64_t count, uint64_t slice
 
 loomResult_t sim_allreduce(const sim_machine_t *m, int algo, uint64_t bytes, sim_result_t *out)
 {
+    return sim_collective(m, SIM_ALLREDUCE, algo, bytes, -1, out);
+}
+
+loomResult_t sim_collective(const sim_machine_t *m, sim_coll_t coll, int algo, uint64_t bytes,
+                            int root, sim_result_t *out)
+{
     memset(out, 0, sizeof(*out));
     if (m->ranks < 1 || registry_get(algo) == NULL)
         return base_error(loomInvalidArgument, LOG_COLL, "loom-sim: %d ranks, algorithm %d",
                           m->ranks, algo);
+    const char *what = coll == SIM_REDUCE ? "reduce" : "broadcast";
+    if (coll != SIM_ALLREDUCE &&
+        registry_rooted_forced(algo, coll == SIM_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST) < 0)
+        return base_error(loomInvalidArgument, LOG_COLL, "loom-sim: %s has no %s form",
+                          registry_get(algo)->name, what);
+    if (coll != SIM_ALLREDUCE && (root < 0 || root >= m->ranks))
+        return base_error(loomInvalidArgument, LOG_COLL,
+                          "loom-sim: %s root %d is not one of the %d ranks", what, root, m->ranks);
     run_t r = {.m = m, .p = m->ranks, .g = m->per_node > 0 ? m->per_node : m->ranks};
     if (r.g > r.p) r.g = r.p;
     uint64_t count = bytes / 4, budget = m->max_steps ? m->max_steps : 6000000;
@@ -479,7 +495,7 @@ loomResult_t sim_allreduce(const sim_machine_t *m, int algo, uint64_t bytes, sim
     uint64_t slice = m->slice_bytes;
     for (;;) {
         bool over = false;
-        loomResult_t rc = build_all(&r, algo, count, slice, budget, &over);
+        loomResult_t rc = build_all(&r, coll, algo, count, root, slice, budget, &over);
         if (rc != loomSuccess) {
             run_free(&r);
             return rc;

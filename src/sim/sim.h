@@ -1,7 +1,7 @@
 /*
  * The simulator (loom-sim): runs the schedules that the planner builds (plan_build, with the
  * registry's generators, the very calls a communicator makes) on a modelled machine, and says
- * how long an allreduce takes there.
+ * how long an allreduce (or a reduce or broadcast) takes there.
  *
  * The machine: nodes of `per_node` ranks (GPUs). Inside a node every rank has one port to the
  * node's switch (NVLink/NVSwitch class: latency loc_alpha, loc_bw bytes/s each way, full duplex);
@@ -63,5 +63,13 @@ bool sim_machine_preset(const char *name, sim_machine_t *m);
 
 /* Simulates one allreduce of `bytes` (float32 elements) with registry row `algo`. */
 loomResult_t sim_allreduce(const sim_machine_t *m, int algo, uint64_t bytes, sim_result_t *out);
+
+/* The collectives the simulator runs: allreduce, and the rooted ones of the rows that have
+ * them (registry.h's rooted forms: ring, tree). */
+typedef enum { SIM_ALLREDUCE = 0, SIM_REDUCE = 1, SIM_BROADCAST = 2 } sim_coll_t;
+
+/* The same for any of them; root is the reduce's or broadcast's root (ignored for allreduce). */
+loomResult_t sim_collective(const sim_machine_t *m, sim_coll_t coll, int algo, uint64_t bytes,
+                            int root, sim_result_t *out);
 
 #endif
