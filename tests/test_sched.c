@@ -70,13 +70,24 @@ typedef enum {
     ALG_HIER_TREE, /* hier with other algorithms across nodes */
     ALG_HIER_RAB,
     ALG_HIER_RD,
+    ALG_DETERM, /* LOOM_DETERMINISTIC=1: allreduce, reduce-scatter and reduce (determ.c) */
+    ALG_DETERM_RS,
+    ALG_DETERM_REDUCE,
     ALG_COUNT
 } alg_t;
 
 static const char *const alg_names[ALG_COUNT] = {
     "allreduce", "reduce_scatter",    "allgather", "broadcast", "reduce",       "alltoall",
     "hier",      "hier_leader",       "ps",        "rd",        "rabenseifner", "tree",
-    "hier:tree", "hier:rabenseifner", "hier:rd"};
+    "hier:tree", "hier:rabenseifner", "hier:rd",   "determ",    "determ_reduce_scatter",
+    "determ_reduce"};
+
+/* The collective a generator implements: the determ variants of reduce-scatter and reduce are
+ * checked as those are. */
+static alg_t alg_op(alg_t a)
+{
+    return a == ALG_DETERM_RS ? ALG_REDUCE_SCATTER : a == ALG_DETERM_REDUCE ? ALG_REDUCE : a;
+}
 
 static bool alg_reduces(alg_t a)
 {
@@ -85,23 +96,23 @@ static bool alg_reduces(alg_t a)
 /* The result of every allreduce, whichever the algorithm. */
 static bool alg_is_allreduce(alg_t a)
 {
-    return a == ALG_ALLREDUCE || a >= ALG_HIER;
+    return a == ALG_ALLREDUCE || (a >= ALG_HIER && a != ALG_DETERM_RS && a != ALG_DETERM_REDUCE);
 }
 static bool alg_rooted(alg_t a)
 {
-    return a == ALG_BROADCAST || a == ALG_REDUCE;
+    return a == ALG_BROADCAST || a == ALG_REDUCE || a == ALG_DETERM_REDUCE;
 }
 /* Generators that read prm->nchannels; for the others channel counts would repeat cases. */
 static bool alg_channels(alg_t a)
 {
     return a == ALG_ALLREDUCE || a == ALG_REDUCE_SCATTER || a == ALG_ALLGATHER || a == ALG_HIER ||
-           a == ALG_HIER_LEADER || a >= ALG_HIER_TREE;
+           a == ALG_HIER_LEADER || (a >= ALG_HIER_TREE && a <= ALG_HIER_RD);
 }
 /* hier and its variants: the node-local ring joins a node's ranks in its own order first, which
  * interval values cannot follow (exact count vectors prove them) */
 static bool alg_node_ring(alg_t a)
 {
-    return a == ALG_HIER || a >= ALG_HIER_TREE;
+    return a == ALG_HIER || (a >= ALG_HIER_TREE && a <= ALG_HIER_RD);
 }
 
 typedef struct {
@@ -172,6 +183,9 @@ static const struct {
     [ALG_HIER_TREE] = {OPK_ALLREDUCE, ALGO_HIER_TREE},
     [ALG_HIER_RAB] = {OPK_ALLREDUCE, ALGO_HIER_RAB},
     [ALG_HIER_RD] = {OPK_ALLREDUCE, ALGO_HIER_RD},
+    [ALG_DETERM] = {OPK_ALLREDUCE, ALGO_DETERM},
+    [ALG_DETERM_RS] = {OPK_REDUCESCATTER, ALGO_DETERM},
+    [ALG_DETERM_REDUCE] = {OPK_REDUCE, ALGO_DETERM},
 };
 
 /* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
@@ -570,7 +584,7 @@ static void buffer_sizes(const cfg_t *c, int r, uint64_t *v)
         v[1] = n;
         return;
     }
-    switch (c->alg) {
+    switch (alg_op(c->alg)) {
     case ALG_ALLREDUCE:
         v[0] = n;
         v[1] = n;
@@ -1334,7 +1348,7 @@ static void final_check(sim_t *m)
     }
     for (int r = 0; r < m->p && !m->failed; r++) {
         uint64_t len;
-        switch (c->alg) {
+        switch (alg_op(c->alg)) {
         case ALG_REDUCE: len = r == c->root ? n : 0; break;
         case ALG_ALLGATHER:
         case ALG_ALLTOALL: len = n * (uint64_t)c->p; break;
@@ -1344,7 +1358,7 @@ static void final_check(sim_t *m)
             const uint8_t *v = elem(m, r, SCHED_BUF_RECV, e);
             int32_t want_idx;
             int want_rank = -1; /* -1: every rank once */
-            switch (c->alg) {
+            switch (alg_op(c->alg)) {
             case ALG_REDUCE_SCATTER: want_idx = (int32_t)((uint64_t)r * n + e); break;
             case ALG_ALLGATHER:
                 want_rank = (int)(e / n);
@@ -1528,7 +1542,7 @@ START_TEST(test_grid)
                              * into (schedule.c keeps them in a sorted array, inserted out of
                              * order): beyond ~10000 ranges per buffer a case costs seconds. */
                             uint64_t elems =
-                                counts[ci] * (alg == ALG_ALLGATHER || alg == ALG_REDUCE_SCATTER ||
+                                counts[ci] * (alg == ALG_ALLGATHER || alg_op(alg) == ALG_REDUCE_SCATTER ||
                                                       alg == ALG_ALLTOALL
                                                   ? (uint64_t)p
                                                   : 1);
@@ -1588,7 +1602,8 @@ START_TEST(test_scale_all_128)
 {
     for (int a = 0; a < ALG_COUNT; a++) {
         if (alg_node_ring((alg_t)a)) continue; /* intervals cannot follow: see test_scale_hier */
-        bool per_rank = a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
+        bool per_rank =
+            a == ALG_ALLGATHER || alg_op((alg_t)a) == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
         cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77, 8};
         policy_t pol = {POL_ORDER, 0, false, 0};
         char err[768], cs[160];
@@ -2030,7 +2045,7 @@ START_TEST(test_registry_parse)
     ck_assert_int_eq(registry_parse("hier:ps", &a), loomInvalidUsage);
     const char *e = base_last_error();
     ck_assert_msg(strstr(e, "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
-                            "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd)"),
+                            "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ)"),
                   "%s", e);
 }
 END_TEST

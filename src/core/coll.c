@@ -144,6 +144,9 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
                       .slice_bytes = comm->tune.slice_bytes};
     ring_params_t prm = plan_ring_params(&ctx, o->type);
     int algo = o->kind == OPK_ALLREDUCE ? comm_pick_allreduce(comm, o->count * es) : -1;
+    /* LOOM_DETERMINISTIC=1: reduce and reduce-scatter fold in rank order too (src/algo/determ.c) */
+    if (comm->tune.deterministic && (o->kind == OPK_REDUCE || o->kind == OPK_REDUCESCATTER))
+        algo = ALGO_DETERM;
     plan_call_t call = {
         .algo = algo, .inplace = plan_inplace(o->kind, r, o->count, es, send, recv), .avg = avg};
     call.desc = d;
@@ -550,4 +553,9 @@ loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, voi
 void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment)
 {
     comm_fusion_sizes(comm, TUNE_MEM_HOST, bucket, segment);
+}
+
+bool coll_deterministic(loomComm_t comm)
+{
+    return comm->tune.deterministic;
 }

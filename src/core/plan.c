@@ -72,10 +72,20 @@ loomResult_t plan_build(const plan_ctx_t *ctx, const plan_call_t *call, sched_t 
         break;
     }
     case OPK_BROADCAST: ring_broadcast(s, di, n, d->root, &prm, in); break;
-    case OPK_REDUCE: ring_reduce(s, di, n, d->root, &prm, in, avg); break;
+    case OPK_REDUCE:
+        if (call->algo == ALGO_DETERM)
+            determ_reduce(s, di, n, d->root, &prm, in, avg);
+        else
+            ring_reduce(s, di, n, d->root, &prm, in, avg);
+        break;
     case OPK_ALLGATHER:
     case OPK_SPLIT: ring_allgather(s, di, n, &prm, in); break;
-    case OPK_REDUCESCATTER: ring_reduce_scatter(s, di, n, &prm, in, avg); break;
+    case OPK_REDUCESCATTER:
+        if (call->algo == ALGO_DETERM)
+            determ_reduce_scatter(s, di, n, &prm, in, avg);
+        else
+            ring_reduce_scatter(s, di, n, &prm, in, avg);
+        break;
     case OPK_ALLTOALL: direct_alltoall(s, di, n, &prm); break;
     default: return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", d->kind);
     }
