@@ -76,11 +76,24 @@ typedef enum {
     ALG_COUNT
 } alg_t;
 
-static const char *const alg_names[ALG_COUNT] = {
-    "allreduce", "reduce_scatter",    "allgather", "broadcast", "reduce",       "alltoall",
-    "hier",      "hier_leader",       "ps",        "rd",        "rabenseifner", "tree",
-    "hier:tree", "hier:rabenseifner", "hier:rd",   "determ",    "determ_reduce_scatter",
-    "determ_reduce"};
+static const char *const alg_names[ALG_COUNT] = {"allreduce",
+                                                 "reduce_scatter",
+                                                 "allgather",
+                                                 "broadcast",
+                                                 "reduce",
+                                                 "alltoall",
+                                                 "hier",
+                                                 "hier_leader",
+                                                 "ps",
+                                                 "rd",
+                                                 "rabenseifner",
+                                                 "tree",
+                                                 "hier:tree",
+                                                 "hier:rabenseifner",
+                                                 "hier:rd",
+                                                 "determ",
+                                                 "determ_reduce_scatter",
+                                                 "determ_reduce"};
 
 /* The collective a generator implements: the determ variants of reduce-scatter and reduce are
  * checked as those are. */
@@ -1542,7 +1555,8 @@ START_TEST(test_grid)
                              * into (schedule.c keeps them in a sorted array, inserted out of
                              * order): beyond ~10000 ranges per buffer a case costs seconds. */
                             uint64_t elems =
-                                counts[ci] * (alg == ALG_ALLGATHER || alg_op(alg) == ALG_REDUCE_SCATTER ||
+                                counts[ci] * (alg == ALG_ALLGATHER ||
+                                                      alg_op(alg) == ALG_REDUCE_SCATTER ||
                                                       alg == ALG_ALLTOALL
                                                   ? (uint64_t)p
                                                   : 1);
@@ -2044,8 +2058,9 @@ START_TEST(test_registry_parse)
     }
     ck_assert_int_eq(registry_parse("hier:ps", &a), loomInvalidUsage);
     const char *e = base_last_error();
-    ck_assert_msg(strstr(e, "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
-                            "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ)"),
+    ck_assert_msg(strstr(e,
+                         "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
+                         "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ)"),
                   "%s", e);
 }
 END_TEST

@@ -146,8 +146,8 @@ void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
  * (reduce) to the root. Reduce-scatter is the fold alone. */
 void determ_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
                       bool inplace, bool avg);
-void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount,
-                           const ring_params_t *prm, bool inplace, bool avg);
+void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount, const ring_params_t *prm,
+                           bool inplace, bool avg);
 void determ_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                    bool inplace, bool avg);
 

@@ -198,8 +198,8 @@ void determ_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_para
         }
 }
 
-void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount,
-                           const ring_params_t *prm, bool inplace, bool avg)
+void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount, const ring_params_t *prm,
+                           bool inplace, bool avg)
 {
     if (recvcount == 0) return;
     if (s->nranks == 1) {
