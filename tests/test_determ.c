@@ -24,12 +24,24 @@ static const loomDataType_t ftypes[NTYPES] = {loomFloat32, loomFloat16, loomBflo
 #define NOPS 3
 static const loomRedOp_t fops[NOPS] = {loomSum, loomAvg, loomProd};
 
-enum { K_ALLREDUCE, K_ALLREDUCE_INPLACE, K_REDUCE, K_REDUCESCATTER, K_GROUP, K_FUSION, K_N };
-static const char *const kname[K_N] = {"allreduce",      "allreduce in place", "reduce",
-                                       "reduce-scatter", "grouped allreduces", "fusion"};
+enum {
+    K_ALLREDUCE,
+    K_ALLREDUCE_INPLACE,
+    K_SMALL, /* all inputs within one 256-byte slice (float64: up to 4 ranks): determ's oneshot */
+    K_SMALL_INPLACE,
+    K_REDUCE,
+    K_REDUCESCATTER,
+    K_GROUP,
+    K_FUSION,
+    K_N
+};
+static const char *const kname[K_N] = {
+    "allreduce", "allreduce in place", "small allreduce",    "small allreduce in place",
+    "reduce",    "reduce-scatter",     "grouped allreduces", "fusion"};
 
 #define COUNT 1037  /* allreduce and reduce; not a multiple of any rank count tried */
 #define RSCOUNT 131 /* reduce-scatter, per rank */
+#define SMALL 7
 
 /* ---- inputs and the reference ------------------------------------------------------------ */
 
@@ -163,15 +175,19 @@ static long compare(const void *got, const void *want, size_t n, size_t es, size
 static int run_kind(loomComm_t comm, int r, int p, job_t *j, int k, loomDataType_t t,
                     loomRedOp_t op)
 {
-    size_t es = tsize(t), n = k == K_REDUCESCATTER ? RSCOUNT * (size_t)p : COUNT;
+    size_t es = tsize(t), n = k == K_REDUCESCATTER                   ? RSCOUNT * (size_t)p
+                              : k == K_SMALL || k == K_SMALL_INPLACE ? SMALL
+                                                                     : COUNT;
     size_t first = 0;
     uint8_t *send = malloc(n * es), *recv = calloc(n, es);
     void *want = reference(t, op, 0, p, n);
     loomResult_t res = loomSuccess;
     fill(t, op, 0, r, send, n);
     switch (k) {
-    case K_ALLREDUCE: res = loomAllReduce(send, recv, n, t, op, comm, NULL); break;
+    case K_ALLREDUCE:
+    case K_SMALL: res = loomAllReduce(send, recv, n, t, op, comm, NULL); break;
     case K_ALLREDUCE_INPLACE:
+    case K_SMALL_INPLACE:
         memcpy(recv, send, n * es);
         res = loomAllReduce(recv, recv, n, t, op, comm, NULL);
         break;
@@ -301,8 +317,8 @@ static int job_rank(loomComm_t comm, int r, int p, void *arg)
 /* ---- the grid ----------------------------------------------------------------------------- */
 
 static const char *const algos[] = {
-    "ring",    "rd",          "rabenseifner", "tree", "hier", "hier:tree", "hier:rabenseifner",
-    "hier:rd", "hier_leader", "ps",           ""};
+    "ring",    "rd",          "rabenseifner", "tree",   "hier", "hier:tree", "hier:rabenseifner",
+    "hier:rd", "hier_leader", "ps",           "determ", ""};
 #define NALGOS ((int)(sizeof(algos) / sizeof(algos[0])))
 static const int nchs[] = {1, 2, 4};
 
