@@ -179,10 +179,11 @@ static void want_tmp(sched_t *s, uint64_t big, uint64_t extra)
 
 /*
  * Small allreduces (every rank's input together within one slice): each rank folds the whole
- * buffer itself, its own input bounced like an owner's block; all inputs travel at once, so
- * the critical path is one message and the bounce instead of the fold, then the allgather.
- * Each rank receives p inputs of the whole buffer (p-1 and its own back) and sends p+1. The
- * inputs' sends come first: in place every rank's accumulator is its input, which they read.
+ * buffer itself, as the owner of a single block would, its own input bounced through rank r-1.
+ * All inputs travel at once, so the critical path is one message and the bounce, where the
+ * blocked form has the fold and then the allgather. Each rank receives p+1 copies of the
+ * buffer (the p-1 others' inputs, its own back, the one it bounces) and sends as many. Every
+ * rank's input sends are emitted first, so that none waits behind a fold.
  */
 static void oneshot(sched_t *s, uint16_t desc, uint64_t count, bool inplace, bool avg)
 {
