@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "loom.h"
@@ -472,6 +474,52 @@ START_TEST(determ_wire_refused)
 }
 END_TEST
 
+/* Ranks that disagree on the mode run different schedules: the call fails on both, naming the
+ * variable, instead of mixing two orders (or hanging). Two forked processes, each with its own
+ * environment. */
+START_TEST(determ_mismatch)
+{
+    loomUniqueId id;
+    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
+    fflush(stderr);
+    pid_t pid[2];
+    int fds[2][2];
+    for (int r = 0; r < 2; r++) {
+        ck_assert_int_eq(pipe(fds[r]), 0);
+        pid[r] = fork();
+        ck_assert_int_ge(pid[r], 0);
+        if (pid[r] == 0) {
+            alarm(60);
+            setenv("LOOM_DETERMINISTIC", r ? "1" : "0", 1);
+            param_reset_cache();
+            loomComm_t c = NULL;
+            if (loomCommInitRank(&c, 2, id, r) != loomSuccess) _exit(2);
+            float *b = calloc(4096, sizeof(float));
+            loomResult_t res = loomAllReduce(b, b, 4096, loomFloat32, loomSum, c, NULL);
+            char text[1024];
+            int n = snprintf(text, sizeof(text), "%d %s", (int)res, loomGetLastError(c));
+            if (write(fds[r][1], text, (size_t)n) < 0) _exit(3);
+            loomCommAbort(c);
+            _exit(0);
+        }
+        close(fds[r][1]);
+    }
+    int named = 0;
+    for (int r = 0; r < 2; r++) {
+        char text[1025] = "";
+        ssize_t n = read(fds[r][0], text, sizeof(text) - 1);
+        close(fds[r][0]);
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status 0x%x", r, st);
+        ck_assert_msg(n > 0 && atoi(text) != loomSuccess, "rank %d succeeded: '%s'", r, text);
+        named += strstr(text, "LOOM_DETERMINISTIC") != NULL;
+        fprintf(stderr, "mismatch, rank %d: %s\n", r, text);
+    }
+    ck_assert_msg(named > 0, "no rank's error names LOOM_DETERMINISTIC");
+}
+END_TEST
+
 int main(void)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 0);
@@ -482,6 +530,7 @@ int main(void)
     tcase_add_test(tc, determ_control);
     tcase_add_test(tc, determ_bad_value);
     tcase_add_test(tc, determ_wire_refused);
+    tcase_add_test(tc, determ_mismatch);
     suite_add_tcase(s, tc);
     return h_check_main(s, false, CK_NORMAL);
 }
