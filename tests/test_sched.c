@@ -72,23 +72,49 @@ typedef enum {
     ALG_HIER_RD,
     ALG_TREE_REDUCE, /* the double binary tree's reduce and broadcast (any root) */
     ALG_TREE_BCAST,
+    ALG_DETERM, /* LOOM_DETERMINISTIC=1: allreduce, reduce-scatter and reduce (determ.c) */
+    ALG_DETERM_RS,
+    ALG_DETERM_REDUCE,
     ALG_COUNT
 } alg_t;
 
-static const char *const alg_names[ALG_COUNT] = {
-    "allreduce", "reduce_scatter",    "allgather", "broadcast",   "reduce",        "alltoall",
-    "hier",      "hier_leader",       "ps",        "rd",          "rabenseifner",  "tree",
-    "hier:tree", "hier:rabenseifner", "hier:rd",   "tree_reduce", "tree_broadcast"};
+static const char *const alg_names[ALG_COUNT] = {"allreduce",
+                                                 "reduce_scatter",
+                                                 "allgather",
+                                                 "broadcast",
+                                                 "reduce",
+                                                 "alltoall",
+                                                 "hier",
+                                                 "hier_leader",
+                                                 "ps",
+                                                 "rd",
+                                                 "rabenseifner",
+                                                 "tree",
+                                                 "hier:tree",
+                                                 "hier:rabenseifner",
+                                                 "hier:rd",
+                                                 "tree_reduce",
+                                                 "tree_broadcast",
+                                                 "determ",
+                                                 "determ_reduce_scatter",
+                                                 "determ_reduce"};
 
-/* The operation a generator implements: the rooted trees are a reduce and a broadcast. */
+/* The operation a generator implements: the rooted trees are a reduce and a broadcast, determ's
+ * variants a reduce-scatter and a reduce. */
 static alg_t alg_op(alg_t a)
 {
-    return a == ALG_TREE_REDUCE ? ALG_REDUCE : a == ALG_TREE_BCAST ? ALG_BROADCAST : a;
+    switch (a) {
+    case ALG_TREE_REDUCE:
+    case ALG_DETERM_REDUCE: return ALG_REDUCE;
+    case ALG_TREE_BCAST: return ALG_BROADCAST;
+    case ALG_DETERM_RS: return ALG_REDUCE_SCATTER;
+    default: return a;
+    }
 }
-/* The allreduce generators past the plain operations (hier .. hier:rd). */
+/* The allreduce generators past the plain operations (hier .. hier:rd, determ). */
 static bool alg_more_allreduce(alg_t a)
 {
-    return a >= ALG_HIER && a <= ALG_HIER_RD;
+    return (a >= ALG_HIER && a <= ALG_HIER_RD) || a == ALG_DETERM;
 }
 static bool alg_reduces(alg_t a)
 {
@@ -189,6 +215,9 @@ static const struct {
     [ALG_HIER_RD] = {OPK_ALLREDUCE, ALGO_HIER_RD},
     [ALG_TREE_REDUCE] = {OPK_REDUCE, ALGO_TREE},
     [ALG_TREE_BCAST] = {OPK_BROADCAST, ALGO_TREE},
+    [ALG_DETERM] = {OPK_ALLREDUCE, ALGO_DETERM},
+    [ALG_DETERM_RS] = {OPK_REDUCESCATTER, ALGO_DETERM},
+    [ALG_DETERM_REDUCE] = {OPK_REDUCE, ALGO_DETERM},
 };
 
 /* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
@@ -1552,11 +1581,17 @@ START_TEST(test_grid)
                             bool high = nch == (alg_channels(alg) ? 3 : 1) &&
                                         ip == (alg != ALG_ALLTOALL) && avg == alg_reduces(alg);
                             if (heavy && !low && !high) continue;
+                            /* determ's reduce-scatter and reduce are the allreduce's fold
+                             * (proved above at this corner) on other buffers: 37 elements in
+                             * slices of 1 and 3 prove their slicing */
+                            if (heavy && (alg == ALG_DETERM_RS || alg == ALG_DETERM_REDUCE))
+                                continue;
                             /* Building costs quadratic time in the ranges a buffer is cut
                              * into (schedule.c keeps them in a sorted array, inserted out of
                              * order): beyond ~10000 ranges per buffer a case costs seconds. */
                             uint64_t elems =
-                                counts[ci] * (alg == ALG_ALLGATHER || alg == ALG_REDUCE_SCATTER ||
+                                counts[ci] * (alg == ALG_ALLGATHER ||
+                                                      alg_op(alg) == ALG_REDUCE_SCATTER ||
                                                       alg == ALG_ALLTOALL
                                                   ? (uint64_t)p
                                                   : 1);
@@ -1616,7 +1651,8 @@ START_TEST(test_scale_all_128)
 {
     for (int a = 0; a < ALG_COUNT; a++) {
         if (alg_node_ring((alg_t)a)) continue; /* intervals cannot follow: see test_scale_hier */
-        bool per_rank = a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
+        bool per_rank =
+            a == ALG_ALLGATHER || alg_op((alg_t)a) == ALG_REDUCE_SCATTER || a == ALG_ALLTOALL;
         cfg_t c = {(alg_t)a, 128, per_rank ? 3 : 3 * 128 + 1, 2, 2, false, alg_reduces(a), 77, 8};
         policy_t pol = {POL_ORDER, 0, false, 0};
         char err[768], cs[160];
@@ -2107,8 +2143,9 @@ START_TEST(test_registry_parse)
     }
     ck_assert_int_eq(registry_parse("hier:ps", &a), loomInvalidUsage);
     const char *e = base_last_error();
-    ck_assert_msg(strstr(e, "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
-                            "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd)"),
+    ck_assert_msg(strstr(e,
+                         "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
+                         "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ)"),
                   "%s", e);
 }
 END_TEST

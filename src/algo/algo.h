@@ -13,6 +13,8 @@
  *                  shard (ring, tree, rabenseifner or rd), node-local allgather
  *   hier_leader.c  hierarchical allreduce through one leader per node (baseline)
  *   ps.c           parameter server allreduce (baseline)
+ *   determ.c       deterministic allreduce, reduce-scatter and reduce (LOOM_DETERMINISTIC=1):
+ *                  every element the left fold of the inputs in rank order
  *
  * Buffers: SCHED_BUF_SEND (input), SCHED_BUF_RECV (output), SCHED_BUF_TMP (s->tmp_elems set by
  * the generator where it needs scratch). `inplace` says the caller aliased the buffers with
@@ -195,5 +197,16 @@ void hier_leader_allreduce(sched_t *s, uint16_t desc, const sched_topo_t *topo, 
                            const ring_params_t *prm, bool inplace, bool avg);
 void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm, bool inplace,
                   bool avg);
+
+/* ---- determ.c: LOOM_DETERMINISTIC=1. Each element is ((x0 op x1) op x2) ... op x(p-1), one
+ * rounding per step, whatever the slice and channel settings: the owner of each of p blocks
+ * folds the block's contributions in rank order, then (allreduce) sends it to everyone or
+ * (reduce) to the root. Reduce-scatter is the fold alone. */
+void determ_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
+                      bool inplace, bool avg);
+void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount, const ring_params_t *prm,
+                           bool inplace, bool avg);
+void determ_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
+                   bool inplace, bool avg);
 
 #endif

@@ -63,8 +63,9 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
          "force the allreduce algorithm: ring, rd, rabenseifner, tree, hier, hier:tree, "
-         "hier:rabenseifner, hier:rd, hier_leader, ps (default: a cost model)",
-         NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps",
+         "hier:rabenseifner, hier:rd, hier_leader, ps, determ (default: a cost model)",
+         NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps|"
+               "determ",
                READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
                          "force one transport for every peer: tcp, shm, mpi or ucx (ibv later)",
@@ -169,6 +170,12 @@ static const param_desc_t params[PARAM_COUNT] = {
                          "tuning file written by loom-tune: fusion parameters and the cost "
                          "model's measured constants, read at init (docs/tuning.md)",
                          ANY},
+    [PARAM_DETERMINISTIC] = {"DETERMINISTIC", PARAM_T_STR, "0", "",
+                             "1: floating-point allreduce, reduce and reduce-scatter results are "
+                             "the left fold of the inputs in rank order, bitwise the same for "
+                             "any LOOM_ALGO, LOOM_NCHANNELS, slice, fusion bucket and layout "
+                             "(src/algo/determ.c; host memory only); 0: the fastest order",
+                             NAMES("0|1", READER)},
 };
 
 typedef struct {

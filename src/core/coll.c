@@ -149,6 +149,9 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
             ? comm_pick_rooted(comm, o->kind == OPK_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST,
                                o->count * es, o->root)
             : -1;
+    /* LOOM_DETERMINISTIC=1: reduce and reduce-scatter fold in rank order too (src/algo/determ.c) */
+    if (comm->tune.deterministic && (o->kind == OPK_REDUCE || o->kind == OPK_REDUCESCATTER))
+        algo = ALGO_DETERM;
     plan_call_t call = {
         .algo = algo, .inplace = plan_inplace(o->kind, r, o->count, es, send, recv), .avg = avg};
     call.desc = d;
@@ -555,4 +558,9 @@ loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, voi
 void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment)
 {
     comm_fusion_sizes(comm, TUNE_MEM_HOST, bucket, segment);
+}
+
+bool coll_deterministic(loomComm_t comm)
+{
+    return comm->tune.deterministic;
 }

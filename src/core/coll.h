@@ -79,4 +79,7 @@ int coll_nranks(loomComm_t comm);
  * the tuning file's (LOOM_TUNE_FILE, written by loom-tune --fusion), else the defaults. */
 void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment);
 
+/* Whether the communicator runs in deterministic mode (LOOM_DETERMINISTIC=1, read at init). */
+bool coll_deterministic(loomComm_t comm);
+
 #endif

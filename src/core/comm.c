@@ -295,6 +295,7 @@ void comm_exec_fill(loomComm_t comm)
 }
 
 static loomResult_t parse_algo(int *algo);
+static loomResult_t parse_deterministic(loomComm_t c);
 
 void comm_free(loomComm_t comm)
 {
@@ -376,6 +377,7 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     for (int m = 0; m < TUNE_NMEM; m++)
         tune_entry_clear(&c->tune.file[m]); /* until comm_layout reads LOOM_TUNE_FILE */
     loomResult_t ar = parse_algo(&c->tune.algo);
+    if (ar == loomSuccess) ar = parse_deterministic(c);
     if (ar != loomSuccess) {
         comm_free(c);
         return ar;
@@ -659,6 +661,28 @@ static loomResult_t parse_algo(int *algo)
     return registry_parse(param_str(PARAM_ALGO), algo);
 }
 
+/* LOOM_DETERMINISTIC: 0 or 1, anything else refused (a job that asked for reproducible sums
+ * must not quietly get the fastest order instead). Said once per communicator at INFO. */
+static loomResult_t parse_deterministic(loomComm_t c)
+{
+    const char *v = param_str(PARAM_DETERMINISTIC);
+    if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+        return base_error(loomInvalidUsage, LOG_INIT,
+                          "LOOM_DETERMINISTIC=%s: expected 0 (the fastest reduction order) or 1 "
+                          "(the left fold in rank order, bitwise reproducible)",
+                          v);
+    c->tune.deterministic = v[0] == '1';
+    if (c->tune.deterministic)
+        INFO(LOG_TUNING,
+             "LOOM_DETERMINISTIC=1: allreduce, reduce and reduce-scatter fold the inputs in rank "
+             "order (algorithm determ) whatever the size, layout%s%s%s; reductions of device "
+             "memory are refused",
+             c->tune.algo != ALGO_AUTO ? " and LOOM_ALGO=" : "",
+             c->tune.algo != ALGO_AUTO ? registry_get(c->tune.algo)->name : "",
+             c->tune.algo != ALGO_AUTO ? " (not used for them)" : "");
+    return loomSuccess;
+}
+
 /*
  * What the registry's model sees of this communicator. Each constant is the tuning file's
  * measured one when the file has it (loom-tune --model), else the built-in default. Inside a node
@@ -714,6 +738,7 @@ static registry_model_t comm_model(loomComm_t comm)
 
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 {
+    if (comm->tune.deterministic) return ALGO_DETERM;
     if (comm->tune.algo != ALGO_AUTO) return comm->tune.algo;
     if (comm->nranks == 1) return ALGO_RING;
     registry_model_t m = comm_model(comm);

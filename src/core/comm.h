@@ -92,6 +92,9 @@ typedef struct {
     int algo;                /* LOOM_ALGO, or ALGO_AUTO */
     int last_pick;           /* the model's previous choice (for the log) */
     int last_pick_rooted[2]; /* the same for reduce and broadcast (ROOTED_*) */
+    /* LOOM_DETERMINISTIC=1: every reducing collective runs src/algo/determ.c (comm.c's
+     * comm_pick_allreduce, coll.c), and device memory reductions are refused (enqueue.c) */
+    bool deterministic;
     int nchannels;
     uint64_t slice_bytes;
     int slices_in_flight;

@@ -136,6 +136,19 @@ static loomResult_t check_mem_kind(const char *fn, coll_op_t *o)
                           "call takes one kind",
                           fn);
     o->dev = call_dev;
+    /* LOOM_DETERMINISTIC=1: the device kernels reduce in an order of their own (node-local
+     * paths chosen by size, then staged shards across nodes), not the rank-order fold of
+     * src/algo/determ.c, so a reduction of device memory is refused rather than run
+     * non-deterministically. One rank is a copy, the same bits anyway. */
+    bool reduces =
+        o->kind == OPK_ALLREDUCE || o->kind == OPK_REDUCE || o->kind == OPK_REDUCESCATTER;
+    if (o->dev && reduces && o->comm && o->comm->tune.deterministic && o->comm->nranks > 1)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: LOOM_DETERMINISTIC=1 covers host memory only; this call reduces "
+                          "CUDA device memory, whose kernels fold in their own order (rank %d "
+                          "of %d): copy the data to host memory for a reproducible result, or "
+                          "unset LOOM_DETERMINISTIC",
+                          fn, o->comm->rank, o->comm->nranks);
     return loomSuccess;
 }
 

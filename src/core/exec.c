@@ -302,13 +302,15 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
     uint8_t m2[TRANSPORT_META_BYTES];
     meta_pack(&same, m2);
     if (memcmp(m2, want, TRANSPORT_META_BYTES) == 0)
-        snprintf(text, sizeof(text),
-                 "operation mismatch: ranks %d and %d both called %s but cut it differently "
-                 "(shape %016llx against %016llx): LOOM_ALGO, LOOM_SLICE_SIZE or LOOM_NCHANNELS "
-                 "differ between them, or it fuses calls that differ (the allreduces of a "
-                 "group or a fusion bucket: their counts, types, ops or order)",
-                 st->peer, e->h->rank, b, (unsigned long long)theirs.shape,
-                 (unsigned long long)mine->shape);
+        snprintf(
+            text, sizeof(text),
+            "operation mismatch: ranks %d and %d both called %s but cut it differently "
+            "(shape %016llx against %016llx): LOOM_ALGO, LOOM_DETERMINISTIC, LOOM_SLICE_SIZE or "
+            "LOOM_NCHANNELS "
+            "differ between them, or it fuses calls that differ (the allreduces of a "
+            "group or a fusion bucket: their counts, types, ops or order)",
+            st->peer, e->h->rank, b, (unsigned long long)theirs.shape,
+            (unsigned long long)mine->shape);
     else
         snprintf(text, sizeof(text),
                  "operation mismatch: rank %d called %s but rank %d called %s; every rank must "

@@ -73,6 +73,10 @@ loomResult_t plan_build(const plan_ctx_t *ctx, const plan_call_t *call, sched_t 
     }
     case OPK_BROADCAST:
     case OPK_REDUCE: {
+        if (d->kind == OPK_REDUCE && call->algo == ALGO_DETERM) {
+            determ_reduce(s, di, n, d->root, &prm, in, avg);
+            break;
+        }
         /* the row's rooted form; a row without one (or none chosen) runs the ring's */
         int op = d->kind == OPK_REDUCE ? ROOTED_REDUCE : ROOTED_BROADCAST;
         const registry_algo_t *row = registry_get(registry_rooted_forced(call->algo, op));
@@ -82,7 +86,12 @@ loomResult_t plan_build(const plan_ctx_t *ctx, const plan_call_t *call, sched_t 
     }
     case OPK_ALLGATHER:
     case OPK_SPLIT: ring_allgather(s, di, n, &prm, in); break;
-    case OPK_REDUCESCATTER: ring_reduce_scatter(s, di, n, &prm, in, avg); break;
+    case OPK_REDUCESCATTER:
+        if (call->algo == ALGO_DETERM)
+            determ_reduce_scatter(s, di, n, &prm, in, avg);
+        else
+            ring_reduce_scatter(s, di, n, &prm, in, avg);
+        break;
     case OPK_ALLTOALL: direct_alltoall(s, di, n, &prm); break;
     default: return base_error(loomInternalError, LOG_COLL, "unknown operation kind %d", d->kind);
     }

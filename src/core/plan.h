@@ -29,7 +29,8 @@ typedef struct {
     /* The operation as every message carries it (kind, dtype, op code, root, count, seq,
      * shape); it becomes the schedule's descriptor 0. */
     sched_desc_t desc;
-    int algo;     /* allreduce: its registry row (ALGO_*, chosen by the caller); else unused */
+    int algo;     /* allreduce: its registry row (ALGO_*, chosen by the caller); reduce and
+                   * reduce-scatter: ALGO_DETERM for LOOM_DETERMINISTIC=1, else the ring */
     bool inplace; /* in place as the API means it (plan_inplace) */
     bool avg;     /* the last reduction of each element divides by the ranks */
 } plan_call_t;

@@ -289,6 +289,21 @@ static void gen_ps(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t
     ps_allreduce(s, desc, count, prm, inplace, avg);
 }
 
+/* ---- determ (src/algo/determ.c) ---- */
+static const char *determ_only(const registry_model_t *m)
+{
+    (void)m;
+    return "LOOM_DETERMINISTIC=1 (or LOOM_ALGO) only";
+}
+
+static void gen_determ(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                       const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)topo;
+    determ_allreduce(s, desc, count, prm, inplace, avg);
+}
+/* ---- end determ ---- */
+
 /* Row order breaks ties between equal predictions: the earlier row wins. */
 const registry_algo_t registry_algos[ALGO_COUNT] = {
     [ALGO_RING] = {.name = "ring",
@@ -361,6 +376,14 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
                       .unfit = one_node,
                       .cost = hier_rd_cost,
                       .gen = gen_hier_rd},
+    [ALGO_DETERM] = {.name = "determ",
+                     .applies = "LOOM_DETERMINISTIC=1 (every reducing collective), else LOOM_ALGO "
+                                "only",
+                     .doc = "each element the left fold of the inputs in rank order: per block "
+                            "an owner folds all p in order, then allgather; bitwise the same "
+                            "for any algorithm, channels, slice or layout",
+                     .unfit = determ_only,
+                     .gen = gen_determ},
 };
 
 const registry_algo_t *registry_get(int id)

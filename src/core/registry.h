@@ -28,6 +28,7 @@ enum {
     ALGO_HIER_TREE,
     ALGO_HIER_RAB,
     ALGO_HIER_RD,
+    ALGO_DETERM, /* LOOM_DETERMINISTIC=1 (src/algo/determ.c) */
     ALGO_COUNT
 };
 

@@ -719,6 +719,17 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
     if (c.wire < 0 || c.wire >= loomFusionNumWires)
         return base_error(loomInvalidArgument, LOG_COLL,
                           "%s: wire format %d (expected exact 0, bf16 1, fp16 2)", fn, c.wire);
+    /* The exact wire allreduces each bucket with the communicator's collectives, whose result
+     * is element-wise (the same wherever a tensor lands in a bucket); the 16-bit wires scale
+     * each chunk of 256 values of a bucket by a power of two of its own, so a value's rounding
+     * depends on its neighbours in the bucket, which depend on timing. */
+    if (c.wire != loomFusionWireExact && coll_deterministic(comm))
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: LOOM_DETERMINISTIC=1 and the %s wire: a 16-bit wire rounds each "
+                          "chunk of a bucket by a scale of its own, so a tensor's result depends "
+                          "on its bucket; use the exact wire (loomFusionWireExact, "
+                          "LOOM_FUSION_WIRE unset) or unset LOOM_DETERMINISTIC",
+                          fn, c.wire == loomFusionWireBf16 ? "bf16" : "fp16");
     c.segmentBytes = LOOM_MIN(c.segmentBytes, c.bucketBytes);
     LOOM_CHECK(coll_hold(comm, fn));
     struct loomFusion *f = calloc(1, sizeof(*f));
