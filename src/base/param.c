@@ -169,6 +169,10 @@ static const param_desc_t params[PARAM_COUNT] = {
                          "tuning file written by loom-tune: fusion parameters and the cost "
                          "model's measured constants, read at init (docs/tuning.md)",
                          ANY},
+    [PARAM_SECURE] = {"SECURE", PARAM_T_INT, "0", "",
+                      "1: every TCP frame is encrypted and authenticated (AEAD, keys per socket "
+                      "and direction from the job secret); all ranks must agree. 0: off",
+                      NUM(0, 1, DEFAULT)},
 };
 
 typedef struct {

@@ -56,6 +56,7 @@ typedef enum {
     PARAM_FUSION_WIRE,
     PARAM_FUSION_GROUP,
     PARAM_TUNE_FILE,
+    PARAM_SECURE,
     PARAM_COUNT
 } param_id_t;
 
