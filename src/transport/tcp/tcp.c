@@ -84,7 +84,8 @@ typedef struct {
     /* the mode frames, ours and the peer's */
     tcp_frame_t mode_out, mode_in;
     size_t mode_out_done, mode_in_done;
-    tcp_sec_t *sec; /* NULL unless LOOM_SECURE=1 */
+    tcp_sec_t *sec;   /* NULL unless LOOM_SECURE=1 */
+    bool send_broken; /* a send failed: nothing more goes out on it */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -97,6 +98,7 @@ struct transport_conn {
     tcp_sock_t socks[TCP_MAX_SOCKS];
     uint64_t nsent, nrecv; /* messages posted, to pick sockets */
     uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
+    bool finishing;        /* the abort's grace: failed, yet finishing half-sent frames */
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -382,6 +384,26 @@ static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h)
     conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, (char *)text);
 }
 
+static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s);
+
+/* A receive met the end of the stream or an error: a peer that aborted sent its reason on every
+ * socket before closing them, so look for it at the heads of the others first. */
+static void look_for_reason(transport_conn_t *c)
+{
+    for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+        tcp_sock_t *o = &c->socks[k];
+        if (o->state == SK_READY && (o->rq.head == NULL || o->rq.head->done == 0))
+            peek_heartbeats(c, o);
+    }
+}
+
+static void recv_failed(transport_conn_t *c, tcp_sock_t *s, ssize_t n, int err)
+{
+    (void)s;
+    look_for_reason(c);
+    transport_conn_recv_failed(&c->head, n, err);
+}
+
 /* Finishes the head receive of a socket. */
 static void recv_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 {
@@ -441,7 +463,7 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (n <= 0) {
-            transport_conn_recv_failed(&c->head, n, errno);
+            recv_failed(c, s, n, errno);
             return -1;
         }
         *progressed = true;
@@ -487,7 +509,7 @@ static bool recv_payload_sealed(transport_conn_t *c, tcp_sock_t *s, transport_re
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
         if (got <= 0) {
-            transport_conn_recv_failed(&c->head, got, errno);
+            recv_failed(c, s, got, errno);
             return false;
         }
         *progressed = true;
@@ -525,7 +547,7 @@ static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progres
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
             if (n <= 0) {
-                transport_conn_recv_failed(&c->head, n, errno);
+                recv_failed(c, s, n, errno);
                 return;
             }
             *progressed = true;
@@ -622,7 +644,8 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
 /* A send failed: the peer may have said why it left before closing; look for that first. */
 static void send_failed(transport_conn_t *c, tcp_sock_t *s, int e)
 {
-    if (s->rq.head == NULL || s->rq.head->done == 0) peek_heartbeats(c, s);
+    s->send_broken = true;
+    look_for_reason(c);
     transport_conn_send_failed(&c->head, e);
 }
 
@@ -642,7 +665,7 @@ static void send_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 static void sock_progress_send_sealed(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
     tcp_sec_t *x = s->sec;
-    while (s->sq.head && !c->head.fail.failed) {
+    while (s->sq.head && (!c->head.fail.failed || c->finishing) && !s->send_broken) {
         transport_req_t *r = s->sq.head;
         if (!r->sealed) {
             r->ctr0 = x->tx.ctr;
@@ -702,7 +725,7 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
         sock_progress_send_sealed(c, s, progressed);
         return;
     }
-    while (s->sq.head && !c->head.fail.failed) {
+    while (s->sq.head && (!c->head.fail.failed || c->finishing) && !s->send_broken) {
         transport_req_t *r = s->sq.head;
         const size_t H = sizeof(tcp_frame_t);
         struct iovec iov[2];
@@ -824,12 +847,14 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
                           bool *progressed)
 {
     const size_t M = sizeof(tcp_frame_t);
-    while (s->mode_out_done < M && !c->head.fail.failed) {
+    bool live = !c->head.fail.failed || c->finishing;
+    while (s->mode_out_done < M && live) {
         ssize_t n = send(s->fd, (uint8_t *)&s->mode_out + s->mode_out_done, M - s->mode_out_done,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (n < 0) {
+            s->send_broken = true;
             transport_conn_send_failed(&c->head, errno);
             return;
         }
@@ -837,12 +862,13 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
         s->mode_out_done += (size_t)n;
         s->last_send_ns = base_now_ns();
     }
-    while (s->mode_in_done < M && !c->head.fail.failed) {
+    while (s->mode_in_done < M && live) {
         ssize_t n = recv(s->fd, (uint8_t *)&s->mode_in + s->mode_in_done, M - s->mode_in_done,
                          MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (n <= 0) {
+            s->send_broken = true; /* the peer is gone: nothing to finish */
             transport_conn_recv_failed(&c->head, n, errno);
             return;
         }
@@ -850,8 +876,7 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
         s->mode_in_done += (size_t)n;
         c->head.last_activity_ns = base_now_ns();
     }
-    if (!c->head.fail.failed && s->mode_out_done == M && s->mode_in_done == M)
-        mode_finish(ctx, c, s);
+    if (live && s->mode_out_done == M && s->mode_in_done == M) mode_finish(ctx, c, s);
 }
 
 /* An accepted socket proved itself: attach it to its connection. */
@@ -979,8 +1004,25 @@ static bool abort_grace_step(void *arg, bool *prog)
     bool busy = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+        for (int k = 0; k < c->nsocks; k++) {
             tcp_sock_t *s = &c->socks[k];
+            /* A connection that failed on what it received may still finish what it sends, so
+             * that the abort frame after it can tell the peer why. */
+            if (c->head.fail.failed) {
+                if (s->state == SK_MODE && !s->send_broken) {
+                    c->finishing = true;
+                    mode_progress(ctx, c, s, prog);
+                    c->finishing = false;
+                    if (s->state == SK_MODE && !s->send_broken) busy = true;
+                }
+                if (s->state == SK_READY && s->sq.head && s->sq.head->done > 0 && !s->send_broken) {
+                    c->finishing = true;
+                    sock_progress_send(c, s, prog);
+                    c->finishing = false;
+                    if (s->sq.head && s->sq.head->done > 0 && !s->send_broken) busy = true;
+                }
+                continue;
+            }
             if (s->state == SK_HANDSHAKE) {
                 if (hs_progress(&s->hs, prog) != loomSuccess) {
                     s->state = SK_CLOSED;
@@ -1018,6 +1060,10 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
             /* Tell the peer why, unless a frame is half sent (the peer would read our header
              * as payload): then closing the socket must say it. */
             bool mid_frame = s->sq.head && s->sq.head->done > 0;
+            TRACE(LOG_NET, "tcp: abort: socket %d of %s: %s", k, c->head.name,
+                  s->state != SK_READY ? "not ready, closed"
+                  : mid_frame          ? "in the middle of a frame, closed"
+                                       : "reason sent");
             if (s->state == SK_READY && !mid_frame) {
                 tcp_frame_t h = {.magic = TCP_MAGIC,
                                  .type = TCP_FRAME_ABORT,
@@ -1044,8 +1090,14 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
                     (void)n;
                 }
             }
-            shutdown(s->fd, SHUT_RDWR);
         }
+    }
+    /* Every reason first, then the ends of stream: a peer that sees one socket closed looks
+     * for the reason on the others. */
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < c->nsocks; k++)
+            if (c->socks[k].fd >= 0) shutdown(c->socks[k].fd, SHUT_RDWR);
     }
 }
 
