@@ -27,11 +27,11 @@
 
 /* What each forked rank reports. */
 typedef struct {
-    int init_rc;           /* loomCommInitRank's result */
-    int rc;                /* the first failing call's result (0: every call succeeded) */
-    int iter;              /* the iteration that failed, -1: none */
-    int wrong;             /* elements that differed from the exact sum in a call that succeeded */
-    char text[TEXT_MAX];   /* the failing call's error text */
+    int init_rc;         /* loomCommInitRank's result */
+    int rc;              /* the first failing call's result (0: every call succeeded) */
+    int iter;            /* the iteration that failed, -1: none */
+    int wrong;           /* elements that differed from the exact sum in a call that succeeded */
+    char text[TEXT_MAX]; /* the failing call's error text */
 } report_t;
 
 typedef struct {
@@ -105,7 +105,8 @@ static int rank_main(job_t *j, const loomUniqueId *id, int r)
     free(send);
     free(recv);
     if (getenv("SECURE_TEST_DEBUG"))
-        fprintf(stderr, "rank %d: tamper saw %llu records\n", r, (unsigned long long)tcp_tamper.seen);
+        fprintf(stderr, "rank %d: tamper saw %llu records\n", r,
+                (unsigned long long)tcp_tamper.seen);
     if (rep->rc != 0)
         loomCommAbort(comm);
     else
@@ -182,7 +183,8 @@ START_TEST(test_mismatch)
     int sealed = _i % 2;
     for (int r = 0; r < j.nranks; r++) {
         report_t *p = &j.rep[r];
-        ck_assert_msg(p->rc != 0, "rank %d: every call succeeded although ranks disagree on "
+        ck_assert_msg(p->rc != 0,
+                      "rank %d: every call succeeded although ranks disagree on "
                       "LOOM_SECURE",
                       r);
         ck_assert_msg(p->wrong == 0, "rank %d: %d wrong elements", r, p->wrong);
@@ -195,8 +197,7 @@ START_TEST(test_mismatch)
         bool named = false;
         for (int q = 0; q < j.nranks; q++)
             if (q != r && (r == sealed || q == sealed) && names_rank(p->text, q)) named = true;
-        ck_assert_msg(named, "rank %d's error does not name a peer that disagrees: %s", r,
-                      p->text);
+        ck_assert_msg(named, "rank %d's error does not name a peer that disagrees: %s", r, p->text);
     }
 }
 END_TEST
