@@ -3,8 +3,9 @@
  * disagree on the setting fail on both sides naming it; a record damaged or replayed on the wire
  * (the transport's test-only tamper hook, frame.h) fails the operation on both ranks, naming the
  * peer and the cause, and never yields a wrong sum; data crossing record borders arrives exact
- * over one to three sockets per peer. The collective grid itself runs sealed as the meson test
- * coll-secure, and the transport failure cases as fail-secure.
+ * over one to three sockets per peer; records open only under their own number, kind, direction
+ * and transcript, across the rekeying border too. The collective grid itself runs sealed as the
+ * meson test coll-secure, and the transport failure cases as fail-secure.
  */
 #include <check.h>
 #include <errno.h>
@@ -278,6 +279,71 @@ START_TEST(test_sealed_sizes)
 }
 END_TEST
 
+/* ---- the records themselves (seal.c) ---- */
+
+static const uint8_t unit_key[16] = "unit-test-secret";
+
+static void unit_pair(seal_dir_t *tx, seal_dir_t *rx, seal_alg_t alg, const char *transcript,
+                      int tx_dir, int rx_dir)
+{
+    ck_assert_int_eq(seal_init(tx, alg, unit_key, transcript, strlen(transcript), tx_dir),
+                     loomSuccess);
+    ck_assert_int_eq(seal_init(rx, alg, unit_key, transcript, strlen(transcript), rx_dir),
+                     loomSuccess);
+}
+
+START_TEST(test_records)
+{
+    /* _i: 0 ChaCha20-Poly1305, 1 AES-256-GCM (where this machine has it) */
+    seal_alg_t alg = _i ? SEAL_AES256GCM : SEAL_CHACHA20POLY1305;
+    if (alg == SEAL_AES256GCM && !seal_aes_available()) return;
+    uint8_t msg[300], buf[300], tag[SEAL_TAG_BYTES];
+    for (size_t i = 0; i < sizeof(msg); i++)
+        msg[i] = (uint8_t)(i * 31 + 7);
+    seal_dir_t tx, rx;
+    /* Across the rekeying border: each record opens as its own number, and only as it. */
+    unit_pair(&tx, &rx, alg, "transcript A", 0, 0);
+    tx.ctr = SEAL_EPOCH_RECORDS - 2;
+    uint8_t key0[32];
+    for (uint64_t ctr = SEAL_EPOCH_RECORDS - 2; ctr < SEAL_EPOCH_RECORDS + 2; ctr++) {
+        seal_close(&tx, SEAL_KIND_DATA, msg, sizeof(msg), buf, tag);
+        if (ctr == SEAL_EPOCH_RECORDS - 1) memcpy(key0, tx.key, sizeof(key0));
+        if (ctr == SEAL_EPOCH_RECORDS)
+            ck_assert_msg(memcmp(key0, tx.key, sizeof(key0)) != 0, "no new key at the border");
+        ck_assert(memcmp(buf, msg, sizeof(msg)) != 0); /* encrypted */
+        uint8_t copy[300];
+        memcpy(copy, buf, sizeof(copy));
+        ck_assert_msg(!seal_open(&rx, ctr + 1, SEAL_KIND_DATA, copy, sizeof(copy), tag),
+                      "record %llu opened as the next one", (unsigned long long)ctr);
+        memcpy(copy, buf, sizeof(copy));
+        ck_assert_msg(!seal_open(&rx, ctr, SEAL_KIND_HEADER, copy, sizeof(copy), tag),
+                      "a data record opened as a header");
+        ck_assert_msg(seal_open(&rx, ctr, SEAL_KIND_DATA, buf, sizeof(buf), tag),
+                      "record %llu did not open", (unsigned long long)ctr);
+        ck_assert(memcmp(buf, msg, sizeof(msg)) == 0);
+    }
+    ck_assert(tx.ctr == SEAL_EPOCH_RECORDS + 2);
+    /* The other direction's key, another transcript's key: nothing opens. */
+    seal_dir_t tx2, rx2;
+    unit_pair(&tx2, &rx2, alg, "transcript A", 0, 1); /* a record reflected back to its sender */
+    seal_close(&tx2, SEAL_KIND_DATA, msg, sizeof(msg), buf, tag);
+    ck_assert(!seal_open(&rx2, 0, SEAL_KIND_DATA, buf, sizeof(buf), tag));
+    unit_pair(&tx2, &rx2, alg, "transcript B", 0, 0);
+    memcpy(buf, msg, sizeof(buf));
+    seal_close(&tx, SEAL_KIND_DATA, msg, sizeof(msg), buf, tag);
+    ck_assert(!seal_open(&rx2, tx.ctr - 1, SEAL_KIND_DATA, buf, sizeof(buf), tag));
+    /* Sealing twice never repeats a nonce: the same text gives different ciphertexts. */
+    uint8_t a[300], b[300], ta[SEAL_TAG_BYTES], tb[SEAL_TAG_BYTES];
+    seal_close(&tx, SEAL_KIND_DATA, msg, sizeof(msg), a, ta);
+    seal_close(&tx, SEAL_KIND_DATA, msg, sizeof(msg), b, tb);
+    ck_assert(memcmp(a, b, sizeof(a)) != 0 && memcmp(ta, tb, sizeof(ta)) != 0);
+    seal_wipe(&tx);
+    seal_wipe(&rx);
+    seal_wipe(&tx2);
+    seal_wipe(&rx2);
+}
+END_TEST
+
 /* LOOM_SECURE outside 0..1: a warning, and the default (off) is used; both ranks agree. */
 START_TEST(test_bad_value)
 {
@@ -307,6 +373,7 @@ int main(void)
     tcase_add_loop_test(tc, test_tamper_replay, 0, 3);
     tcase_add_loop_test(tc, test_sealed_sizes, 0, 3);
     tcase_add_test(tc, test_bad_value);
+    tcase_add_loop_test(tc, test_records, 0, 2);
     suite_add_tcase(s, tc);
     return h_check_main(s, true, CK_NORMAL);
 }

@@ -112,8 +112,8 @@ static void round_trip(const uint8_t *data, size_t size, seal_alg_t alg)
     memset(&h, 0, sizeof(h));
     h.magic = TCP_MAGIC;
     h.type = TCP_FRAME_DATA;
-    size_t plen = size > (RT_MAX_RECORDS - 1) * (size_t)chunk ? (RT_MAX_RECORDS - 1) * (size_t)chunk
-                                                                : size;
+    size_t plen =
+        size > (RT_MAX_RECORDS - 1) * (size_t)chunk ? (RT_MAX_RECORDS - 1) * (size_t)chunk : size;
     h.len = (uint32_t)plen;
     memcpy(h.meta, data, size < sizeof(h.meta) ? size : sizeof(h.meta));
     /* records[0]: the header; then the payload in chunks */
@@ -189,8 +189,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2 || size > 4096) return 0;
     int mode = data[0] % 3;
-    seal_alg_t alg = (data[0] / 3) % 2 && seal_aes_available() ? SEAL_AES256GCM
-                                                                 : SEAL_CHACHA20POLY1305;
+    seal_alg_t alg =
+        (data[0] / 3) % 2 && seal_aes_available() ? SEAL_AES256GCM : SEAL_CHACHA20POLY1305;
     data++, size--;
     if (mode == 0)
         check_header(data, size);
