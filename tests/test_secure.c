@@ -279,6 +279,37 @@ START_TEST(test_sealed_sizes)
 }
 END_TEST
 
+/* ---- nothing leaves the node unsealed ---- */
+
+START_TEST(test_other_transports)
+{
+    /* _i: LOOM_TRANSPORT=ucx or mpi with LOOM_SECURE=1 is refused at init (whether or not
+     * this build has them); unset, the job runs (tcp across nodes, shm inside one). */
+    static const char *const names[] = {"ucx", "mpi", ""};
+    if (names[_i][0])
+        setenv("LOOM_TRANSPORT", names[_i], 1);
+    else
+        unsetenv("LOOM_TRANSPORT");
+    setenv("LOOM_SECURE", "1", 1);
+    param_reset_cache();
+    loomUniqueId id;
+    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
+    loomComm_t comm = NULL;
+    loomResult_t r = loomCommInitRank(&comm, 1, id, 0);
+    const char *t = loomGetLastError(NULL);
+    if (names[_i][0]) {
+        ck_assert_msg(r == loomInvalidUsage, "LOOM_TRANSPORT=%s: init gave %d", names[_i], r);
+        ck_assert_msg(strstr(t, "LOOM_SECURE=1") && strstr(t, names[_i]), "%s", t);
+    } else {
+        ck_assert_msg(r == loomSuccess, "%s", t);
+        loomCommDestroy(comm);
+    }
+    unsetenv("LOOM_TRANSPORT");
+    unsetenv("LOOM_SECURE");
+    param_reset_cache();
+}
+END_TEST
+
 /* ---- the records themselves (seal.c) ---- */
 
 static const uint8_t unit_key[16] = "unit-test-secret";
@@ -374,6 +405,7 @@ int main(void)
     tcase_add_loop_test(tc, test_sealed_sizes, 0, 3);
     tcase_add_test(tc, test_bad_value);
     tcase_add_loop_test(tc, test_records, 0, 2);
+    tcase_add_loop_test(tc, test_other_transports, 0, 3);
     suite_add_tcase(s, tc);
     return h_check_main(s, true, CK_NORMAL);
 }
