@@ -176,6 +176,10 @@ static const param_desc_t params[PARAM_COUNT] = {
                              "any LOOM_ALGO, LOOM_NCHANNELS, slice, fusion bucket and layout "
                              "(src/algo/determ.c; host memory only); 0: the fastest order",
                              NAMES("0|1", READER)},
+    [PARAM_SECURE] = {"SECURE", PARAM_T_INT, "0", "",
+                      "1: every TCP frame is encrypted and authenticated (AEAD, keys per socket "
+                      "and direction from the job secret); all ranks must agree. 0: off",
+                      NUM(0, 1, DEFAULT)},
 };
 
 typedef struct {

@@ -57,6 +57,7 @@ typedef enum {
     PARAM_FUSION_GROUP,
     PARAM_TUNE_FILE,
     PARAM_DETERMINISTIC,
+    PARAM_SECURE,
     PARAM_COUNT
 } param_id_t;
 

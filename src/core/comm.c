@@ -395,6 +395,16 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
     const char *name = param_str(PARAM_TRANSPORT);
     for (int t = 0; t < TP_MAX; t++)
         want[t] = name[0] == '\0' && t != TP_MPI && transport_by_name(tp_names[t]) != NULL;
+    /* LOOM_SECURE=1 seals tcp's frames only: nothing may leave the node through another
+     * transport (shm and CUDA IPC stay inside it). */
+    bool secure = param_int(PARAM_SECURE) != 0;
+    if (secure && (strcmp(name, "mpi") == 0 || strcmp(name, "ucx") == 0))
+        return base_error(loomInvalidUsage, LOG_INIT,
+                          "LOOM_SECURE=1 seals the tcp transport only, and LOOM_TRANSPORT=%s "
+                          "would carry the data in clear: use LOOM_TRANSPORT=tcp or leave it "
+                          "unset",
+                          name);
+    if (secure) want[TP_UCX] = false;
 #ifdef LOOM_HAVE_UCX
     const char *rdma = NULL;
     if (want[TP_UCX] && !ucx_has_rdma(&rdma)) want[TP_UCX] = false;

@@ -11,6 +11,17 @@
  * socket is read only while a receive is posted on it, so an early sender is held back by TCP's
  * flow control instead of by an unbounded queue here. Headers are checked: magic, type, the
  * socket's sequence number, and the length, which must equal the posted receive's.
+ *
+ * Mode frame: once a socket's handshake is done, each side first sends a 48-byte MODE frame
+ * (flags: LOOM_SECURE and whether it has AES in hardware; meta: a random nonce) and reads the
+ * peer's. Ranks that disagree on LOOM_SECURE fail the connection on both sides, naming it.
+ *
+ * LOOM_SECURE=1 (seal.h): every header travels as a sealed record of 64 bytes, and a payload as
+ * sealed records of at most TCP_SEAL_CHUNK bytes (each with its 16-byte tag), all numbered by
+ * one counter per socket and direction. The receiver reads a payload record's ciphertext straight
+ * into the caller's buffer and opens it there; the sender seals one record ahead of the socket
+ * into a staging buffer. A record that does not open (modified, replayed, reordered, forged or
+ * cut) fails the connection, naming the peer, the socket, the frame and the record.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -22,26 +33,15 @@
 
 #include "base.h"
 #include "fifo.h"
+#include "frame.h"
 #include "param.h"
+#include "seal.h"
 #include "sock.h"
 #include "transport.h"
 
-#define TCP_MAGIC 0x4c4f4f4du /* "LOOM" */
-#define TCP_FRAME_DATA 1
-#define TCP_FRAME_ABORT 2
-#define TCP_FRAME_PING 3 /* a header alone: "I am alive"; flags: its TRANSPORT_CALL_* state */
 #define TCP_MAX_SOCKS 16
-#define TCP_ABORT_TEXT_MAX 1024
 
-typedef struct {
-    uint32_t magic;
-    uint16_t type;
-    uint16_t flags;
-    uint32_t seq;
-    uint32_t len;
-    uint8_t meta[TRANSPORT_META_BYTES];
-} tcp_frame_t;
-_Static_assert(sizeof(tcp_frame_t) == 48, "frame header layout");
+tcp_tamper_t tcp_tamper;
 
 struct transport_req {
     struct transport_req *next;
@@ -51,11 +51,26 @@ struct transport_req {
     bool bad_len; /* the peer's message had another length: meta is valid, data is not */
     uint8_t *buf;
     size_t len;
-    size_t done; /* bytes of header + payload moved */
+    size_t done; /* bytes of header + payload moved (secure: of the sealed header only) */
     tcp_frame_t hdr;
+    /* secure mode */
+    uint8_t wire[TCP_SEALED_HDR]; /* the sealed header, as sent or as received */
+    bool sealed;                  /* send: wire holds the header, sealed as record ctr0 */
+    uint64_t ctr0;
+    size_t off;                  /* payload bytes sent, or received and opened */
+    size_t rec;                  /* receive: bytes of the current payload record read */
+    uint8_t tag[SEAL_TAG_BYTES]; /* receive: the current payload record's tag */
 };
 
-typedef enum { SK_NONE = 0, SK_HANDSHAKE, SK_READY, SK_CLOSED } tcp_sock_state_t;
+typedef enum { SK_NONE = 0, SK_HANDSHAKE, SK_MODE, SK_READY, SK_CLOSED } tcp_sock_state_t;
+
+/* A socket's secure state (LOOM_SECURE=1). */
+typedef struct {
+    seal_dir_t tx, rx;
+    uint8_t *stage; /* the payload record being sent: ciphertext then tag */
+    size_t stage_len, stage_done, stage_plain;
+    uint8_t last_hdr[TCP_SEALED_HDR]; /* for TCP_TAMPER_REPLAY */
+} tcp_sec_t;
 
 typedef struct {
     int fd;
@@ -66,6 +81,11 @@ typedef struct {
     uint32_t send_seq, recv_seq;
     uint64_t last_send_ns; /* for heartbeats */
     bool eof;              /* the peer closed it while nothing was expected on it */
+    /* the mode frames, ours and the peer's */
+    tcp_frame_t mode_out, mode_in;
+    size_t mode_out_done, mode_in_done;
+    tcp_sec_t *sec;   /* NULL unless LOOM_SECURE=1 */
+    bool send_broken; /* a send failed: nothing more goes out on it */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -78,6 +98,7 @@ struct transport_conn {
     tcp_sock_t socks[TCP_MAX_SOCKS];
     uint64_t nsent, nrecv; /* messages posted, to pick sockets */
     uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
+    bool finishing;        /* the abort's grace: failed, yet finishing half-sent frames */
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -94,6 +115,7 @@ struct transport_ctx {
     char who[48];            /* "tcp rank 3", for the log */
     uint64_t next_accept_ns; /* accept(2) polls are rationed while every connection is up */
     uint64_t ping_ns;        /* heartbeat interval */
+    bool secure;             /* LOOM_SECURE */
     transport_abort_t abort;
 };
 
@@ -110,6 +132,14 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
     ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
     ctx->ping_ns = transport_ping_ns();
+    ctx->secure = param_int(PARAM_SECURE) != 0;
+    if (ctx->secure) {
+        loomResult_t cr = base_crypto_init();
+        if (cr != loomSuccess) {
+            free(ctx);
+            return cr;
+        }
+    }
     ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
     ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
     if (ctx->conns == NULL || ctx->active == NULL) {
@@ -129,8 +159,11 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     memset(handle, 0, TRANSPORT_HANDLE_BYTES);
     sock_addr_pack(&ctx->bound, handle);
     char as[SOCK_ADDR_STRLEN];
-    INFO(LOG_NET, "tcp: rank %d listens on %s, %d sockets per peer", setup->rank,
-         sock_addr_str(&ctx->bound, as, sizeof(as)), ctx->nsocks);
+    INFO(LOG_NET, "tcp: rank %d listens on %s, %d sockets per peer%s", setup->rank,
+         sock_addr_str(&ctx->bound, as, sizeof(as)), ctx->nsocks,
+         ctx->secure ? (seal_aes_available() ? ", sealed (AES-256-GCM where the peer has it)"
+                                             : ", sealed (ChaCha20-Poly1305)")
+                     : "");
     *out = ctx;
     return loomSuccess;
 }
@@ -253,25 +286,122 @@ static loomResult_t tcp_test(transport_req_t *r, int *done, uint8_t meta[TRANSPO
     return res;
 }
 
-/* Reads a peer's ABORT frame text (already partly in `have`) and fails the connection. */
-static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h,
-                       const uint8_t *have, size_t nhave)
+/* ---- frame checks (frame.h) ---- */
+
+tcp_frame_verdict_t tcp_frame_check(const tcp_frame_t *h, uint32_t expect_seq, uint64_t expect_len,
+                                    uint64_t max_len)
 {
-    char text[TCP_ABORT_TEXT_MAX + 1];
-    size_t want = LOOM_MIN((size_t)h->len, (size_t)TCP_ABORT_TEXT_MAX);
-    size_t got = LOOM_MIN(nhave, want);
-    if (got) memcpy(text, have, got);
-    /* The rest is already on its way; give it a moment, it is only an error text. */
+    if (h->magic != TCP_MAGIC) return TCP_FRAME_BAD_MAGIC;
+    if (h->type == TCP_FRAME_ABORT)
+        return h->len > TCP_ABORT_TEXT_MAX ? TCP_FRAME_TOO_LONG : TCP_FRAME_IS_ABORT;
+    if (h->type != TCP_FRAME_DATA) return TCP_FRAME_BAD_TYPE;
+    if (h->seq != expect_seq) return TCP_FRAME_BAD_SEQ;
+    if (h->len > max_len) return TCP_FRAME_TOO_LONG;
+    if (h->len != expect_len) return TCP_FRAME_BAD_LEN;
+    return TCP_FRAME_OK;
+}
+
+bool tcp_open_header(seal_dir_t *rx, uint64_t ctr, const uint8_t wire[TCP_SEALED_HDR],
+                     tcp_frame_t *out)
+{
+    uint8_t buf[sizeof(tcp_frame_t)];
+    memcpy(buf, wire, sizeof(buf));
+    if (!seal_open(rx, ctr, SEAL_KIND_HEADER, buf, sizeof(buf), wire + sizeof(tcp_frame_t)))
+        return false;
+    memcpy(out, buf, sizeof(*out));
+    return true;
+}
+
+void tcp_seal_header(seal_dir_t *tx, const tcp_frame_t *h, uint8_t wire[TCP_SEALED_HDR])
+{
+    seal_close(tx, SEAL_KIND_HEADER, h, sizeof(*h), wire, wire + sizeof(tcp_frame_t));
+}
+
+/* A record from the peer that does not open. */
+static void fail_auth(transport_conn_t *c, tcp_sock_t *s, const char *what, uint32_t frame,
+                      uint64_t ctr)
+{
+    conn_fail(c, loomRemoteError,
+              "%s from %s failed authentication (LOOM_SECURE=1, %s, socket %d, frame %u, record "
+              "%llu): the stream was modified, replayed, reordered or forged on the way",
+              what, c->head.name, seal_alg_name(s->sec->rx.alg), (int)(s - c->socks), frame,
+              (unsigned long long)ctr);
+}
+
+/* Test-only damage of a record about to be sent (frame.h). */
+static void tamper(tcp_sec_t *x, uint8_t *rec, size_t len, bool header)
+{
+    if (tcp_tamper.what == TCP_TAMPER_NONE) return;
+    if (++tcp_tamper.seen < tcp_tamper.nth) return;
+    if (tcp_tamper.what == TCP_TAMPER_FLIP) {
+        rec[len / 2] ^= 0x10;
+        tcp_tamper.what = TCP_TAMPER_NONE;
+    } else if (tcp_tamper.what == TCP_TAMPER_REPLAY && header) {
+        memcpy(rec, x->last_hdr, TCP_SEALED_HDR);
+        tcp_tamper.what = TCP_TAMPER_NONE;
+    }
+}
+
+/* Reads up to `want` bytes for an abort text, giving the rest a moment to arrive. */
+static size_t read_abort_bytes(tcp_sock_t *s, uint8_t *buf, size_t want)
+{
+    size_t got = 0;
     uint64_t deadline = base_now_ns() + 200000000ull;
     while (got < want && base_now_ns() < deadline) {
-        ssize_t n = recv(s->fd, text + got, want - got, 0);
+        ssize_t n = recv(s->fd, buf + got, want - got, 0);
         if (n > 0)
             got += (size_t)n;
         else if (n == 0 || (errno != EAGAIN && errno != EINTR))
             break;
     }
+    return got;
+}
+
+/* Reads a peer's ABORT frame text (its header consumed) and fails the connection. */
+static void read_abort(transport_conn_t *c, tcp_sock_t *s, const tcp_frame_t *h)
+{
+    uint8_t text[TCP_ABORT_TEXT_MAX + SEAL_TAG_BYTES + 1];
+    size_t want = LOOM_MIN((size_t)h->len, (size_t)TCP_ABORT_TEXT_MAX);
+    if (s->sec) {
+        /* Sealed: the whole text and its tag, or no text at all. */
+        size_t got = read_abort_bytes(s, text, want + SEAL_TAG_BYTES);
+        uint64_t ctr = s->sec->rx.ctr;
+        if (h->len > TCP_ABORT_TEXT_MAX || got != want + SEAL_TAG_BYTES ||
+            !seal_open(&s->sec->rx, ctr, SEAL_KIND_ABORT, text, want, text + want)) {
+            conn_fail(c, loomRemoteError,
+                      "%s aborted (its reason did not arrive whole or failed authentication, "
+                      "record %llu)",
+                      c->head.name, (unsigned long long)ctr);
+            return;
+        }
+        s->sec->rx.ctr++;
+        text[want] = '\0';
+        conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, (char *)text);
+        return;
+    }
+    size_t got = read_abort_bytes(s, text, want);
     text[got] = '\0';
-    conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, text);
+    conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, (char *)text);
+}
+
+static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s);
+
+/* A receive met the end of the stream or an error: a peer that aborted sent its reason on every
+ * socket before closing them, so look for it at the heads of the others first. */
+static void look_for_reason(transport_conn_t *c)
+{
+    for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+        tcp_sock_t *o = &c->socks[k];
+        if (o->state == SK_READY && (o->rq.head == NULL || o->rq.head->done == 0))
+            peek_heartbeats(c, o);
+    }
+}
+
+static void recv_failed(transport_conn_t *c, tcp_sock_t *s, ssize_t n, int err)
+{
+    (void)s;
+    look_for_reason(c);
+    transport_conn_recv_failed(&c->head, n, err);
 }
 
 /* Finishes the head receive of a socket. */
@@ -286,33 +416,29 @@ static void recv_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 {
     const tcp_frame_t *h = &r->hdr;
-    if (h->magic != TCP_MAGIC) {
+    switch (tcp_frame_check(h, s->recv_seq, r->len, param_size(PARAM_MAX_MESSAGE))) {
+    case TCP_FRAME_OK: s->recv_seq++; return true;
+    case TCP_FRAME_BAD_MAGIC:
         conn_fail(c, loomRemoteError,
                   "malformed frame from %s: bad magic 0x%08x (socket %d, frame %u)", c->head.name,
                   h->magic, (int)(s - c->socks), s->recv_seq);
         return false;
-    }
-    if (h->type == TCP_FRAME_ABORT) {
-        read_abort(c, s, h, NULL, 0);
+    case TCP_FRAME_IS_ABORT: read_abort(c, s, h); return false;
+    case TCP_FRAME_BAD_TYPE:
+        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u (frame %u)",
+                  c->head.name, h->type, s->recv_seq);
         return false;
-    }
-    if (h->type != TCP_FRAME_DATA) {
-        conn_fail(c, loomRemoteError, "malformed frame from %s: unknown type %u", c->head.name,
-                  h->type);
-        return false;
-    }
-    if (h->seq != s->recv_seq) {
+    case TCP_FRAME_BAD_SEQ:
         conn_fail(c, loomRemoteError, "malformed frame from %s: sequence %u where %u was expected",
                   c->head.name, h->seq, s->recv_seq);
         return false;
-    }
-    if (h->len > param_size(PARAM_MAX_MESSAGE)) {
-        conn_fail(c, loomRemoteError,
-                  "malformed frame from %s: %u bytes, more than LOOM_MAX_MESSAGE (frame %u)",
-                  c->head.name, h->len, h->seq);
+    case TCP_FRAME_TOO_LONG:
+        conn_fail(c, loomRemoteError, "malformed frame from %s: %u bytes, more than %s (frame %u)",
+                  c->head.name, h->len,
+                  h->type == TCP_FRAME_ABORT ? "an abort text may have" : "LOOM_MAX_MESSAGE",
+                  h->seq);
         return false;
-    }
-    if (h->len != r->len) {
+    case TCP_FRAME_BAD_LEN:
         /* Hand the request back with its metadata, so that the executor can say which
          * operations disagree; the stream cannot be trusted after this. */
         conn_fail(c, loomRemoteError,
@@ -323,27 +449,36 @@ static bool header_ok(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
         recv_done(c, s, r);
         return false;
     }
-    s->recv_seq++;
-    return true;
+    return false;
 }
 
 /* Reads a frame header into r->hdr. Heartbeats are consumed here. Returns 1 when a data header
  * is complete, 0 when no more bytes are there now, -1 on failure. */
 static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, bool *progressed)
 {
-    const size_t H = sizeof(tcp_frame_t);
+    const size_t H = s->sec ? TCP_SEALED_HDR : sizeof(tcp_frame_t);
+    uint8_t *dst = s->sec ? r->wire : (uint8_t *)&r->hdr;
     while (r->done < H) {
-        ssize_t n = recv(s->fd, (uint8_t *)&r->hdr + r->done, H - r->done, 0);
+        ssize_t n = recv(s->fd, dst + r->done, H - r->done, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (n <= 0) {
-            transport_conn_recv_failed(&c->head, n, errno);
+            recv_failed(c, s, n, errno);
             return -1;
         }
         *progressed = true;
         c->head.last_activity_ns = base_now_ns();
         r->done += (size_t)n;
-        if (r->done == H && r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING) {
+        if (r->done < H) continue;
+        if (s->sec) {
+            uint64_t ctr = s->sec->rx.ctr;
+            if (!tcp_open_header(&s->sec->rx, ctr, r->wire, &r->hdr)) {
+                fail_auth(c, s, "frame header", s->recv_seq, ctr);
+                return -1;
+            }
+            s->sec->rx.ctr++;
+        }
+        if (r->hdr.magic == TCP_MAGIC && r->hdr.type == TCP_FRAME_PING) {
             transport_peer_call_set(&c->head, r->hdr.flags);
             r->done = 0; /* a heartbeat: nothing to deliver */
         }
@@ -351,21 +486,68 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
     return header_ok(c, s, r) ? 1 : -1;
 }
 
+/* Secure mode: reads and opens the payload records of r, in place. Returns false when it must
+ * stop (no more bytes now, or the connection failed). */
+static bool recv_payload_sealed(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r,
+                                bool *progressed)
+{
+    while (r->off < r->len) {
+        size_t n = LOOM_MIN((size_t)TCP_SEAL_CHUNK, r->len - r->off);
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (r->rec < n) {
+            iov[n_iov].iov_base = r->buf + r->off + r->rec;
+            iov[n_iov++].iov_len = n - r->rec;
+            iov[n_iov].iov_base = r->tag;
+            iov[n_iov++].iov_len = SEAL_TAG_BYTES;
+        } else {
+            iov[n_iov].iov_base = r->tag + (r->rec - n);
+            iov[n_iov++].iov_len = SEAL_TAG_BYTES - (r->rec - n);
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+        ssize_t got = recvmsg(s->fd, &mh, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+        if (got <= 0) {
+            recv_failed(c, s, got, errno);
+            return false;
+        }
+        *progressed = true;
+        c->head.last_activity_ns = base_now_ns();
+        r->rec += (size_t)got;
+        if (r->rec < n + SEAL_TAG_BYTES) continue;
+        uint64_t ctr = s->sec->rx.ctr;
+        if (!seal_open(&s->sec->rx, ctr, SEAL_KIND_DATA, r->buf + r->off, n, r->tag)) {
+            fail_auth(c, s, "frame payload", r->hdr.seq, ctr);
+            return false;
+        }
+        s->sec->rx.ctr++;
+        r->off += n;
+        r->rec = 0;
+    }
+    return true;
+}
+
 static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
-    const size_t H = sizeof(tcp_frame_t);
+    const size_t H = s->sec ? TCP_SEALED_HDR : sizeof(tcp_frame_t);
     while (s->rq.head && !c->head.fail.failed) {
         transport_req_t *r = s->rq.head;
         if (r->done < H) {
             int h = read_header(c, s, r, progressed);
             if (h <= 0) return;
         }
+        if (s->sec) {
+            if (!recv_payload_sealed(c, s, r, progressed)) return;
+            recv_done(c, s, r);
+            continue;
+        }
         while (r->done < H + r->len) {
             ssize_t n = recv(s->fd, r->buf + (r->done - H), r->len - (r->done - H), 0);
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
             if (n <= 0) {
-                transport_conn_recv_failed(&c->head, n, errno);
+                recv_failed(c, s, n, errno);
                 return;
             }
             *progressed = true;
@@ -379,9 +561,11 @@ static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progres
 /* On a socket nobody reads now, consume heartbeats at its head (they prove the peer alive). */
 static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
 {
+    const size_t H = s->sec ? TCP_SEALED_HDR : sizeof(tcp_frame_t);
+    uint8_t wire[TCP_SEALED_HDR];
     tcp_frame_t h;
     for (;;) {
-        ssize_t n = recv(s->fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+        ssize_t n = recv(s->fd, wire, H, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) {
             /* The peer finished and left while its last messages may still wait on the other
              * sockets: an end of stream is an error only where a receive expects data (then
@@ -389,18 +573,30 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
             s->eof = true;
             return;
         }
-        if (n != (ssize_t)sizeof(h)) return;
+        if (n != (ssize_t)H) return;
+        if (s->sec) {
+            /* Opening a record twice is harmless; it is consumed only if it is a heartbeat or
+             * an abort. */
+            if (!tcp_open_header(&s->sec->rx, s->sec->rx.ctr, wire, &h)) {
+                fail_auth(c, s, "frame header", s->recv_seq, s->sec->rx.ctr);
+                return;
+            }
+        } else {
+            memcpy(&h, wire, sizeof(h));
+        }
         if (h.magic != TCP_MAGIC) return; /* the next receive will report it */
         if (h.type == TCP_FRAME_ABORT) {
-            recv(s->fd, &h, sizeof(h), MSG_DONTWAIT);
-            read_abort(c, s, &h, NULL, 0);
+            recv(s->fd, wire, H, MSG_DONTWAIT);
+            if (s->sec) s->sec->rx.ctr++;
+            read_abort(c, s, &h);
             return;
         }
         if (h.type != TCP_FRAME_PING) {
             c->head.last_activity_ns = base_now_ns(); /* data is waiting: the peer got this far */
             return;
         }
-        if (recv(s->fd, &h, sizeof(h), MSG_DONTWAIT) != (ssize_t)sizeof(h)) return;
+        if (recv(s->fd, wire, H, MSG_DONTWAIT) != (ssize_t)H) return;
+        if (s->sec) s->sec->rx.ctr++;
         c->head.last_activity_ns = base_now_ns();
         transport_peer_call_set(&c->head, h.flags);
     }
@@ -413,11 +609,21 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
     tcp_frame_t h = {.magic = TCP_MAGIC,
                      .type = TCP_FRAME_PING,
                      .flags = (uint16_t)transport_my_call(&c->ctx->setup)};
-    ssize_t n = send(s->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n == (ssize_t)sizeof(h)) {
+    uint8_t wire[TCP_SEALED_HDR];
+    size_t H = sizeof(h);
+    uint64_t ctr0 = s->sec ? s->sec->tx.ctr : 0;
+    if (s->sec) {
+        tcp_seal_header(&s->sec->tx, &h, wire);
+        H = TCP_SEALED_HDR;
+    } else {
+        memcpy(wire, &h, sizeof(h));
+    }
+    ssize_t n = send(s->fd, wire, H, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)H) {
         s->last_send_ns = now;
-    } else if (n > 0) {
-        /* A partial header would desynchronise the stream: finish it as a frame. */
+    } else if (n > 0 || s->sec) {
+        /* A partial header would desynchronise the stream, and a sealed one has used its
+         * record number: finish it as a frame. */
         transport_req_t *r = calloc(1, sizeof(*r));
         if (r == NULL) {
             conn_fail(c, loomSystemError, "out of memory (heartbeat)");
@@ -426,15 +632,100 @@ static void maybe_ping(transport_conn_t *c, tcp_sock_t *s, uint64_t now)
         r->conn = c;
         r->send = true;
         r->hdr = h;
-        r->done = (size_t)n;
+        memcpy(r->wire, wire, H);
+        r->sealed = true;
+        r->ctr0 = ctr0;
+        r->done = n > 0 ? (size_t)n : 0;
         r->complete = true; /* nobody tests it: freed when sent */
         FIFO_PUSH(&s->sq, r);
     }
 }
 
+/* A send failed: the peer may have said why it left before closing; look for that first. */
+static void send_failed(transport_conn_t *c, tcp_sock_t *s, int e)
+{
+    s->send_broken = true;
+    look_for_reason(c);
+    transport_conn_send_failed(&c->head, e);
+}
+
+/* The head send is done. Returns whether to go on with the next. */
+static void send_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
+{
+    FIFO_DROP_HEAD(&s->sq);
+    if (r->complete) {
+        free(r); /* the rest of a heartbeat */
+        return;
+    }
+    r->complete = true;
+    c->head.pending--;
+}
+
+/* Secure mode: the sealed header, then the payload one sealed record at a time. */
+static void sock_progress_send_sealed(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+{
+    tcp_sec_t *x = s->sec;
+    while (s->sq.head && (!c->head.fail.failed || c->finishing) && !s->send_broken) {
+        transport_req_t *r = s->sq.head;
+        if (!r->sealed) {
+            r->ctr0 = x->tx.ctr;
+            tcp_seal_header(&x->tx, &r->hdr, r->wire);
+            r->sealed = true;
+            uint8_t plain[TCP_SEALED_HDR];
+            memcpy(plain, r->wire, sizeof(plain));
+            tamper(x, r->wire, TCP_SEALED_HDR, true);
+            memcpy(x->last_hdr, plain, sizeof(plain));
+        }
+        if (x->stage_len == 0 && r->off < r->len) {
+            size_t n = LOOM_MIN((size_t)TCP_SEAL_CHUNK, r->len - r->off);
+            seal_close(&x->tx, SEAL_KIND_DATA, r->buf + r->off, n, x->stage, x->stage + n);
+            tamper(x, x->stage, n + SEAL_TAG_BYTES, false);
+            x->stage_len = n + SEAL_TAG_BYTES;
+            x->stage_plain = n;
+            x->stage_done = 0;
+        }
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (r->done < TCP_SEALED_HDR) {
+            iov[n_iov].iov_base = r->wire + r->done;
+            iov[n_iov++].iov_len = TCP_SEALED_HDR - r->done;
+        }
+        if (x->stage_len) {
+            iov[n_iov].iov_base = x->stage + x->stage_done;
+            iov[n_iov++].iov_len = x->stage_len - x->stage_done;
+        }
+        if (n_iov) {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+            ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+                send_failed(c, s, errno);
+                return;
+            }
+            *progressed = true;
+            c->head.last_activity_ns = s->last_send_ns = base_now_ns();
+            size_t moved = (size_t)n;
+            size_t h = LOOM_MIN(moved, TCP_SEALED_HDR - r->done);
+            r->done += h;
+            moved -= h;
+            x->stage_done += moved;
+            if (x->stage_len && x->stage_done == x->stage_len) {
+                r->off += x->stage_plain;
+                x->stage_len = 0;
+            }
+        }
+        if (r->done == TCP_SEALED_HDR && r->off == r->len && x->stage_len == 0) send_done(c, s, r);
+    }
+}
+
 static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
-    while (s->sq.head && !c->head.fail.failed) {
+    if (s->sec) {
+        sock_progress_send_sealed(c, s, progressed);
+        return;
+    }
+    while (s->sq.head && (!c->head.fail.failed || c->finishing) && !s->send_broken) {
         transport_req_t *r = s->sq.head;
         const size_t H = sizeof(tcp_frame_t);
         struct iovec iov[2];
@@ -455,25 +746,137 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            /* The peer may have said why it left before closing: look for that first. */
-            int e = errno;
-            if (s->rq.head == NULL || s->rq.head->done == 0) peek_heartbeats(c, s);
-            transport_conn_send_failed(&c->head, e);
+            send_failed(c, s, errno);
             return;
         }
         *progressed = true;
         c->head.last_activity_ns = s->last_send_ns = base_now_ns();
         r->done += (size_t)n;
-        if (r->done >= H + r->len) {
-            FIFO_DROP_HEAD(&s->sq);
-            if (r->complete) {
-                free(r); /* the rest of a heartbeat */
-                continue;
-            }
-            r->complete = true;
-            c->head.pending--;
-        }
+        if (r->done >= H + r->len) send_done(c, s, r);
     }
+}
+
+/* ---- the mode frames ---- */
+
+/* A socket's handshake is done: our mode frame is ready to go. */
+static void mode_start(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s)
+{
+    s->state = SK_MODE;
+    sock_tune(s->fd, ctx->bufsize);
+    memset(&s->mode_out, 0, sizeof(s->mode_out));
+    s->mode_out.magic = TCP_MAGIC;
+    s->mode_out.type = TCP_FRAME_MODE;
+    if (ctx->secure) {
+        s->mode_out.flags = (uint16_t)(TCP_MODE_SECURE | (seal_aes_available() ? TCP_MODE_AES : 0));
+        if (base_random(s->mode_out.meta, 16) != loomSuccess)
+            conn_fail(c, loomSystemError, "no random nonce for the keys of %s: %s", c->head.name,
+                      base_last_error());
+    }
+    s->mode_out_done = s->mode_in_done = 0;
+    c->head.last_activity_ns = base_now_ns();
+}
+
+/* Both mode frames are there: agree, and derive the socket's keys. */
+static void mode_finish(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s)
+{
+    const tcp_frame_t *m = &s->mode_in;
+    int k = (int)(s - c->socks);
+    if (m->magic != TCP_MAGIC || m->type != TCP_FRAME_MODE) {
+        conn_fail(c, loomRemoteError,
+                  "%s opened socket %d with frame type %u instead of its mode frame (magic "
+                  "0x%08x): a loom of another version?",
+                  c->head.name, k, m->type, m->magic);
+        return;
+    }
+    bool peer_secure = (m->flags & TCP_MODE_SECURE) != 0;
+    if (peer_secure != ctx->secure) {
+        conn_fail(c, loomInvalidUsage,
+                  "%s runs with LOOM_SECURE=%d and this rank (%d) with LOOM_SECURE=%d: every rank "
+                  "of a job must use the same LOOM_SECURE",
+                  c->head.name, peer_secure, ctx->setup.rank, ctx->secure);
+        return;
+    }
+    if (ctx->secure) {
+        tcp_sec_t *x = calloc(1, sizeof(*x));
+        uint8_t *stage = malloc(TCP_SEAL_CHUNK + SEAL_TAG_BYTES);
+        if (x == NULL || stage == NULL) {
+            free(x);
+            free(stage);
+            conn_fail(c, loomSystemError, "out of memory (sealed socket to %s)", c->head.name);
+            return;
+        }
+        x->stage = stage;
+        seal_alg_t alg = (m->flags & TCP_MODE_AES) && (s->mode_out.flags & TCP_MODE_AES)
+                             ? SEAL_AES256GCM
+                             : SEAL_CHACHA20POLY1305;
+        /* The transcript: the handshake's challenge and hello, then the connector's and the
+         * acceptor's nonces, and the cipher. */
+        bool acceptor = s->hs.acceptor;
+        const uint8_t *nc = acceptor ? m->meta : s->mode_out.meta;
+        const uint8_t *na = acceptor ? s->mode_out.meta : m->meta;
+        uint8_t t[16 + sizeof(hs_hello_t) + 32 + 1];
+        size_t tl = 0;
+        memcpy(t + tl, s->hs.nonce, 16), tl += 16;
+        memcpy(t + tl, &s->hs.hello, sizeof(hs_hello_t)), tl += sizeof(hs_hello_t);
+        memcpy(t + tl, nc, 16), tl += 16;
+        memcpy(t + tl, na, 16), tl += 16;
+        t[tl++] = (uint8_t)alg;
+        /* direction 0: connector to acceptor */
+        loomResult_t r1 = seal_init(&x->tx, alg, ctx->setup.secret, t, tl, acceptor ? 1 : 0);
+        loomResult_t r2 = seal_init(&x->rx, alg, ctx->setup.secret, t, tl, acceptor ? 0 : 1);
+        sodium_memzero(t, sizeof(t));
+        if (r1 != loomSuccess || r2 != loomSuccess) {
+            seal_wipe(&x->tx);
+            seal_wipe(&x->rx);
+            free(stage);
+            free(x);
+            conn_fail(c, loomSystemError, "deriving the keys of socket %d to %s: %s", k,
+                      c->head.name, base_last_error());
+            return;
+        }
+        s->sec = x;
+        TRACE(LOG_NET, "tcp: socket %d of %s sealed with %s", k, c->head.name, seal_alg_name(alg));
+    }
+    s->state = SK_READY;
+    c->nready++;
+    c->head.last_activity_ns = base_now_ns();
+}
+
+/* Sends ours and reads the peer's mode frame, without blocking. */
+static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s,
+                          bool *progressed)
+{
+    const size_t M = sizeof(tcp_frame_t);
+    bool live = !c->head.fail.failed || c->finishing;
+    while (s->mode_out_done < M && live) {
+        ssize_t n = send(s->fd, (uint8_t *)&s->mode_out + s->mode_out_done, M - s->mode_out_done,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n < 0) {
+            s->send_broken = true;
+            transport_conn_send_failed(&c->head, errno);
+            return;
+        }
+        *progressed = true;
+        s->mode_out_done += (size_t)n;
+        s->last_send_ns = base_now_ns();
+    }
+    while (s->mode_in_done < M && live) {
+        ssize_t n = recv(s->fd, (uint8_t *)&s->mode_in + s->mode_in_done, M - s->mode_in_done,
+                         MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n <= 0) {
+            s->send_broken = true; /* the peer is gone: nothing to finish */
+            transport_conn_recv_failed(&c->head, n, errno);
+            return;
+        }
+        *progressed = true;
+        s->mode_in_done += (size_t)n;
+        c->head.last_activity_ns = base_now_ns();
+    }
+    if (live && s->mode_out_done == M && s->mode_in_done == M) mode_finish(ctx, c, s);
 }
 
 /* An accepted socket proved itself: attach it to its connection. */
@@ -503,14 +906,12 @@ static void attach_accepted(void *arg, hs_t *hs)
     }
     tcp_sock_t *s = &c->socks[h->chan];
     s->fd = hs->fd;
-    s->state = SK_READY;
-    sock_tune(s->fd, ctx->bufsize);
-    c->nready++;
+    s->hs = *hs; /* its nonce and hello go into the keys */
     if (c->addr.len == 0) {
         c->addr = hs->peer;
         transport_conn_name(&c->head, c->peer, sock_addr_str(&hs->peer, as, sizeof(as)));
     }
-    c->head.last_activity_ns = base_now_ns();
+    mode_start(ctx, c, s);
     TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->head.name);
 }
 
@@ -529,11 +930,9 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
             int hs = transport_conn_handshake(&c->head, &s->hs, progressed);
             if (hs < 0) return;
             if (hs == 0) continue;
-            s->state = SK_READY;
-            sock_tune(s->fd, ctx->bufsize);
-            c->nready++;
-            c->head.last_activity_ns = base_now_ns();
+            mode_start(ctx, c, s);
         }
+        if (s->state == SK_MODE) mode_progress(ctx, c, s, progressed);
         if (s->state != SK_READY) continue;
         if (s->sq.head) sock_progress_send(c, s, progressed);
         if (s->rq.head) sock_progress_recv(c, s, progressed);
@@ -579,6 +978,8 @@ static int tcp_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
             short ev = 0;
             if (s->state == SK_HANDSHAKE)
                 ev = hs_events(&s->hs);
+            else if (s->state == SK_MODE)
+                ev = (short)(POLLIN | (s->mode_out_done < sizeof(tcp_frame_t) ? POLLOUT : 0));
             else if (s->state == SK_READY)
                 ev = (short)((s->sq.head ? POLLOUT : 0) | (s->rq.head ? POLLIN : 0));
             if (ev) fds[n++] = (struct pollfd){.fd = s->fd, .events = ev};
@@ -603,19 +1004,38 @@ static bool abort_grace_step(void *arg, bool *prog)
     bool busy = ctx->pend.n > 0;
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        for (int k = 0; k < c->nsocks && !c->head.fail.failed; k++) {
+        for (int k = 0; k < c->nsocks; k++) {
             tcp_sock_t *s = &c->socks[k];
+            /* A connection that failed on what it received may still finish what it sends, so
+             * that the abort frame after it can tell the peer why. */
+            if (c->head.fail.failed) {
+                if (s->state == SK_MODE && !s->send_broken) {
+                    c->finishing = true;
+                    mode_progress(ctx, c, s, prog);
+                    c->finishing = false;
+                    if (s->state == SK_MODE && !s->send_broken) busy = true;
+                }
+                if (s->state == SK_READY && s->sq.head && s->sq.head->done > 0 && !s->send_broken) {
+                    c->finishing = true;
+                    sock_progress_send(c, s, prog);
+                    c->finishing = false;
+                    if (s->sq.head && s->sq.head->done > 0 && !s->send_broken) busy = true;
+                }
+                continue;
+            }
             if (s->state == SK_HANDSHAKE) {
                 if (hs_progress(&s->hs, prog) != loomSuccess) {
                     s->state = SK_CLOSED;
                     continue;
                 }
-                if (s->hs.state == HS_DONE) {
-                    s->state = SK_READY;
-                    c->nready++;
-                } else {
+                if (s->hs.state == HS_DONE)
+                    mode_start(ctx, c, s);
+                else
                     busy = true;
-                }
+            }
+            if (s->state == SK_MODE) {
+                mode_progress(ctx, c, s, prog);
+                if (s->state == SK_MODE && !c->head.fail.failed) busy = true;
             }
             if (s->state == SK_READY && s->sq.head && s->sq.head->done > 0) {
                 sock_progress_send(c, s, prog);
@@ -640,18 +1060,44 @@ static void tcp_abort(transport_ctx_t *ctx, const char *reason)
             /* Tell the peer why, unless a frame is half sent (the peer would read our header
              * as payload): then closing the socket must say it. */
             bool mid_frame = s->sq.head && s->sq.head->done > 0;
+            TRACE(LOG_NET, "tcp: abort: socket %d of %s: %s", k, c->head.name,
+                  s->state != SK_READY ? "not ready, closed"
+                  : mid_frame          ? "in the middle of a frame, closed"
+                                       : "reason sent");
             if (s->state == SK_READY && !mid_frame) {
                 tcp_frame_t h = {.magic = TCP_MAGIC,
                                  .type = TCP_FRAME_ABORT,
                                  .seq = s->send_seq,
                                  .len = (uint32_t)rl};
-                struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)reason, rl}};
-                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-                ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-                (void)n;
+                if (s->sec) {
+                    /* Records sealed but not a byte of them sent are taken back: their numbers
+                     * go to the abort, and nothing sealed under them ever leaves. */
+                    tcp_sec_t *x = s->sec;
+                    if (s->sq.head && s->sq.head->sealed) x->tx.ctr = s->sq.head->ctr0;
+                    x->stage_len = 0;
+                    uint8_t wire[TCP_SEALED_HDR];
+                    uint8_t text[TCP_ABORT_TEXT_MAX + SEAL_TAG_BYTES];
+                    tcp_seal_header(&x->tx, &h, wire);
+                    seal_close(&x->tx, SEAL_KIND_ABORT, reason, rl, text, text + rl);
+                    struct iovec iov[2] = {{wire, sizeof(wire)}, {text, rl + SEAL_TAG_BYTES}};
+                    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+                    ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                    (void)n;
+                } else {
+                    struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)reason, rl}};
+                    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+                    ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                    (void)n;
+                }
             }
-            shutdown(s->fd, SHUT_RDWR);
         }
+    }
+    /* Every reason first, then the ends of stream: a peer that sees one socket closed looks
+     * for the reason on the others. */
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        for (int k = 0; k < c->nsocks; k++)
+            if (c->socks[k].fd >= 0) shutdown(c->socks[k].fd, SHUT_RDWR);
     }
 }
 
@@ -671,6 +1117,12 @@ static void tcp_fini(transport_ctx_t *ctx)
             for (transport_req_t *r = s->rq.head, *n; r; r = n) {
                 n = r->next;
                 free(r);
+            }
+            if (s->sec) {
+                seal_wipe(&s->sec->tx);
+                seal_wipe(&s->sec->rx);
+                free(s->sec->stage);
+                free(s->sec);
             }
         }
         free(c);
