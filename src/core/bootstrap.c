@@ -214,8 +214,12 @@ static void *root_main(void *arg)
     int *fd_of = NULL;
     uint8_t **addr_of = NULL;
     uint64_t timeout = (uint64_t)(param_double(PARAM_TIMEOUT) * 1e9);
-    uint64_t last_join = base_now_ns(), first_join = 0;
+    uint64_t last_join = base_now_ns(), first_join = 0, failed_at = 0;
     int first_rank = -1;
+    /* A rendezvous that failed: its reason, told to every rank that still arrives for a while
+     * (LOOM_TIMEOUT, at most 10 s) before the root exits. */
+    char failed[400] = "";
+    uint64_t linger = timeout ? LOOM_MIN(timeout, 10000000000ull) : 10000000000ull;
     bool done = false;
     INFO(LOG_BOOT, "bootstrap root listening on %s", as);
     while (!done) {
@@ -262,6 +266,12 @@ static void *root_main(void *arg)
                 if (c->hs.state != HS_DONE) continue;
                 const hs_hello_t *h = &c->hs.hello;
                 const char *why = NULL;
+                if (failed[0] && h->comm_id == a.job_id) {
+                    root_send_error(c->hs.fd, failed);
+                    root_close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
                 if (h->comm_id != a.job_id || h->to_rank != BOOT_RANK_ROOT)
                     why = "wrong job";
                 else if (h->nchan == 0 || h->nchan > (1u << 24))
@@ -277,7 +287,9 @@ static void *root_main(void *arg)
                              as, h->from_rank, h->nchan, first_rank, nranks);
                     c->state = 1; /* refused with the others */
                     root_fail_all(cl, ncl, text);
-                    goto out;
+                    snprintf(failed, sizeof(failed), "%s", text);
+                    failed_at = base_now_ns();
+                    continue;
                 }
                 if (why) {
                     char text[256];
@@ -358,7 +370,9 @@ static void *root_main(void *arg)
                 TRACE(LOG_BOOT, "bootstrap root: rank %d joined (%d of %d)", r, joined, nranks);
             }
         }
-        if (nranks > 0 && joined == nranks) {
+        if (failed[0]) {
+            if (base_now_ns() - failed_at > linger) break;
+        } else if (nranks > 0 && joined == nranks) {
             boot_reply_t rep = {.status = 0, .nranks = nranks};
             uint64_t dl = base_now_ns() + timeout;
             for (int r = 0; r < nranks; r++) {
@@ -418,7 +432,8 @@ static void *root_main(void *arg)
                      nmiss > 1 ? "s" : "", missing, nmiss > 8 ? ", ..." : "", as,
                      param_double(PARAM_TIMEOUT), joined, nranks);
             root_fail_all(cl, ncl, text);
-            break;
+            snprintf(failed, sizeof(failed), "%s", text);
+            failed_at = base_now_ns();
         }
     }
 out:
@@ -577,7 +592,8 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
         out);
     if (rep.status != 0) {
         char text[512];
-        if (sock_recv_all(fd, text, sizeof(text), dl, what) != loomSuccess)
+        if (sock_recv_all(fd, text, sizeof(text), base_now_ns() + 1000000000ull, what) !=
+            loomSuccess)
             snprintf(text, sizeof(text), "(no reason given)");
         text[sizeof(text) - 1] = '\0';
         r = base_error(loomInvalidUsage, LOG_BOOT, "bootstrap refused: %s", text);

@@ -535,7 +535,15 @@ void exec_host_status(exec_host_t *h, char *buf, size_t len)
 {
     char fin[200] = "nothing finished yet";
     uint64_t now = base_now_ns();
-    exec_host_lock(h);
+    /* Asked from the progress thread: a call that holds the lock across a long step (one
+     * waiting for the job's verdict) must not stall the answer. */
+    bool locked = false;
+    for (int i = 0; i < 100 && !(locked = pthread_mutex_trylock(&h->lock) == 0); i++)
+        usleep(1000);
+    if (!locked) {
+        snprintf(buf, len, "busy (a call holds the communicator: failing?)");
+        return;
+    }
     if (h->any_finished) {
         char d[160];
         desc_str(&h->finished, d, sizeof(d));

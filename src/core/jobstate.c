@@ -156,8 +156,9 @@ static void srv_rank_lost(js_srv_t *s, int i)
     if (r->state != R_LIVE) return;
     r->state = R_DEAD;
     if (s->verdict_sent) return;
-    WARN(LOG_BOOT, "job-state service %s: rank %d (%s, pid %d) closed its connection without "
-                   "a goodbye: it died",
+    WARN(LOG_BOOT,
+         "job-state service %s: rank %d (%s, pid %d) closed its connection without "
+         "a goodbye: it died",
          s->a->addr_str, i, r->host, r->pid);
     if (s->dead_rank < 0) s->dead_rank = i;
     if (!s->failing) {
@@ -171,8 +172,8 @@ static char *srv_table(js_srv_t *s)
     size_t cap = 256 + (size_t)s->a->nranks * (JS_TEXT_MAX / 4), o = 0;
     char *t = malloc(cap);
     if (t == NULL) return NULL;
-    o += (size_t)snprintf(t, cap, "loom job state: %d ranks (job-state service %s)\n",
-                          s->a->nranks, s->a->addr_str);
+    o += (size_t)snprintf(t, cap, "loom job state: %d ranks (job-state service %s)\n", s->a->nranks,
+                          s->a->addr_str);
     for (int i = 0; i < s->a->nranks; i++) {
         const js_rank_t *r = &s->r[i];
         const char *what = r->state == R_DEAD  ? "died (its connection to the service closed)"
@@ -334,7 +335,8 @@ void js_serve(const js_serve_args_t *a)
             }
         for (int k = 0; k < s.nask && k < 64; k++)
             if (!s.ask[k].authed)
-                fds[nf++] = (struct pollfd){.fd = s.ask[k].hs.fd, .events = hs_events(&s.ask[k].hs)};
+                fds[nf++] =
+                    (struct pollfd){.fd = s.ask[k].hs.fd, .events = hs_events(&s.ask[k].hs)};
         if (live == 0 && s.nask == 0) break;
         (void)poll(fds, (nfds_t)nf, 100);
         srv_accept(&s);
@@ -459,8 +461,8 @@ static void client_verdict_text(js_client_t *c, char *out, size_t len)
                  c->vrank, c->vhost, c->vpid, cur[0] ? "" : "the job, while this rank was ",
                  cur[0] ? cur : "outside calls", c->hk.rank, c->root);
     } else {
-        snprintf(out, len, "rank %d (%s, pid %d) failed: %.1500s; you are rank %d", c->vrank, c->vhost,
-                 c->vpid, c->vtext, c->hk.rank);
+        snprintf(out, len, "rank %d (%s, pid %d) failed: %.1500s; you are rank %d", c->vrank,
+                 c->vhost, c->vpid, c->vtext, c->hk.rank);
     }
 }
 
@@ -526,11 +528,11 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
     c->reported = true;
     pthread_mutex_unlock(&c->rlock);
     if (gone && !have) return;
+    atomic_fetch_add(&c->waiting, 1); /* before the report: the query it causes is ours */
     if (report) {
         js_frame_t f = {.type = JS_REPORT, .rank = c->hk.rank};
         client_send(c, &f, local);
     }
-    atomic_fetch_add(&c->waiting, 1);
     uint64_t dl = base_now_ns() + JS_VERDICT_WAIT_NS;
     while (!have && base_now_ns() < dl) {
         struct pollfd p = {.fd = c->fd, .events = POLLIN};
@@ -548,9 +550,12 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
     }
     atomic_fetch_sub(&c->waiting, 1);
     if (!have) return;
-    char v[JS_TEXT_MAX];
+    char v[JS_TEXT_MAX], who[JS_HOST_LEN + 48];
     client_verdict_text(c, v, sizeof(v));
-    if (strstr(v, local) || c->vrank == c->hk.rank)
+    /* The local text adds nothing when it is this rank's own report, or a peer's forwarded
+     * abort that already carries the verdict. */
+    snprintf(who, sizeof(who), "rank %d (%s, pid %d) ", c->vrank, c->vhost, c->vpid);
+    if (strstr(v, local) || c->vrank == c->hk.rank || strstr(local, who))
         snprintf(out, len, "%s", v);
     else
         snprintf(out, len, "%.1200s (here: %.600s)", v, local);

@@ -27,9 +27,9 @@
 #include "base.h"
 #include "sock.h"
 
-#define JS_RANK_STATUS (-2)                  /* the hello's from_rank of a loom-status client */
-#define JS_VERDICT_WAIT_NS 3000000000ull     /* a failing rank waits this long for the verdict */
-#define JS_QUERY_WAIT_NS 1000000000ull       /* the service waits this long for state lines */
+#define JS_RANK_STATUS (-2)              /* the hello's from_rank of a loom-status client */
+#define JS_VERDICT_WAIT_NS 3000000000ull /* a failing rank waits this long for the verdict */
+#define JS_QUERY_WAIT_NS 1000000000ull   /* the service waits this long for state lines */
 #define JS_HOST_LEN 64
 
 /* ---- the service (the root thread, after the rendezvous) ---- */
@@ -40,7 +40,7 @@ typedef struct {
     uint64_t job_id;
     const char *addr_str;
     int nranks;
-    int *fd_of;            /* each rank's bootstrap connection (taken over) */
+    int *fd_of; /* each rank's bootstrap connection (taken over) */
     const char (*host_of)[JS_HOST_LEN];
     /* The root's socket bookkeeping (bootstrap.c: fork safety). */
     int (*accept_fd)(int listen_fd, sock_addr_t *peer);
