@@ -133,10 +133,11 @@ static bool table_line(const char *log, int r, char *out, size_t len)
 #define KR_NRANKS 8
 #define KR_VICTIM 5
 #define KR_COUNT (1u << 16)
-#define KR_AT 3
 #define KR_ITERS 400
+static const int kr_at[] = {0, 3}; /* before its first allreduce (no link made yet), or later */
 
 typedef struct {
+    int at;
     int victim_pid;
     int res[KR_NRANKS], iter[KR_NRANKS];
     double secs[KR_NRANKS];
@@ -150,7 +151,7 @@ static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
     for (size_t i = 0; i < KR_COUNT; i++)
         send[i] = (float)(rank + 1);
     for (int it = 0; it < KR_ITERS; it++) {
-        if (rank == KR_VICTIM && it == KR_AT) {
+        if (rank == KR_VICTIM && it == rep->at) {
             rep->victim_pid = (int)getpid();
             kill(getpid(), SIGKILL);
         }
@@ -177,10 +178,13 @@ static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
 
 START_TEST(test_killed_in_ring)
 {
-    /* A ring: rank 5 has links with ranks 4 and 6 only. LOOM_TIMEOUT=30 proves that the others
-     * do not learn it from a timeout. */
+    /* A ring: rank 5 has links with ranks 4 and 6 only, and killed before its first allreduce
+     * with none at all (the others then used to wait out LOOM_TIMEOUT and blame an innocent
+     * neighbour). LOOM_TIMEOUT=30 proves that the others do not learn it from a timeout. Every
+     * rank's error starts with the original cause (not a chain of forwarded aborts). */
     set_params("30", NULL, "ring");
     kill_rep_t *rep = shared_map(sizeof(*rep));
+    rep->at = kr_at[_i];
     int status[KR_NRANKS];
     double t0 = now_s();
     h_run_procs(KR_NRANKS, kill_rank, rep, 60, status);
@@ -195,13 +199,15 @@ START_TEST(test_killed_in_ring)
         const char *t = rep->text[r];
         ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
         ck_assert_msg(rep->res[r] != loomSuccess, "rank %d: no error", r);
-        ck_assert_msg(names_rank(t, KR_VICTIM) && strstr(t, "died") && strstr(t, pid) &&
-                          strstr(t, "allreduce seq") && names_rank(t, r),
-                      "rank %d: '%s' (wanted 'rank %d', '%s', 'died', 'allreduce seq' and its "
-                      "own rank)",
-                      r, t, KR_VICTIM, pid);
-        ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r,
-                      rep->secs[r]);
+        char head[160], you[32];
+        snprintf(head, sizeof(head), "%s", t);
+        snprintf(you, sizeof(you), "you are rank %d", r);
+        ck_assert_msg(names_rank(head, KR_VICTIM) && strstr(head, "died") && strstr(head, pid) &&
+                          strstr(t, "allreduce seq") && strstr(t, you),
+                      "rank %d: '%s' (wanted 'rank %d', '%s', 'died' first, 'allreduce seq' and "
+                      "'%s')",
+                      r, t, KR_VICTIM, pid, you);
+        ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r, rep->secs[r]);
     }
     ck_assert_msg(wall < 25, "the job took %.1f s", wall);
 }
@@ -345,8 +351,7 @@ static void check_table(const char *log)
 {
     char line[HG_NRANKS][1024];
     for (int r = 0; r < HG_NRANKS; r++)
-        ck_assert_msg(table_line(log, r, line[r], sizeof(line[r])), "no table line for rank %d",
-                      r);
+        ck_assert_msg(table_line(log, r, line[r], sizeof(line[r])), "no table line for rank %d", r);
     long stuck = seq_after(line[0], "in allreduce seq ");
     ck_assert_msg(stuck >= 0, "rank 0: '%s'", line[0]);
     for (int r = 0; r < HG_NRANKS; r++) {
@@ -449,15 +454,119 @@ START_TEST(test_loom_status)
     int status[HG_NRANKS];
     h_run_procs(HG_NRANKS, hang_rank, H, 40, status);
     pthread_join(t, NULL);
-    fprintf(stderr, "loom-status (%d):\n%s\nwith a wrong secret (%d):\n%s\n", a.rc_good,
-            a.out_good, a.rc_bad, a.out_bad);
+    fprintf(stderr, "loom-status (%d):\n%s\nwith a wrong secret (%d):\n%s\n", a.rc_good, a.out_good,
+            a.rc_bad, a.out_bad);
     for (int r = 0; r < HG_NRANKS; r++)
-        ck_assert_msg(status[r] == 0 && H->res[r] == loomSuccess, "rank %d: status %d, %d: %s",
-                      r, status[r], H->res[r], H->text[r]);
+        ck_assert_msg(status[r] == 0 && H->res[r] == loomSuccess, "rank %d: status %d, %d: %s", r,
+                      status[r], H->res[r], H->text[r]);
     ck_assert_msg(a.rc_good == 0, "loom-status exited %d: %s", a.rc_good, a.out_good);
     check_table(a.out_good);
     ck_assert_msg(a.rc_bad == 1 && strstr(a.out_bad, "loom job state") == NULL,
                   "with a wrong secret: exit %d: %s", a.rc_bad, a.out_bad);
+}
+END_TEST
+
+/* ---- the service's process dies: the job carries on, the links still detect a death -------- */
+
+#define RD_NRANKS 4
+#define RD_VICTIM 2
+#define RD_COUNT 4096
+
+typedef struct {
+    loomUniqueId id;
+    atomic_int ready, inited, root_gone;
+    int ok_iters[RD_NRANKS], res[RD_NRANKS];
+    double secs[RD_NRANKS];
+    char text[RD_NRANKS][TEXT_MAX];
+} rootdeath_t;
+
+static void rd_rank(rootdeath_t *R, int rank)
+{
+    alarm(40);
+    while (!atomic_load(&R->ready))
+        usleep(1000);
+    loomComm_t comm;
+    if (loomCommInitRank(&comm, RD_NRANKS, R->id, rank) != loomSuccess) {
+        snprintf(R->text[rank], TEXT_MAX, "init: %s", loomGetLastError(NULL));
+        _exit(3);
+    }
+    atomic_fetch_add(&R->inited, 1);
+    while (!atomic_load(&R->root_gone))
+        usleep(1000);
+    int32_t send[RD_COUNT], recv[RD_COUNT];
+    for (int it = 0; it < 200; it++) {
+        if (rank == RD_VICTIM && it == 10) kill(getpid(), SIGKILL);
+        for (int i = 0; i < RD_COUNT; i++)
+            send[i] = rank + i * it;
+        double t0 = now_s();
+        loomResult_t r = loomAllReduce(send, recv, RD_COUNT, loomInt32, loomSum, comm, NULL);
+        if (r != loomSuccess) {
+            R->res[rank] = r;
+            R->secs[rank] = now_s() - t0;
+            collect_text(comm, R->text[rank], TEXT_MAX);
+            fprintf(stderr, "rank %d: iteration %d failed after %.2f s: %s\n", rank, it,
+                    R->secs[rank], R->text[rank]);
+            break;
+        }
+        for (int i = 0; i < RD_COUNT; i++)
+            if (recv[i] != RD_NRANKS * (RD_NRANKS - 1) / 2 + RD_NRANKS * i * it) _exit(4);
+        R->ok_iters[rank]++;
+    }
+    loomCommDestroy(comm);
+    _exit(0);
+}
+
+START_TEST(test_service_dies)
+{
+    /* The unique id comes from a process that exits once the ranks are up: its service goes
+     * with it. The ranks' allreduces go on (the service is not needed to work), and when rank
+     * 2 is killed later its death is still found over the links, within LOOM_TIMEOUT. */
+    set_params("3", NULL, "ring");
+    rootdeath_t *R = shared_map(sizeof(*R));
+    fflush(stderr);
+    pid_t holder = fork();
+    if (holder == 0) {
+        alarm(30);
+        if (loomGetUniqueId(&R->id) != loomSuccess) _exit(2);
+        atomic_store(&R->ready, 1);
+        while (atomic_load(&R->inited) < RD_NRANKS)
+            usleep(1000);
+        _exit(0);
+    }
+    pid_t pid[RD_NRANKS];
+    for (int r = 0; r < RD_NRANKS; r++)
+        if ((pid[r] = fork()) == 0) rd_rank(R, r);
+    int st;
+    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the id's process: status %d", st);
+    usleep(300000); /* the ranks see the service's connection close */
+    atomic_store(&R->root_gone, 1);
+    int status[RD_NRANKS];
+    double end = now_s() + 30;
+    for (int r = 0; r < RD_NRANKS; r++) {
+        while (waitpid(pid[r], &st, WNOHANG) == 0) {
+            if (now_s() > end) {
+                for (int q = 0; q < RD_NRANKS; q++)
+                    kill(pid[q], SIGKILL);
+                ck_abort_msg("rank %d hung", r);
+            }
+            usleep(10000);
+        }
+        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    for (int r = 0; r < RD_NRANKS; r++) {
+        if (r == RD_VICTIM) {
+            ck_assert_int_eq(status[r], 128 + SIGKILL);
+            continue;
+        }
+        ck_assert_msg(status[r] == 0, "rank %d: status %d: %s", r, status[r], R->text[r]);
+        ck_assert_msg(R->ok_iters[r] >= 10,
+                      "rank %d: only %d allreduces after the service died: %s", r, R->ok_iters[r],
+                      R->text[r]);
+        ck_assert_msg(R->res[r] != loomSuccess && names_rank(R->text[r], RD_VICTIM) &&
+                          strstr(R->text[r], "seq") && R->secs[r] < 6,
+                      "rank %d: after %.1f s: '%s'", r, R->secs[r], R->text[r]);
+    }
 }
 END_TEST
 
@@ -467,11 +576,12 @@ int main(void)
     setenv("LOOM_HANDSHAKE_TIMEOUT", "2", 1);
     Suite *s = suite_create("jobstate");
     const h_case_t cases[] = {
-        {.name = "killed_in_ring", .test = test_killed_in_ring, .timeout_s = 70},
+        {.name = "killed_in_ring", .test = test_killed_in_ring, .timeout_s = 70, .loops = 2},
         {.name = "count_mismatch", .test = test_count_mismatch, .timeout_s = 30},
         {.name = "rank_never_started", .test = test_rank_never_started, .timeout_s = 30},
         {.name = "op_timeout_table", .test = test_op_timeout_table, .timeout_s = 50},
         {.name = "loom_status", .test = test_loom_status, .timeout_s = 50},
+        {.name = "service_dies", .test = test_service_dies, .timeout_s = 50},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     return h_check_main(s, true, CK_VERBOSE);
