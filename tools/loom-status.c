@@ -30,6 +30,8 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
+    /* The errors are printed below, once: loom's own log lines would repeat them. */
+    setenv("LOOM_DEBUG", "NONE", 0);
     double timeout_s = 10;
     int i = 1;
     if (i + 1 < argc && strcmp(argv[i], "-t") == 0) {

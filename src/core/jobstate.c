@@ -591,7 +591,10 @@ loomResult_t js_status_query(const sock_addr_t *root, const uint8_t secret[16], 
     loomResult_t r = hs_run_blocking(&hs);
     if (r != loomSuccess) {
         close(fd);
-        return base_error(r, LOG_BOOT, "job-state service %s: %s", as, hs.err);
+        return base_error(r, LOG_BOOT,
+                          "job-state service %s: the handshake failed (refused: a wrong secret or "
+                          "job id? no job there?): %s",
+                          as, hs.err);
     }
     uint64_t dl = base_now_ns() + timeout_ns;
     js_frame_t f;
