@@ -1086,6 +1086,12 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
     if (!comm_live(comm))
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommAbort: %p is not a live loom communicator", (void *)comm);
+    /* Every rank of the job learns who aborted (the links tell only the peers they reach). */
+    if (atomic_load(&comm->st.async_error) == loomSuccess && !atomic_load(&comm->st.aborting)) {
+        char why[96];
+        snprintf(why, sizeof(why), "rank %d called loomCommAbort", comm->rank);
+        js_client_report(comm->js, why);
+    }
     if (!comm_stop(comm, "the communicator was aborted")) {
         WARN(LOG_INIT, "loomCommAbort: leaking the communicator instead of freeing it under a "
                        "call that is still inside it");

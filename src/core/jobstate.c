@@ -561,6 +561,18 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
         snprintf(out, len, "%.1200s (here: %.600s)", v, local);
 }
 
+void js_client_report(js_client_t *c, const char *text)
+{
+    if (c == NULL) return;
+    pthread_mutex_lock(&c->rlock);
+    bool report = !c->reported && !c->verdict && !c->gone;
+    c->reported = true;
+    pthread_mutex_unlock(&c->rlock);
+    if (!report) return;
+    js_frame_t f = {.type = JS_REPORT, .rank = c->hk.rank};
+    client_send(c, &f, text);
+}
+
 void js_client_stop(js_client_t *c)
 {
     if (c == NULL) return;

@@ -71,6 +71,8 @@ loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *
  * writes into out the text to keep (the verdict, with the local text after it), or the local
  * text if the service is gone or silent. */
 void js_client_error(js_client_t *c, const char *local, char *out, size_t len);
+/* Reports a cause without waiting for the verdict (loomCommAbort: the job learns who). */
+void js_client_report(js_client_t *c, const char *text);
 /* Says goodbye (a destroyed communicator is not a dead rank), detaches, closes, frees. */
 void js_client_stop(js_client_t *c);
 
