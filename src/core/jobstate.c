@@ -378,8 +378,8 @@ struct js_client {
     pthread_mutex_t rlock; /* reading: rx, and the fields below (a leaf lock) */
     pthread_mutex_t slock; /* sending (a leaf lock) */
     js_rx_t rx;
-    bool gone;     /* the service's connection closed: link-based detection only */
-    bool reported; /* this rank's error went out */
+    atomic_bool gone; /* the service's connection closed: link-based detection only */
+    bool reported;    /* this rank's error went out */
     bool verdict;
     bool verdict_used; /* handed to the communicator */
     int vkind, vrank, vpid;
@@ -392,7 +392,7 @@ struct js_client {
 static int client_pollfds(prog_work_t *w, struct pollfd *fds, int max)
 {
     js_client_t *c = (js_client_t *)((char *)w - offsetof(js_client_t, watch));
-    if (max < 1 || c->gone) return 0;
+    if (max < 1 || atomic_load(&c->gone)) return 0;
     fds[0] = (struct pollfd){.fd = c->fd, .events = POLLIN};
     return 1;
 }
@@ -400,7 +400,7 @@ static int client_pollfds(prog_work_t *w, struct pollfd *fds, int max)
 static void client_send(js_client_t *c, const js_frame_t *f, const char *text)
 {
     pthread_mutex_lock(&c->slock);
-    if (!c->gone) (void)js_send(c->fd, f, text);
+    if (!atomic_load(&c->gone)) (void)js_send(c->fd, f, text);
     pthread_mutex_unlock(&c->slock);
 }
 
@@ -409,7 +409,7 @@ static void client_send(js_client_t *c, const js_frame_t *f, const char *text)
 static void client_read(js_client_t *c, uint64_t *qid, bool *qprint)
 {
     pthread_mutex_lock(&c->rlock);
-    if (!c->gone) {
+    if (!atomic_load(&c->gone)) {
         bool ok = js_rx_fill(c->fd, &c->rx);
         js_frame_t f;
         char text[JS_TEXT_MAX];
@@ -434,7 +434,7 @@ static void client_read(js_client_t *c, uint64_t *qid, bool *qprint)
                      "rank %d: the job-state service %s is gone; failures are detected over the "
                      "links only",
                      c->hk.rank, c->root);
-            c->gone = true;
+            atomic_store(&c->gone, true);
         }
     }
     pthread_mutex_unlock(&c->rlock);
@@ -470,7 +470,7 @@ static uint64_t client_poll(void *arg, bool *progressed)
 {
     (void)progressed;
     js_client_t *c = arg;
-    if (c->gone) return UINT64_MAX;
+    if (atomic_load(&c->gone)) return UINT64_MAX;
     if (atomic_load(&c->waiting)) return 50000000ull;
     uint64_t qid = 0;
     bool print = false;
@@ -485,7 +485,7 @@ static uint64_t client_poll(void *arg, bool *progressed)
         client_verdict_text(c, text, sizeof(text));
         c->hk.fail(c->hk.arg, text);
     }
-    return c->gone ? UINT64_MAX : 500000000ull;
+    return atomic_load(&c->gone) ? UINT64_MAX : 500000000ull;
 }
 
 loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *hooks,
@@ -503,6 +503,7 @@ loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *
     pthread_mutex_init(&c->rlock, NULL);
     pthread_mutex_init(&c->slock, NULL);
     atomic_init(&c->waiting, 0);
+    atomic_init(&c->gone, false);
     c->watch.pollfds = client_pollfds;
     js_frame_t f = {.type = JS_HELLO, .rank = hooks->rank, .pid = (int32_t)getpid()};
     gethostname(f.host, sizeof(f.host) - 1);
@@ -524,7 +525,7 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
     snprintf(out, len, "%s", local);
     if (c == NULL) return;
     pthread_mutex_lock(&c->rlock);
-    bool gone = c->gone, have = c->verdict, report = !c->reported && !c->verdict;
+    bool gone = atomic_load(&c->gone), have = c->verdict, report = !c->reported && !c->verdict;
     c->reported = true;
     pthread_mutex_unlock(&c->rlock);
     if (gone && !have) return;
@@ -543,7 +544,7 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
         if (qid) client_answer(c, qid, print);
         pthread_mutex_lock(&c->rlock);
         have = c->verdict;
-        gone = c->gone;
+        gone = atomic_load(&c->gone);
         if (have) c->verdict_used = true;
         pthread_mutex_unlock(&c->rlock);
         if (gone) break;
@@ -565,7 +566,7 @@ void js_client_report(js_client_t *c, const char *text)
 {
     if (c == NULL) return;
     pthread_mutex_lock(&c->rlock);
-    bool report = !c->reported && !c->verdict && !c->gone;
+    bool report = !c->reported && !c->verdict && !atomic_load(&c->gone);
     c->reported = true;
     pthread_mutex_unlock(&c->rlock);
     if (!report) return;
