@@ -7,9 +7,11 @@
  * Ranks run as processes (h_run_procs) and report through a shared mapping; the job-state
  * service runs in this (the test's) process, as the bootstrap root does for loomGetUniqueId.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -466,6 +469,126 @@ START_TEST(test_loom_status)
 }
 END_TEST
 
+/* ---- loom-status by HOST:PORT, for a job that met at MASTER_ADDR:MASTER_PORT --------------- */
+
+#define MS_NRANKS 3
+#define MS_SLEEPER 1
+
+typedef struct {
+    atomic_int in_sleep;
+    int res[MS_NRANKS];
+    char text[MS_NRANKS][TEXT_MAX];
+} master_t;
+
+static void ms_rank(master_t *M, int rank)
+{
+    alarm(40);
+    char v[16];
+    snprintf(v, sizeof(v), "%d", rank);
+    setenv("LOOM_RANK", v, 1);
+    param_reset_cache();
+    loomComm_t comm;
+    if ((M->res[rank] = loomCommInitFromEnv(&comm, NULL)) != loomSuccess) {
+        snprintf(M->text[rank], TEXT_MAX, "init: %s", loomGetLastError(NULL));
+        _exit(3);
+    }
+    int32_t send[256], recv[256];
+    for (int it = 0; it < 3; it++) {
+        if (rank == MS_SLEEPER && it == 1) {
+            atomic_store(&M->in_sleep, 1);
+            usleep(4000000);
+        }
+        for (int i = 0; i < 256; i++)
+            send[i] = rank + i;
+        if ((M->res[rank] = loomAllReduce(send, recv, 256, loomInt32, loomSum, comm, NULL)) !=
+            loomSuccess) {
+            collect_text(comm, M->text[rank], TEXT_MAX);
+            _exit(5);
+        }
+        for (int i = 0; i < 256; i++)
+            if (recv[i] != MS_NRANKS * (MS_NRANKS - 1) / 2 + MS_NRANKS * i) _exit(4);
+    }
+    loomCommDestroy(comm);
+    _exit(0);
+}
+
+static int run_status_at(const char *where, const char *secret, char *out, size_t len)
+{
+    char outf[64], cmd[512];
+    snprintf(outf, sizeof(outf), "/tmp/loom-js-out-%d", (int)getpid());
+    const char *bin = getenv("LOOM_STATUS_BIN");
+    snprintf(cmd, sizeof(cmd), "LOOM_JOB_SECRET=%s timeout 20 %s -t 5 %s %d > %s 2>&1", secret,
+             bin ? bin : "./loom-status", where, MS_NRANKS, outf);
+    int st = system(cmd);
+    FILE *f = fopen(outf, "rb");
+    size_t n = f ? fread(out, 1, len - 1, f) : 0;
+    out[n] = '\0';
+    if (f) fclose(f);
+    unlink(outf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_loom_status_master)
+{
+    /* Rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT (and then the job's state);
+     * loom-status finds it there with the job's LOOM_JOB_SECRET, and not with another one. */
+    set_params("30", NULL, NULL);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    ck_assert(bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+              getsockname(s, (struct sockaddr *)&a, &al) == 0);
+    close(s); /* a free port (for the moment) */
+    char port[16], where[64];
+    snprintf(port, sizeof(port), "%d", ntohs(a.sin_port));
+    snprintf(where, sizeof(where), "127.0.0.1:%s", port);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    setenv("LOOM_WORLD_SIZE", "3", 1);
+    setenv("LOOM_JOB_SECRET", "the-job-secret-of-this-test", 1);
+    master_t *M = shared_map(sizeof(*M));
+    fflush(stderr);
+    pid_t pid[MS_NRANKS];
+    for (int r = 0; r < MS_NRANKS; r++)
+        if ((pid[r] = fork()) == 0) ms_rank(M, r);
+    for (int i = 0; i < 1000 && !atomic_load(&M->in_sleep); i++)
+        usleep(10000);
+    usleep(1000000);
+    static char good[8192], bad[8192];
+    int rc_good = run_status_at(where, "the-job-secret-of-this-test", good, sizeof(good));
+    int rc_bad = run_status_at(where, "another-secret", bad, sizeof(bad));
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    unsetenv("LOOM_WORLD_SIZE");
+    unsetenv("LOOM_JOB_SECRET");
+    fprintf(stderr, "loom-status %s (%d):\n%s\nwith another secret (%d):\n%s\n", where, rc_good,
+            good, rc_bad, bad);
+    for (int r = 0; r < MS_NRANKS; r++) {
+        int st;
+        double end = now_s() + 20;
+        while (waitpid(pid[r], &st, WNOHANG) == 0) {
+            if (now_s() > end) {
+                for (int q = 0; q < MS_NRANKS; q++)
+                    kill(pid[q], SIGKILL);
+                ck_abort_msg("rank %d hung", r);
+            }
+            usleep(10000);
+        }
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d: %d %s", r, st,
+                      M->res[r], M->text[r]);
+    }
+    ck_assert_msg(rc_good == 0 && strstr(good, "loom job state: 3 ranks"), "loom-status: %d: %s",
+                  rc_good, good);
+    char line[1024];
+    ck_assert_msg(table_line(good, MS_SLEEPER, line, sizeof(line)) && strstr(line, "outside calls"),
+                  "rank %d: '%s'", MS_SLEEPER, line);
+    ck_assert_msg(table_line(good, 0, line, sizeof(line)) && strstr(line, "in allreduce seq 1"),
+                  "rank 0: '%s'", line);
+    ck_assert_msg(rc_bad == 1 && strstr(bad, "loom job state") == NULL,
+                  "with another secret: exit %d: %s", rc_bad, bad);
+}
+END_TEST
+
 /* ---- the service's process dies: the job carries on, the links still detect a death -------- */
 
 #define RD_NRANKS 4
@@ -582,6 +705,7 @@ int main(void)
         {.name = "op_timeout_table", .test = test_op_timeout_table, .timeout_s = 50},
         {.name = "loom_status", .test = test_loom_status, .timeout_s = 50},
         {.name = "service_dies", .test = test_service_dies, .timeout_s = 50},
+        {.name = "loom_status_master", .test = test_loom_status_master, .timeout_s = 50},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     return h_check_main(s, true, CK_VERBOSE);
