@@ -112,7 +112,13 @@ typedef struct {
 typedef struct {
     hs_t hs;
     bool authed;
+    uint64_t since;
 } js_asker_t;
+
+/* Connections to the service that have not proved themselves: at most this many, each for at
+ * most this long (a stranger cannot pile them up, nor keep the service alive after the job). */
+#define JS_ASKERS_MAX 64
+#define JS_ASKER_NS 5000000000ull
 
 typedef struct {
     const js_serve_args_t *a;
@@ -127,6 +133,8 @@ typedef struct {
     int first_rank; /* first report */
     char first_text[JS_TEXT_MAX];
     int dead_rank; /* first death, -1 none */
+    /* refusals, logged at most once per HS_REFUSE_LOG_NS with their count */
+    uint64_t refused, refuse_log_ns;
 } js_srv_t;
 
 static void srv_query(js_srv_t *s, bool print)
@@ -266,6 +274,10 @@ static void srv_accept(js_srv_t *s)
         sock_addr_t peer = {.len = sizeof(peer.sa)};
         int fd = s->a->accept_fd(s->a->listen_fd, &peer);
         if (fd < 0) return;
+        if (s->nask >= JS_ASKERS_MAX) {
+            s->a->close_fd(fd);
+            continue;
+        }
         if (s->nask == s->askcap) {
             int cap = s->askcap ? 2 * s->askcap : 8;
             js_asker_t *n = realloc(s->ask, (size_t)cap * sizeof(*n));
@@ -278,6 +290,7 @@ static void srv_accept(js_srv_t *s)
         }
         js_asker_t *k = &s->ask[s->nask];
         memset(k, 0, sizeof(*k));
+        k->since = base_now_ns();
         if (hs_accept_init(&k->hs, fd, &peer, s->a->secret) != loomSuccess) {
             s->a->close_fd(fd);
             continue;
@@ -296,11 +309,23 @@ static void srv_askers(js_srv_t *s)
         const char *why = NULL;
         if (r != loomSuccess)
             why = q->hs.err;
+        else if (q->hs.state != HS_DONE && base_now_ns() - q->since > JS_ASKER_NS)
+            why = "the handshake did not finish within 5 s";
         else if (q->hs.state == HS_DONE &&
                  (q->hs.hello.comm_id != s->a->job_id || q->hs.hello.from_rank != JS_RANK_STATUS))
             why = "not a loom-status client of this job";
         if (why) {
-            WARN(LOG_BOOT, "job-state service %s refused a connection: %s", s->a->addr_str, why);
+            uint64_t now = base_now_ns();
+            s->refused++;
+            if (s->refuse_log_ns == 0 || now - s->refuse_log_ns > HS_REFUSE_LOG_NS) {
+                WARN(LOG_BOOT,
+                     "job-state service %s refused %llu connection%s since its last such line; "
+                     "the last: %s",
+                     s->a->addr_str, (unsigned long long)s->refused, s->refused > 1 ? "s" : "",
+                     why);
+                s->refused = 0;
+                s->refuse_log_ns = now;
+            }
             s->a->close_fd(q->hs.fd);
             s->ask[k] = s->ask[--s->nask];
             k--;
@@ -318,7 +343,7 @@ void js_serve(const js_serve_args_t *a)
 {
     js_srv_t s = {.a = a, .dead_rank = -1, .first_rank = -1};
     s.r = calloc((size_t)a->nranks, sizeof(*s.r));
-    struct pollfd *fds = calloc((size_t)a->nranks + 1 + 64, sizeof(*fds));
+    struct pollfd *fds = calloc((size_t)a->nranks + 1 + JS_ASKERS_MAX, sizeof(*fds));
     if (s.r == NULL || fds == NULL) goto out;
     for (int i = 0; i < a->nranks; i++) {
         s.r[i].fd = a->fd_of[i];
@@ -333,11 +358,15 @@ void js_serve(const js_serve_args_t *a)
                 fds[nf++] = (struct pollfd){.fd = s.r[i].fd, .events = POLLIN};
                 live += s.r[i].state == R_LIVE;
             }
-        for (int k = 0; k < s.nask && k < 64; k++)
+        for (int k = 0; k < s.nask; k++)
             if (!s.ask[k].authed)
                 fds[nf++] =
                     (struct pollfd){.fd = s.ask[k].hs.fd, .events = hs_events(&s.ask[k].hs)};
-        if (live == 0 && s.nask == 0) break;
+        if (live == 0) {
+            /* Every rank left or died: a query still open gets the table as it stands. */
+            if (s.qid) srv_query_done(&s);
+            break;
+        }
         (void)poll(fds, (nfds_t)nf, 100);
         srv_accept(&s);
         srv_askers(&s);
