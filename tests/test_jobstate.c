@@ -407,26 +407,43 @@ typedef struct {
     char out_good[8192], out_bad[8192];
 } asker_t;
 
-/* Runs loom-status on an id file; returns its exit status and its output (stdout and stderr). */
-static int run_status(const loomUniqueId *id, char *out, size_t len)
+/* Runs a shell command line with its output to a file, and returns its exit status and its
+ * output. The status goes through a file too: h_run_procs, in another thread, reaps any child
+ * of this process (waitpid(-1)), system()'s own wait included. */
+static int run_cmd(const char *line, char *out, size_t len)
 {
-    char idf[64], outf[64], cmd[512];
-    snprintf(idf, sizeof(idf), "/tmp/loom-js-id-%d", (int)getpid());
+    char outf[64], rcf[64], cmd[1024];
     snprintf(outf, sizeof(outf), "/tmp/loom-js-out-%d", (int)getpid());
-    int fd = open(idf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || write(fd, id, sizeof(*id)) != (ssize_t)sizeof(*id)) return -1;
-    close(fd);
-    const char *bin = getenv("LOOM_STATUS_BIN");
-    snprintf(cmd, sizeof(cmd), "timeout 20 %s -t 5 %s > %s 2>&1", bin ? bin : "./loom-status", idf,
-             outf);
-    int st = system(cmd);
+    snprintf(rcf, sizeof(rcf), "/tmp/loom-js-rc-%d", (int)getpid());
+    unlink(rcf);
+    snprintf(cmd, sizeof(cmd), "%s > %s 2>&1; echo $? > %s", line, outf, rcf);
+    (void)system(cmd);
     FILE *f = fopen(outf, "rb");
     size_t n = f ? fread(out, 1, len - 1, f) : 0;
     out[n] = '\0';
     if (f) fclose(f);
-    unlink(idf);
+    int rc = -1;
+    f = fopen(rcf, "r");
+    if (f == NULL || fscanf(f, "%d", &rc) != 1) rc = -1;
+    if (f) fclose(f);
     unlink(outf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    unlink(rcf);
+    return rc;
+}
+
+/* Runs loom-status on an id file; returns its exit status and its output (stdout and stderr). */
+static int run_status(const loomUniqueId *id, char *out, size_t len)
+{
+    char idf[64], cmd[512];
+    snprintf(idf, sizeof(idf), "/tmp/loom-js-id-%d", (int)getpid());
+    int fd = open(idf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, id, sizeof(*id)) != (ssize_t)sizeof(*id)) return -1;
+    close(fd);
+    const char *bin = getenv("LOOM_STATUS_BIN");
+    snprintf(cmd, sizeof(cmd), "timeout 20 %s -t 5 %s", bin ? bin : "./loom-status", idf);
+    int rc = run_cmd(cmd, out, len);
+    unlink(idf);
+    return rc;
 }
 
 static void *asker_main(void *p)
@@ -514,18 +531,11 @@ static void ms_rank(master_t *M, int rank)
 
 static int run_status_at(const char *where, const char *secret, char *out, size_t len)
 {
-    char outf[64], cmd[512];
-    snprintf(outf, sizeof(outf), "/tmp/loom-js-out-%d", (int)getpid());
+    char cmd[512];
     const char *bin = getenv("LOOM_STATUS_BIN");
-    snprintf(cmd, sizeof(cmd), "LOOM_JOB_SECRET=%s timeout 20 %s -t 5 %s %d > %s 2>&1", secret,
-             bin ? bin : "./loom-status", where, MS_NRANKS, outf);
-    int st = system(cmd);
-    FILE *f = fopen(outf, "rb");
-    size_t n = f ? fread(out, 1, len - 1, f) : 0;
-    out[n] = '\0';
-    if (f) fclose(f);
-    unlink(outf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(cmd, sizeof(cmd), "LOOM_JOB_SECRET=%s timeout 20 %s -t 5 %s %d", secret,
+             bin ? bin : "./loom-status", where, MS_NRANKS);
+    return run_cmd(cmd, out, len);
 }
 
 START_TEST(test_loom_status_master)

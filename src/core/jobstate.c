@@ -119,6 +119,7 @@ typedef struct {
  * most this long (a stranger cannot pile them up, nor keep the service alive after the job). */
 #define JS_ASKERS_MAX 64
 #define JS_ASKER_NS 5000000000ull
+#define JS_VERDICT_GRACE_NS 300000000ull
 
 typedef struct {
     const js_serve_args_t *a;
@@ -132,7 +133,8 @@ typedef struct {
     bool failing, verdict_sent;
     int first_rank; /* first report */
     char first_text[JS_TEXT_MAX];
-    int dead_rank; /* first death, -1 none */
+    int dead_rank;    /* first death, -1 none */
+    uint64_t fail_ns; /* when failing began */
     /* refusals, logged at most once per HS_REFUSE_LOG_NS with their count */
     uint64_t refused, refuse_log_ns;
 } js_srv_t;
@@ -171,6 +173,7 @@ static void srv_rank_lost(js_srv_t *s, int i)
     if (s->dead_rank < 0) s->dead_rank = i;
     if (!s->failing) {
         s->failing = true;
+        s->fail_ns = base_now_ns();
         srv_query(s, true);
     }
 }
@@ -187,7 +190,7 @@ static char *srv_table(js_srv_t *s)
         const char *what = r->state == R_DEAD  ? "died (its connection to the service closed)"
                            : r->state == R_BYE ? "left (its communicator was destroyed)"
                            : r->answered       ? r->line
-                                               : "no answer within 1 s (stopped or stuck?)";
+                                               : "no answer within 2 s (stopped or stuck?)";
         size_t need = strlen(what) + 128;
         if (o + need >= cap) {
             cap = (o + need) * 2;
@@ -201,8 +204,11 @@ static char *srv_table(js_srv_t *s)
     return t;
 }
 
+static void srv_verdict(js_srv_t *s);
+
 static void srv_query_done(js_srv_t *s)
 {
+    if (s->failing && !s->verdict_sent) srv_verdict(s);
     char *table = srv_table(s);
     if (s->qprint && table) WARN(LOG_BOOT, "%s", table);
     for (int k = 0; k < s->nask; k++) {
@@ -220,24 +226,27 @@ static void srv_query_done(js_srv_t *s)
     }
     free(table);
     s->qid = 0;
-    if (s->failing && !s->verdict_sent) {
-        js_frame_t f = {.type = JS_VERDICT};
-        const char *text;
-        if (s->dead_rank >= 0) {
-            f.flags = JS_V_DIED;
-            f.rank = s->dead_rank;
-            text = "";
-        } else {
-            f.flags = JS_V_FAILED;
-            f.rank = s->first_rank;
-            text = s->first_text;
-        }
-        f.pid = s->r[f.rank].pid;
-        snprintf(f.host, sizeof(f.host), "%s", s->r[f.rank].host);
-        for (int i = 0; i < s->a->nranks; i++)
-            if (s->r[i].state == R_LIVE) (void)js_send(s->r[i].fd, &f, text);
-        s->verdict_sent = true;
+}
+
+/* Sends the verdict: the rank that died if any, else the first report. */
+static void srv_verdict(js_srv_t *s)
+{
+    js_frame_t f = {.type = JS_VERDICT};
+    const char *text;
+    if (s->dead_rank >= 0) {
+        f.flags = JS_V_DIED;
+        f.rank = s->dead_rank;
+        text = "";
+    } else {
+        f.flags = JS_V_FAILED;
+        f.rank = s->first_rank;
+        text = s->first_text;
     }
+    f.pid = s->r[f.rank].pid;
+    snprintf(f.host, sizeof(f.host), "%s", s->r[f.rank].host);
+    for (int i = 0; i < s->a->nranks; i++)
+        if (s->r[i].state == R_LIVE) (void)js_send(s->r[i].fd, &f, text);
+    s->verdict_sent = true;
 }
 
 static void srv_frame(js_srv_t *s, int i, const js_frame_t *f, const char *text)
@@ -260,6 +269,7 @@ static void srv_frame(js_srv_t *s, int i, const js_frame_t *f, const char *text)
         WARN(LOG_BOOT, "job-state service %s: rank %d (%s, pid %d) failed: %s", s->a->addr_str, i,
              r->host, r->pid, text);
         s->failing = true;
+        s->fail_ns = base_now_ns();
         s->first_rank = i;
         snprintf(s->first_text, sizeof(s->first_text), "%s", text);
         srv_query(s, true);
@@ -387,6 +397,10 @@ void js_serve(const js_serve_args_t *a)
                 if (s.r[i].state == R_LIVE && !s.r[i].answered) all = false;
             if (all || base_now_ns() > s.qdeadline) srv_query_done(&s);
         }
+        /* The verdict does not wait for a rank that cannot answer (stopped): once the ranks had
+         * JS_VERDICT_GRACE_NS to report a death or answer, it goes out; the table follows. */
+        if (s.failing && !s.verdict_sent && base_now_ns() - s.fail_ns > JS_VERDICT_GRACE_NS)
+            srv_verdict(&s);
     }
 out:
     for (int i = 0; s.r && i < a->nranks; i++)

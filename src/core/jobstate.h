@@ -28,8 +28,8 @@
 #include "sock.h"
 
 #define JS_RANK_STATUS (-2)              /* the hello's from_rank of a loom-status client */
-#define JS_VERDICT_WAIT_NS 3000000000ull /* a failing rank waits this long for the verdict */
-#define JS_QUERY_WAIT_NS 1000000000ull   /* the service waits this long for state lines */
+#define JS_VERDICT_WAIT_NS 5000000000ull /* a failing rank waits this long for the verdict */
+#define JS_QUERY_WAIT_NS 2000000000ull   /* the service waits this long for state lines */
 #define JS_HOST_LEN 64
 
 /* ---- the service (the root thread, after the rendezvous) ---- */
