@@ -226,10 +226,10 @@ static void js_fail(void *arg, const char *text)
     comm_store_error(comm, loomRemoteError, text);
 }
 
-static void js_line(void *arg, char *buf, size_t len)
+static bool js_line(void *arg, char *buf, size_t len)
 {
     loomComm_t comm = arg;
-    exec_host_status(&comm->exech, buf, len);
+    return exec_host_status(&comm->exech, buf, len);
 }
 
 static void js_current(void *arg, char *buf, size_t len)

@@ -531,7 +531,7 @@ void exec_host_current(exec_host_t *h, char *buf, size_t len)
     exec_host_unlock(h);
 }
 
-void exec_host_status(exec_host_t *h, char *buf, size_t len)
+bool exec_host_status(exec_host_t *h, char *buf, size_t len)
 {
     char fin[200] = "nothing finished yet";
     uint64_t now = base_now_ns();
@@ -542,7 +542,7 @@ void exec_host_status(exec_host_t *h, char *buf, size_t len)
         usleep(1000);
     if (!locked) {
         snprintf(buf, len, "busy (a call holds the communicator: failing?)");
-        return;
+        return false;
     }
     if (h->any_finished) {
         char d[160];
@@ -560,6 +560,7 @@ void exec_host_status(exec_host_t *h, char *buf, size_t len)
         snprintf(buf, len, "outside calls; %s", fin);
     }
     exec_host_unlock(h);
+    return true;
 }
 
 static loomResult_t check_locked(exec_t *e);

@@ -119,7 +119,7 @@ void exec_free(exec_t *e);
 /* The hang report's line of this rank: the operation it runs (kind, seq, for how long, the peers
  * it waits on and what their heartbeats say) or that it is outside calls, and the last
  * operation it finished. */
-void exec_host_status(exec_host_t *h, char *buf, size_t len);
+bool exec_host_status(exec_host_t *h, char *buf, size_t len); /* false: busy (locked) */
 /* The operation running now ("allreduce seq 12 (count ...)"), or "" outside calls. */
 void exec_host_current(exec_host_t *h, char *buf, size_t len);
 /* Frees what the executor keeps in `h` between calls. */

@@ -428,6 +428,9 @@ struct js_client {
     int vkind, vrank, vpid;
     char vhost[JS_HOST_LEN];
     char vtext[JS_TEXT_MAX];
+    /* The line of a call that waits for the verdict, taken by that call (which holds the
+     * executor's lock the progress thread's answer would need). */
+    char own_line[JS_TEXT_MAX];
     atomic_int waiting; /* a failing call reads the socket itself */
     prog_work_t watch;
 };
@@ -486,7 +489,11 @@ static void client_read(js_client_t *c, uint64_t *qid, bool *qprint)
 static void client_answer(js_client_t *c, uint64_t qid, bool print)
 {
     char line[JS_TEXT_MAX];
-    c->hk.line(c->hk.arg, line, sizeof(line));
+    if (!c->hk.line(c->hk.arg, line, sizeof(line))) {
+        pthread_mutex_lock(&c->rlock);
+        if (c->own_line[0]) snprintf(line, sizeof(line), "%s", c->own_line);
+        pthread_mutex_unlock(&c->rlock);
+    }
     if (print) WARN(LOG_COLL, "rank %d state: %s", c->hk.rank, line);
     js_frame_t f = {.type = JS_STATE, .rank = c->hk.rank, .arg = qid};
     client_send(c, &f, line);
@@ -572,6 +579,11 @@ void js_client_error(js_client_t *c, const char *local, char *out, size_t len)
     c->reported = true;
     pthread_mutex_unlock(&c->rlock);
     if (gone && !have) return;
+    char line[JS_TEXT_MAX];
+    c->hk.line(c->hk.arg, line, sizeof(line)); /* the calling thread may take the lock */
+    pthread_mutex_lock(&c->rlock);
+    snprintf(c->own_line, sizeof(c->own_line), "%s", line);
+    pthread_mutex_unlock(&c->rlock);
     atomic_fetch_add(&c->waiting, 1); /* before the report: the query it causes is ours */
     if (report) {
         js_frame_t f = {.type = JS_REPORT, .rank = c->hk.rank};

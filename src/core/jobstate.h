@@ -58,8 +58,9 @@ typedef struct {
     void *arg;
     /* The verdict arrived while this rank had no error of its own (progress thread). */
     void (*fail)(void *arg, const char *text);
-    /* This rank's state line (exec_host_status) and its current operation (may be ""). */
-    void (*line)(void *arg, char *buf, size_t len);
+    /* This rank's state line (exec_host_status; false: busy) and its current operation (may
+     * be ""). */
+    bool (*line)(void *arg, char *buf, size_t len);
     void (*current)(void *arg, char *buf, size_t len);
 } js_hooks_t;
 
