@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "exec.h"
@@ -537,10 +538,14 @@ bool exec_host_status(exec_host_t *h, char *buf, size_t len)
     uint64_t now = base_now_ns();
     /* Asked from the progress thread: a call that holds the lock across a long step (one
      * waiting for the job's verdict) must not stall the answer. */
-    bool locked = false;
-    for (int i = 0; i < 100 && !(locked = pthread_mutex_trylock(&h->lock) == 0); i++)
-        usleep(1000);
-    if (!locked) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 200000000;
+    if (dl.tv_nsec >= 1000000000) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000;
+    }
+    if (pthread_mutex_timedlock(&h->lock, &dl) != 0) {
         snprintf(buf, len, "busy (a call holds the communicator: failing?)");
         return false;
     }
