@@ -5,9 +5,15 @@
  * process. Every rank connects to it, proves the job's secret (sock.h's handshake), and sends its
  * peer_info_t (then its large transport addresses, info.addr_bytes of them: comm.h's
  * comm_peer_addr); once all ranks have arrived the root sends everyone the full table, then all
- * those addresses in rank order, and exits. The
- * root holds one socket per rank only during init; data connections are made later, lazily,
- * between the pairs that a schedule uses.
+ * those addresses in rank order. The root then becomes the job-state service (jobstate.h): each
+ * rank keeps its bootstrap connection for the life of its communicator, and the thread exits
+ * once every rank said goodbye or died. Data connections are made later, lazily, between the
+ * pairs that a schedule uses.
+ *
+ * A rendezvous that cannot complete says why on every rank that arrived: ranks that pass
+ * different rank counts (both counts and who said them), or ranks that never arrived within
+ * LOOM_TIMEOUT of the first (named). A refused rank's socket is drained before it is closed,
+ * so that the reason is read before the connection resets.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,12 +28,14 @@
 
 #include "comm.h"
 #include "fork.h"
+#include "jobstate.h"
 #include "param.h"
 
 #define UID_MAGIC 0x6c6d6964u /* "lmid" */
 #define UID_VERSION 1
 #define BOOT_RANK_ROOT (-1)
-#define BOOT_ADDR_MAX (1u << 20) /* a rank's large transport addresses, at most */
+#define BOOT_ADDR_MAX (1u << 20)           /* a rank's large transport addresses, at most */
+#define BOOT_REASON_GRACE_NS 5000000000ull /* a rank waits this long past its own deadline */
 
 typedef struct {
     int32_t status; /* 0 ok, else an error text follows */
@@ -90,6 +98,18 @@ static void root_send_error(int fd, const char *text)
     uint64_t dl = base_now_ns() + 1000000000ull;
     if (sock_send_all(fd, &rep, sizeof(rep), dl, "bootstrap root: error reply") == loomSuccess)
         sock_send_all(fd, buf, sizeof(buf), dl, "bootstrap root: error reply");
+    /* Closing a socket that still holds unread bytes (the rank's peer_info_t, sent right after
+     * its handshake) resets the connection, and the reset discards the reason at the rank before
+     * it reads it: say we are done, read until the rank closes (it does once it has the reason),
+     * then close. */
+    shutdown(fd, SHUT_WR);
+    char sink[512];
+    while (base_now_ns() < dl) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) < 0 && errno != EINTR) break;
+        ssize_t n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    }
 }
 
 /* The sockets of the process's root threads: the listeners and their ranks' connections. They
@@ -170,6 +190,18 @@ int boot_root_fd_count(void)
     return n;
 }
 
+/* Fails the whole rendezvous: every rank that arrived gets text (the root then exits). */
+static void root_fail_all(boot_client_t *cl, int ncl, const char *text)
+{
+    WARN(LOG_BOOT, "%s", text);
+    for (int i = 0; i < ncl; i++)
+        if (cl[i].state == 1 || cl[i].state == 2) {
+            root_send_error(cl[i].hs.fd, text);
+            root_close(cl[i].hs.fd);
+            cl[i].state = 3;
+        }
+}
+
 static void *root_main(void *arg)
 {
     boot_root_args_t a = *(boot_root_args_t *)arg;
@@ -182,7 +214,12 @@ static void *root_main(void *arg)
     int *fd_of = NULL;
     uint8_t **addr_of = NULL;
     uint64_t timeout = (uint64_t)(param_double(PARAM_TIMEOUT) * 1e9);
-    uint64_t last_join = base_now_ns();
+    uint64_t last_join = base_now_ns(), first_join = 0, failed_at = 0;
+    int first_rank = -1;
+    /* A rendezvous that failed: its reason, told to every rank that still arrives for a while
+     * (LOOM_TIMEOUT, at most 10 s) before the root exits. */
+    char failed[400] = "";
+    uint64_t linger = timeout ? LOOM_MIN(timeout, 10000000000ull) : 10000000000ull;
     bool done = false;
     INFO(LOG_BOOT, "bootstrap root listening on %s", as);
     while (!done) {
@@ -229,20 +266,36 @@ static void *root_main(void *arg)
                 if (c->hs.state != HS_DONE) continue;
                 const hs_hello_t *h = &c->hs.hello;
                 const char *why = NULL;
+                if (failed[0] && h->comm_id == a.job_id) {
+                    root_send_error(c->hs.fd, failed);
+                    root_close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
                 if (h->comm_id != a.job_id || h->to_rank != BOOT_RANK_ROOT)
                     why = "wrong job";
                 else if (h->nchan == 0 || h->nchan > (1u << 24))
                     why = "bad rank count";
                 else if (h->from_rank < 0 || (uint32_t)h->from_rank >= h->nchan)
                     why = "bad rank";
-                else if (nranks >= 0 && (int)h->nchan != nranks)
-                    why = "rank counts differ";
+                else if (nranks >= 0 && (int)h->nchan != nranks) {
+                    char text[400];
+                    snprintf(text, sizeof(text),
+                             "bootstrap root %s: rank %d says the job has %u ranks, but rank %d "
+                             "said %d: every rank must pass the same rank count (and unique id) "
+                             "to loomCommInitRank",
+                             as, h->from_rank, h->nchan, first_rank, nranks);
+                    c->state = 1; /* refused with the others */
+                    root_fail_all(cl, ncl, text);
+                    snprintf(failed, sizeof(failed), "%s", text);
+                    failed_at = base_now_ns();
+                    continue;
+                }
                 if (why) {
                     char text[256];
                     snprintf(text, sizeof(text),
-                             "bootstrap root %s refused rank %d (nranks %u): %s%s", as,
-                             h->from_rank, h->nchan, why,
-                             nranks >= 0 ? " (other ranks said nranks differently)" : "");
+                             "bootstrap root %s refused rank %d (nranks %u): %s", as, h->from_rank,
+                             h->nchan, why);
                     WARN(LOG_BOOT, "%s", text);
                     root_send_error(c->hs.fd, text);
                     root_close(c->hs.fd);
@@ -251,6 +304,8 @@ static void *root_main(void *arg)
                 }
                 if (nranks < 0) {
                     nranks = (int)h->nchan;
+                    first_rank = h->from_rank;
+                    first_join = base_now_ns();
                     table = calloc((size_t)nranks, sizeof(*table));
                     fd_of = malloc((size_t)nranks * sizeof(int));
                     addr_of = calloc((size_t)nranks, sizeof(*addr_of));
@@ -315,7 +370,9 @@ static void *root_main(void *arg)
                 TRACE(LOG_BOOT, "bootstrap root: rank %d joined (%d of %d)", r, joined, nranks);
             }
         }
-        if (nranks > 0 && joined == nranks) {
+        if (failed[0]) {
+            if (base_now_ns() - failed_at > linger) break;
+        } else if (nranks > 0 && joined == nranks) {
             boot_reply_t rep = {.status = 0, .nranks = nranks};
             uint64_t dl = base_now_ns() + timeout;
             for (int r = 0; r < nranks; r++) {
@@ -333,18 +390,50 @@ static void *root_main(void *arg)
                         break;
             }
             done = true;
-        } else if (timeout && base_now_ns() - last_join > timeout) {
-            if (nranks < 0)
-                INFO(LOG_BOOT,
-                     "bootstrap root %s closes: no rank used this id for "
-                     "LOOM_TIMEOUT=%g s",
-                     as, param_double(PARAM_TIMEOUT));
-            else
-                WARN(LOG_BOOT,
-                     "bootstrap root %s gives up: %d of %d ranks joined, none for the last "
-                     "LOOM_TIMEOUT=%g s",
-                     as, joined, nranks, param_double(PARAM_TIMEOUT));
+            /* The ranks keep these connections: the job-state service takes them over. */
+            char(*host_of)[JS_HOST_LEN] = calloc((size_t)nranks, JS_HOST_LEN);
+            if (host_of == NULL) break;
+            for (int r = 0; r < nranks; r++)
+                snprintf(host_of[r], JS_HOST_LEN, "%s", table[r].host);
+            for (int i = 0; i < ncl; i++)
+                if (cl[i].state == 2) cl[i].state = 3;
+            js_serve_args_t sa = {.listen_fd = a.listen_fd,
+                                  .job_id = a.job_id,
+                                  .addr_str = as,
+                                  .nranks = nranks,
+                                  .fd_of = fd_of,
+                                  .host_of = (const char(*)[JS_HOST_LEN])host_of,
+                                  .accept_fd = root_accept,
+                                  .close_fd = root_close};
+            memcpy(sa.secret, a.secret, sizeof(sa.secret));
+            js_serve(&sa);
+            free(host_of);
+        } else if (timeout && nranks < 0 && base_now_ns() - last_join > timeout) {
+            INFO(LOG_BOOT, "bootstrap root %s closes: no rank used this id for LOOM_TIMEOUT=%g s",
+                 as, param_double(PARAM_TIMEOUT));
             break;
+        } else if (timeout && nranks > 0 && base_now_ns() - first_join > timeout) {
+            /* Name the ranks that never came (the first few), on every rank that did. */
+            char missing[200] = "";
+            size_t o = 0;
+            int nmiss = 0;
+            for (int r = 0; r < nranks; r++) {
+                if (fd_of[r] >= 0) continue;
+                if (nmiss < 8 && o + 16 < sizeof(missing))
+                    o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d",
+                                          nmiss ? ", " : "", r);
+                nmiss++;
+            }
+            char text[400];
+            snprintf(text, sizeof(text),
+                     "rank%s %s%s never arrived at the bootstrap root %s within LOOM_TIMEOUT=%g s "
+                     "of the first rank; %d of %d ranks joined (is every rank started, with the "
+                     "same unique id?)",
+                     nmiss > 1 ? "s" : "", missing, nmiss > 8 ? ", ..." : "", as,
+                     param_double(PARAM_TIMEOUT), joined, nranks);
+            root_fail_all(cl, ncl, text);
+            snprintf(failed, sizeof(failed), "%s", text);
+            failed_at = base_now_ns();
         }
     }
 out:
@@ -496,10 +585,15 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
              "bootstrap: waiting at the root %s for all %d ranks to join (is every rank started "
              "with the same unique id and rank count?)",
              as, comm->nranks);
-    LOOM_CHECK_GOTO(sock_recv_all(fd, &rep, sizeof(rep), dl, what), r, out);
+    /* The root judges a rendezvous that cannot complete (and names the missing ranks) at
+     * LOOM_TIMEOUT after the first rank's arrival: give its reason time to arrive. */
+    LOOM_CHECK_GOTO(
+        sock_recv_all(fd, &rep, sizeof(rep), timeout ? dl + BOOT_REASON_GRACE_NS : dl, what), r,
+        out);
     if (rep.status != 0) {
         char text[512];
-        if (sock_recv_all(fd, text, sizeof(text), dl, what) != loomSuccess)
+        if (sock_recv_all(fd, text, sizeof(text), base_now_ns() + 1000000000ull, what) !=
+            loomSuccess)
             snprintf(text, sizeof(text), "(no reason given)");
         text[sizeof(text) - 1] = '\0';
         r = base_error(loomInvalidUsage, LOG_BOOT, "bootstrap refused: %s", text);
@@ -531,6 +625,15 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
             goto out;
         }
         r = comm_set_peer_addrs(comm, buf, total);
+    }
+    if (r == loomSuccess) {
+        /* The connection stays: the root is now the job-state service. Without it the rank
+         * still works (link-based detection only). */
+        js_hooks_t hk;
+        comm_js_hooks(comm, &hk);
+        if (js_client_start(fd, &root, &hk, &comm->js) != loomSuccess)
+            WARN(LOG_BOOT, "rank %d: no job-state service (%s)", comm->rank, base_last_error());
+        return loomSuccess;
     }
 out:
     close(fd);

@@ -187,7 +187,8 @@ loomResult_t comm_check(loomComm_t comm, const char *fn)
     return loomSuccess;
 }
 
-void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
+/* First error wins: stores it, tells the peers over the links, wakes a blocked wait. */
+static void comm_store_error(loomComm_t comm, loomResult_t res, const char *text)
 {
     pthread_mutex_lock(&comm->st.lock);
     bool first = atomic_load(&comm->st.async_error) == loomSuccess;
@@ -198,7 +199,53 @@ void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
     pthread_mutex_unlock(&comm->st.lock);
     /* Tell the peers at once, so that they fail now with this reason instead of waiting for
      * LOOM_TIMEOUT; the communicator cannot be used any more. */
-    if (first) comm_abort_transports(comm, text);
+    if (first) {
+        comm_abort_transports(comm, text);
+        uint64_t one = 1;
+        ssize_t n = write(comm->st.wake_fd, &one, sizeof(one));
+        (void)n;
+    }
+}
+
+void comm_set_error(loomComm_t comm, loomResult_t res, const char *text)
+{
+    if (atomic_load(&comm->st.async_error) != loomSuccess) return;
+    /* The job-state service turns this rank's error, and every other rank's, into the job's
+     * one verdict (the first cause, or the rank that died): wait for it (bounded), so that the
+     * peers told over the links hear the same cause. */
+    char job[ERR_TEXT_MAX];
+    js_client_error(comm->js, text, job, sizeof(job));
+    comm_store_error(comm, res, job);
+}
+
+/* The job-state client's hooks (jobstate.h). */
+static void js_fail(void *arg, const char *text)
+{
+    loomComm_t comm = arg;
+    WARN(LOG_COLL, "%s", text);
+    comm_store_error(comm, loomRemoteError, text);
+}
+
+static bool js_line(void *arg, char *buf, size_t len)
+{
+    loomComm_t comm = arg;
+    return exec_host_status(&comm->exech, buf, len);
+}
+
+static void js_current(void *arg, char *buf, size_t len)
+{
+    loomComm_t comm = arg;
+    exec_host_current(&comm->exech, buf, len);
+}
+
+void comm_js_hooks(loomComm_t comm, js_hooks_t *hk)
+{
+    *hk = (js_hooks_t){.rank = comm->rank,
+                       .nranks = comm->nranks,
+                       .arg = comm,
+                       .fail = js_fail,
+                       .line = js_line,
+                       .current = js_current};
 }
 
 void comm_abort_transports(loomComm_t comm, const char *reason)
@@ -291,6 +338,8 @@ void comm_exec_fill(loomComm_t comm)
     h->stats = &comm->stats;
     h->conn = exec_conn;
     h->set_error = exec_set_error;
+    h->async_error = &comm->st.async_error;
+    h->async_text = comm->st.async_text;
     exec_host_init(h);
 }
 
@@ -304,6 +353,8 @@ void comm_free(loomComm_t comm)
 #ifdef LOOM_HAVE_CUDA
     dev_free(&comm->dev.host);
 #endif
+    js_client_stop(comm->js); /* a goodbye: a destroyed communicator is not a dead rank */
+    comm->js = NULL;
     exec_keepalive_stop(&comm->exech);
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->fini(comm->net.tp[t].ctx);
@@ -1110,6 +1161,12 @@ LOOM_EXPORT loomResult_t loomCommAbort(loomComm_t comm)
     if (!comm_live(comm))
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommAbort: %p is not a live loom communicator", (void *)comm);
+    /* Every rank of the job learns who aborted (the links tell only the peers they reach). */
+    if (atomic_load(&comm->st.async_error) == loomSuccess && !atomic_load(&comm->st.aborting)) {
+        char why[96];
+        snprintf(why, sizeof(why), "rank %d called loomCommAbort", comm->rank);
+        js_client_report(comm->js, why);
+    }
     if (!comm_stop(comm, "the communicator was aborted")) {
         WARN(LOG_INIT, "loomCommAbort: leaking the communicator instead of freeing it under a "
                        "call that is still inside it");

@@ -10,6 +10,7 @@
 #include "base.h"
 #include "dev.h"
 #include "exec.h"
+#include "jobstate.h"
 #include "lru.h"
 #include "reduce.h"
 #include "registry.h"
@@ -174,6 +175,9 @@ struct loomComm {
     loomStats_t stats;
     exec_host_t exech; /* this communicator as the host executor sees it (comm_exec_fill) */
     comm_cache_t cache;
+    /* Its connection to the job-state service (jobstate.h; bootstrap.c starts it, comm_free
+     * stops it); NULL for communicators made by split or without a service. */
+    js_client_t *js;
 };
 
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
@@ -252,5 +256,8 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
 uint64_t boot_node_hash(char *host, size_t hostlen);
+/* What the job-state client calls back into (comm.c): fail with the job's verdict, this rank's
+ * state line and its current operation. */
+void comm_js_hooks(loomComm_t comm, js_hooks_t *hooks);
 
 #endif

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "exec.h"
@@ -135,6 +136,14 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, lo
     }
     e->start_ns = e->last_step_ns = base_now_ns();
     e->dirty = true;
+    exec_host_lock(h);
+    h->cur = e;
+    if (s->ndescs) {
+        h->started = s->descs[0];
+        h->started_ns = e->start_ns;
+        h->any_started = true;
+    }
+    exec_host_unlock(h);
     *out = e;
     return loomSuccess;
 oom:
@@ -147,6 +156,7 @@ void exec_free(exec_t *e)
     if (e == NULL) return;
     exec_host_t *h = e->h;
     exec_host_lock(h);
+    if (h->cur == e) h->cur = NULL;
     /* A run that failed leaves requests in flight. Those still queued in their transport are
      * freed with the connection, but a receive that completed with an error (a message of
      * another length) has left every queue, and only its test releases it. */
@@ -377,6 +387,16 @@ static loomResult_t complete(exec_t *e, bool *progressed)
     return loomSuccess;
 }
 
+/* Under the lock (exec_progress holds it). */
+static void exec_mark_finished(exec_t *e)
+{
+    exec_host_t *h = e->h;
+    if (e->s->ndescs == 0) return;
+    h->finished = e->s->descs[0];
+    h->finished_ns = base_now_ns();
+    h->any_finished = true;
+}
+
 static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
 {
     exec_host_t *h = e->h;
@@ -387,7 +407,16 @@ static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
             e->s->ndescs ? sched_opkind_name(e->s->descs[0].kind) : "operation");
         return r;
     }
+    if (h->async_error) {
+        int a = atomic_load(h->async_error);
+        if (a != loomSuccess && a != loomInProgress) {
+            char d[160] = "operation";
+            if (e->s->ndescs) desc_str(&e->s->descs[0], d, sizeof(d));
+            return base_error((loomResult_t)a, LOG_COLL, "%s: %s", d, h->async_text);
+        }
+    }
     if (e->ndone == e->s->nsteps) {
+        exec_mark_finished(e);
         *done = true;
         return loomSuccess;
     }
@@ -408,7 +437,10 @@ static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
         if (moved) *progressed = true;
     }
     LOOM_CHECK(complete(e, progressed));
-    if (e->ndone == e->s->nsteps) *done = true;
+    if (e->ndone == e->s->nsteps) {
+        exec_mark_finished(e);
+        *done = true;
+    }
     return loomSuccess;
 }
 
@@ -448,13 +480,11 @@ static const char *call_state_text(int st)
     }
 }
 
-/* LOOM_OP_TIMEOUT: the operation, how long, and every peer it waits on with its state. */
-static loomResult_t op_timeout_error(exec_t *e, uint64_t waited)
+/* The peers e waits on, each once, with what their heartbeats say (the first six). */
+static void waits_on(const exec_t *e, char *peers, size_t plen)
 {
-    exec_host_t *h = e->h;
-    const sched_step_t *w = &e->s->steps[e->inflight[0]];
-    char d[160], peers[640] = "";
-    desc_str(&e->s->descs[w->desc], d, sizeof(d));
+    const exec_host_t *h = e->h;
+    peers[0] = '\0';
     size_t o = 0;
     int listed = 0, more = 0;
     for (int k = 0; k < e->ninflight; k++) {
@@ -464,24 +494,80 @@ static loomResult_t op_timeout_error(exec_t *e, uint64_t waited)
             seen = e->s->steps[e->inflight[j]].peer == peer;
         if (seen) continue;
         const exec_link_t *l = &h->links[peer];
-        if (listed == 6 || l->conn == NULL || o + 4 >= sizeof(peers)) {
+        if (listed == 6 || o + 4 >= plen) {
             more++;
             continue;
         }
-        int n = snprintf(peers + o, sizeof(peers) - o, "%s%s: %s", listed ? "; " : "",
-                         l->ops->peer_name(l->conn), call_state_text(transport_peer_call(l->conn)));
-        o = LOOM_MIN(o + (size_t)LOOM_MAX(n, 0), sizeof(peers) - 1);
+        int n = l->conn == NULL ? snprintf(peers + o, plen - o, "%srank %d: not connected yet",
+                                           listed ? "; " : "", peer)
+                                : snprintf(peers + o, plen - o, "%s%s: %s", listed ? "; " : "",
+                                           l->ops->peer_name(l->conn),
+                                           call_state_text(transport_peer_call(l->conn)));
+        o = LOOM_MIN(o + (size_t)LOOM_MAX(n, 0), plen - 1);
         listed++;
     }
-    char m[48] = "";
-    if (more) snprintf(m, sizeof(m), " and %d more", more);
+    if (listed == 0) snprintf(peers, plen, "no peer");
+    if (more && o + 24 < plen) snprintf(peers + o, plen - o, " and %d more", more);
+}
+
+/* LOOM_OP_TIMEOUT: the operation, how long, and every peer it waits on with its state. */
+static loomResult_t op_timeout_error(exec_t *e, uint64_t waited)
+{
+    exec_host_t *h = e->h;
+    const sched_step_t *w = &e->s->steps[e->inflight[0]];
+    char d[160], peers[640];
+    desc_str(&e->s->descs[w->desc], d, sizeof(d));
+    waits_on(e, peers, sizeof(peers));
     loomResult_t r = base_error(loomRemoteError, LOG_COLL,
                                 "%s: not finished within LOOM_OP_TIMEOUT=%g s (%.1f s); rank %d "
-                                "waits on %s%s (alive: their heartbeats arrive)",
-                                d, h->op_timeout_s, (double)waited * 1e-9, h->rank,
-                                peers[0] ? peers : "no peer", m);
+                                "waits on %s (alive: their heartbeats arrive)",
+                                d, h->op_timeout_s, (double)waited * 1e-9, h->rank, peers);
     h->set_error(h, r, base_last_error());
     return r;
+}
+
+void exec_host_current(exec_host_t *h, char *buf, size_t len)
+{
+    exec_host_lock(h);
+    buf[0] = '\0';
+    if (h->cur && h->cur->s->ndescs) desc_str(&h->cur->s->descs[0], buf, len);
+    exec_host_unlock(h);
+}
+
+bool exec_host_status(exec_host_t *h, char *buf, size_t len)
+{
+    char fin[200] = "nothing finished yet";
+    uint64_t now = base_now_ns();
+    /* Asked from the progress thread: a call that holds the lock across a long step (one
+     * waiting for the job's verdict) must not stall the answer. */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 200000000;
+    if (dl.tv_nsec >= 1000000000) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000;
+    }
+    if (pthread_mutex_timedlock(&h->lock, &dl) != 0) {
+        snprintf(buf, len, "busy (a call holds the communicator: failing?)");
+        return false;
+    }
+    if (h->any_finished) {
+        char d[160];
+        desc_str(&h->finished, d, sizeof(d));
+        snprintf(fin, sizeof(fin), "last finished %s, %.1f s ago", d,
+                 (double)(now - h->finished_ns) * 1e-9);
+    }
+    if (h->cur && h->cur->s->ndescs) {
+        char d[160], peers[640];
+        desc_str(&h->cur->s->descs[0], d, sizeof(d));
+        waits_on(h->cur, peers, sizeof(peers));
+        snprintf(buf, len, "in %s for %.1f s, waiting on %s; %s", d,
+                 (double)(now - h->cur->start_ns) * 1e-9, peers, fin);
+    } else {
+        snprintf(buf, len, "outside calls; %s", fin);
+    }
+    exec_host_unlock(h);
+    return true;
 }
 
 static loomResult_t check_locked(exec_t *e);

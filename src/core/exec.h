@@ -42,6 +42,7 @@ typedef struct {
 } exec_link_t;
 
 typedef struct exec_host exec_host_t;
+typedef struct exec exec_t;
 struct exec_host {
     int rank, nranks;
     int nchannels, slices_in_flight; /* receive-and-reduce staging: slots per channel */
@@ -74,6 +75,16 @@ struct exec_host {
     atomic_int call_state; /* TRANSPORT_CALL_*: what this rank's heartbeats say */
     bool keepalive_on;
     uint64_t keepalive_ns;
+    /* The communicator's error (core's), when set by another thread (the job-state service's
+     * verdict): the schedule running fails at its next step with that text. */
+    const atomic_int *async_error;
+    const char *async_text;
+    /* For the hang report (exec_host_status), under `lock`: the schedule running now, and the
+     * last operation started and finished (one store each per call). */
+    exec_t *cur;
+    sched_desc_t started, finished;
+    uint64_t started_ns, finished_ns;
+    bool any_started, any_finished;
 };
 
 /* Fills the executor's own parts of h (lock, states, LOOM_OP_TIMEOUT); once, before any use. */
@@ -85,7 +96,6 @@ void exec_keepalive_stop(exec_host_t *h);
 void exec_host_lock(exec_host_t *h);
 void exec_host_unlock(exec_host_t *h);
 
-typedef struct exec exec_t;
 /* Starts running `sched` with buffer pointers `bufs` (kept by reference until exec_free). */
 loomResult_t exec_create(exec_host_t *h, const sched_t *sched, void *const *bufs,
                          loomDataType_t type, red_op_t op, exec_t **out);
@@ -106,6 +116,12 @@ bool exec_host_no_fds(const exec_host_t *h);
  *   a rank that computes, loads or checkpoints between calls is not an error. */
 loomResult_t exec_check_timeout(exec_t *e);
 void exec_free(exec_t *e);
+/* The hang report's line of this rank: the operation it runs (kind, seq, for how long, the peers
+ * it waits on and what their heartbeats say) or that it is outside calls, and the last
+ * operation it finished. */
+bool exec_host_status(exec_host_t *h, char *buf, size_t len); /* false: busy (locked) */
+/* The operation running now ("allreduce seq 12 (count ...)"), or "" outside calls. */
+void exec_host_current(exec_host_t *h, char *buf, size_t len);
 /* Frees what the executor keeps in `h` between calls. */
 void exec_host_release(exec_host_t *h);
 
