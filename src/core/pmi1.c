@@ -16,7 +16,9 @@
  *
  * The connection is the process's, as the launcher's is: it is not finalized after the rendezvous,
  * so that an MPI library started later in the same process (its MPI_Init speaks to the same
- * server over the same descriptor) finds it as the launcher left it. The barrier is collective:
+ * server over the same descriptor) finds it as the launcher left it; loom says `cmd=finalize` at
+ * process exit instead (Hydra takes a process that closes its connection without it for a
+ * crashed one and kills the job, racing the process's own exit). The barrier is collective:
  * every rank must call the init from the environment the same number of times, as with PMIx, and
  * each rendezvous uses its own key.
  */
@@ -318,6 +320,24 @@ static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, in
     free(req);
     free(line);
     return r;
+}
+
+/* At exit of the process that spoke to the server: finalize, and wait (briefly) for the answer,
+ * so the launcher sees a clean end before the descriptor closes. */
+__attribute__((destructor)) static void pmi1_fini(void)
+{
+    if (pmi1_fd < 0 || pmi1_pid != getpid()) return;
+    /* quietly: nothing is left to report to at exit */
+    static const char req[] = "cmd=finalize\n";
+    if (send(pmi1_fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof(req) - 1)) {
+        uint64_t end = base_now_ns() + 1000000000ull;
+        char ch = 0;
+        while (ch != '\n' && base_now_ns() < end) {
+            struct pollfd p = {.fd = pmi1_fd, .events = POLLIN};
+            if (poll(&p, 1, 100) > 0 && recv(pmi1_fd, &ch, 1, MSG_DONTWAIT) == 0) break;
+        }
+    }
+    pmi1_fd = -1;
 }
 
 loomResult_t launch_pmi1_meet(const launch_env_t *e, loomUniqueId *id, int *nranks)
