@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,4 +158,38 @@ int h_check_main(Suite *s, bool fork_each, enum print_output mode)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+double h_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *h_shared_map(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_msg(p != MAP_FAILED, "mmap: %s", strerror(errno));
+    memset(p, 0, bytes);
+    return p;
+}
+
+void h_collect_text(loomComm_t comm, char *out, size_t len)
+{
+    const char *c = comm ? loomGetLastError(comm) : "";
+    const char *t = loomGetLastError(NULL);
+    if (c[0] && strcmp(c, t) != 0)
+        snprintf(out, len, "%s || %s", c, t);
+    else
+        snprintf(out, len, "%s", t);
+}
+
+bool h_names_rank(const char *text, int r)
+{
+    char want[32];
+    int n = snprintf(want, sizeof(want), "rank %d", r);
+    for (const char *p = strstr(text, want); p; p = strstr(p + 1, want))
+        if (p[n] < '0' || p[n] > '9') return true;
+    return false;
 }

@@ -46,4 +46,15 @@ void h_add_cases(Suite *s, const h_case_t *cases, size_t n, int default_timeout_
  * returns main's exit status. */
 int h_check_main(Suite *s, bool fork_each, enum print_output mode);
 
+/* Small helpers of the failure suites (fail, jobstate, recover, secure). */
+double h_now_s(void); /* CLOCK_MONOTONIC in seconds */
+/* Zeroed memory that forked ranks write and the test process reads after they exit. */
+void *h_shared_map(size_t bytes);
+/* The texts of a failed call: the communicator's (the first error that broke it, possibly a
+ * peer's forwarded reason) and the thread's (this call's own), joined by " || " when they differ;
+ * either may carry the cause. comm may be NULL. */
+void h_collect_text(loomComm_t comm, char *out, size_t len);
+/* Whether text names rank r as "rank <r>" (and not as the start of "rank <r>5"). */
+bool h_names_rank(const char *text, int r);
+
 #endif

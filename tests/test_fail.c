@@ -48,44 +48,6 @@ enum {
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Memory that forked ranks write and the test process reads after they exit. */
-static void *shared_map(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_msg(p != MAP_FAILED, "mmap: %s", strerror(errno));
-    memset(p, 0, bytes);
-    return p;
-}
-
-/* The texts of a failed call: the communicator's (the first error that broke it, possibly a
- * peer's forwarded reason) and the thread's (this call's own). Either may carry the cause. */
-static void collect_text(loomComm_t comm, char *out, size_t len)
-{
-    const char *c = comm ? loomGetLastError(comm) : "";
-    const char *t = loomGetLastError(NULL);
-    if (c[0] && strcmp(c, t) != 0)
-        snprintf(out, len, "%s || %s", c, t);
-    else
-        snprintf(out, len, "%s", t);
-}
-
-/* Whether text names rank r as "rank <r>" (and not as the start of "rank <r>5"). */
-static bool names_rank(const char *text, int r)
-{
-    char want[32];
-    int n = snprintf(want, sizeof(want), "rank %d", r);
-    for (const char *p = strstr(text, want); p; p = strstr(p + 1, want))
-        if (p[n] < '0' || p[n] > '9') return true;
-    return false;
-}
-
 /* ---- 1, 2: a rank killed or stopped in the middle of a run -------------------------------- */
 
 #define FR_NRANKS 4
@@ -125,18 +87,18 @@ static int fail_rank(loomComm_t comm, int rank, int nranks, void *p)
                 raise(SIGSTOP);
             _exit(RC_OK); /* continued only to be killed */
         }
-        double t0 = now_s();
+        double t0 = h_now_s();
         loomResult_t r = loomAllReduce(send, recv, FR_COUNT, loomFloat, loomSum, comm, NULL);
-        double dt = now_s() - t0;
+        double dt = h_now_s() - t0;
         if (r == loomSuccess) continue;
         rep->res[rank] = r;
         rep->iter[rank] = it;
         rep->call_s[rank] = dt;
-        collect_text(comm, rep->text[rank], TEXT_MAX);
+        h_collect_text(comm, rep->text[rank], TEXT_MAX);
         fprintf(stderr, "rank %d: iteration %d failed after %.2f s with %d: %s\n", rank, it, dt,
                 (int)r, rep->text[rank]);
         const char *t = rep->text[rank];
-        if (!names_rank(t, a->victim) || strstr(t, "seq") == NULL)
+        if (!h_names_rank(t, a->victim) || strstr(t, "seq") == NULL)
             rc = RC_BAD_TEXT;
         else if (dt > TIMEOUT_S + 3)
             rc = RC_TOO_SLOW;
@@ -172,11 +134,11 @@ static void check_survivors(const fail_arg_t *a, const int *status, double wall)
 
 START_TEST(test_killed_rank)
 {
-    fail_arg_t a = {.victim = 2, .sig = SIGKILL, .rep = shared_map(sizeof(fail_report_t))};
+    fail_arg_t a = {.victim = 2, .sig = SIGKILL, .rep = h_shared_map(sizeof(fail_report_t))};
     int status[FR_NRANKS];
-    double t0 = now_s();
+    double t0 = h_now_s();
     h_run_procs(FR_NRANKS, fail_rank, &a, 30, status);
-    check_survivors(&a, status, now_s() - t0);
+    check_survivors(&a, status, h_now_s() - t0);
 }
 END_TEST
 
@@ -207,14 +169,14 @@ static void *reaper_main(void *p)
 
 START_TEST(test_stalled_rank)
 {
-    fail_arg_t a = {.victim = 1, .sig = SIGSTOP, .rep = shared_map(sizeof(fail_report_t))};
+    fail_arg_t a = {.victim = 1, .sig = SIGSTOP, .rep = h_shared_map(sizeof(fail_report_t))};
     reaper_t rp = {.a = &a};
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, reaper_main, &rp), 0);
     int status[FR_NRANKS];
-    double t0 = now_s();
+    double t0 = h_now_s();
     h_run_procs(FR_NRANKS, fail_rank, &a, 30, status);
-    double wall = now_s() - t0;
+    double wall = h_now_s() - t0;
     atomic_store(&rp.quit, 1);
     pthread_join(t, NULL);
     check_survivors(&a, status, wall);
@@ -254,7 +216,7 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *p)
         r = loomAllReduce(send, recv, 16, loomFloat, loomSum, comm, NULL);
         if (r != loomSuccess) {
             m->res[rank] = loomNumResults; /* reported as a failed warm-up */
-            collect_text(comm, m->text[rank], TEXT_MAX);
+            h_collect_text(comm, m->text[rank], TEXT_MAX);
             free(send);
             free(recv);
             return 1;
@@ -275,14 +237,14 @@ static int mismatch_rank(loomComm_t comm, int rank, int nranks, void *p)
     }
     m->res[rank] = r;
     if (r != loomSuccess) {
-        collect_text(comm, m->text[rank], TEXT_MAX);
+        h_collect_text(comm, m->text[rank], TEXT_MAX);
     } else {
         m->own_data[rank] = m->kind == MM_ROOT_KIND && rank == root &&
                             memcmp(send, recv, MM_COUNT * sizeof(float)) == 0;
         /* A rank can only finish its part of a broken operation without noticing if it only
          * sent; its next call must then fail instead of running on a broken communicator. */
         m->follow[rank] = loomAllReduce(send, recv, 1, loomFloat, loomSum, comm, NULL);
-        collect_text(comm, m->text[rank], TEXT_MAX);
+        h_collect_text(comm, m->text[rank], TEXT_MAX);
     }
     fprintf(stderr, "%s mismatch, rank %d: %d then %d: %s\n", mm_names[m->kind], rank, (int)r,
             (int)m->follow[rank], m->text[rank]);
@@ -316,12 +278,12 @@ START_TEST(test_mismatch)
         if (m->kind == MM_COLD_TYPE_KIND && strstr(t, "mismatch") == NULL) {
             /* On the very first operation a rank may still be connecting when the rank that
              * detected the mismatch has already left: then it can only report that peer. */
-            ck_assert_msg(names_rank(t, 0) || names_rank(t, 1) || names_rank(t, 2),
+            ck_assert_msg(h_names_rank(t, 0) || h_names_rank(t, 1) || h_names_rank(t, 2),
                           "%s mismatch: rank %d's error names no peer: '%s'", what, r, t);
             continue;
         }
-        ck_assert_msg(strstr(t, "mismatch") != NULL && names_rank(t, 1) &&
-                          (names_rank(t, 0) || names_rank(t, 2)),
+        ck_assert_msg(strstr(t, "mismatch") != NULL && h_names_rank(t, 1) &&
+                          (h_names_rank(t, 0) || h_names_rank(t, 2)),
                       "%s mismatch: rank %d's error does not say 'mismatch' naming rank 1 and "
                       "another: '%s'",
                       what, r, t);
@@ -537,19 +499,19 @@ static int connect_to(const sock_addr_t *a)
  * the seconds that took, or -1 if the socket was still open after limit_s. */
 static double wait_closed(int fd, double limit_s)
 {
-    double t0 = now_s();
+    double t0 = h_now_s();
     char buf[4096];
     for (;;) {
-        double left = limit_s - (now_s() - t0);
+        double left = limit_s - (h_now_s() - t0);
         if (left <= 0) return -1;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         int n = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (n < 0 && errno != EINTR) return now_s() - t0;
+        if (n < 0 && errno != EINTR) return h_now_s() - t0;
         if (n <= 0) continue;
         ssize_t got = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (got == 0) return now_s() - t0;
+        if (got == 0) return h_now_s() - t0;
         if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            return now_s() - t0;
+            return h_now_s() - t0;
     }
 }
 
@@ -678,7 +640,7 @@ static int checked_loop(loomComm_t comm, int rank, int nranks, int min_iters, at
 {
     int32_t *send = malloc(AT_COUNT * sizeof(int32_t)), *recv = malloc(AT_COUNT * sizeof(int32_t));
     int rc = 0;
-    double give_up = now_s() + 30;
+    double give_up = h_now_s() + 30;
     for (int it = 0;; it++) {
         for (uint32_t i = 0; i < AT_COUNT; i++)
             send[i] = (int32_t)((uint32_t)(rank + 1) * ((i ^ (uint32_t)it * 2654435761u) & 0xffff));
@@ -686,7 +648,7 @@ static int checked_loop(loomComm_t comm, int rank, int nranks, int min_iters, at
         loomResult_t r = loomAllReduce(send, recv, AT_COUNT, loomInt32, loomSum, comm, NULL);
         if (r != loomSuccess) {
             char t[TEXT_MAX];
-            collect_text(comm, t, sizeof(t));
+            h_collect_text(comm, t, sizeof(t));
             snprintf(fail, TEXT_MAX, "iteration %d: allreduce failed with %d: %.2100s", it, (int)r,
                      t);
             rc = 1;
@@ -704,7 +666,7 @@ static int checked_loop(loomComm_t comm, int rank, int nranks, int min_iters, at
         if (rc) break;
         *iters = it + 1;
         int32_t more = it + 1 < min_iters || (until && !atomic_load(until));
-        if (now_s() > give_up) more = 0;
+        if (h_now_s() > give_up) more = 0;
         int32_t any = 0;
         r = loomAllReduce(&more, &any, 1, loomInt32, loomMax, comm, NULL);
         if (r != loomSuccess) {
@@ -753,8 +715,8 @@ typedef struct {
 static void *mjob_main(void *p)
 {
     mjob_t *j = p;
-    double give_up = now_s() + 20;
-    while (j->gate && !atomic_load(j->gate) && now_s() < give_up)
+    double give_up = h_now_s() + 20;
+    while (j->gate && !atomic_load(j->gate) && h_now_s() < give_up)
         usleep(1000);
     j->init_res = loomCommInitRank(&j->comm, j->nranks, j->id, j->rank);
     if (j->init_res != loomSuccess) {
@@ -959,12 +921,12 @@ START_TEST(test_128_ranks)
     /* 128 processes on a few cores: give rendezvous and scheduling delays room. */
     setenv("LOOM_TIMEOUT", "10", 1);
     param_reset_cache();
-    big_report_t *rep = shared_map(sizeof(*rep));
+    big_report_t *rep = h_shared_map(sizeof(*rep));
     int *status = calloc(BIG_NRANKS, sizeof(int));
     int before = count_fds(NULL);
-    double t0 = now_s();
+    double t0 = h_now_s();
     int bad = h_run_procs(BIG_NRANKS, big_rank, rep, 55, status);
-    double wall = now_s() - t0;
+    double wall = h_now_s() - t0;
     int maxfd = 0, maxall = 0;
     for (int r = 0; r < BIG_NRANKS; r++) {
         maxfd = rep->nfds[r] > maxfd ? rep->nfds[r] : maxfd;
@@ -998,10 +960,10 @@ static void *blocked_main(void *p)
     int32_t send[1024], recv[1024];
     for (int i = 0; i < 1024; i++)
         send[i] = i;
-    b->t_start = now_s();
+    b->t_start = h_now_s();
     atomic_store(&b->started, 1);
     b->res = loomAllReduce(send, recv, 1024, loomInt32, loomSum, b->comm, NULL);
-    b->t_end = now_s();
+    b->t_end = h_now_s();
     /* Not loomGetLastError(comm): the communicator was freed by the abort. */
     snprintf(b->text, sizeof(b->text), "%s", loomGetLastError(NULL));
     return NULL;
@@ -1028,9 +990,9 @@ START_TEST(test_abort_other_thread)
     while (!atomic_load(&b.started))
         usleep(1000);
     usleep(200000);
-    double t_abort = now_s();
+    double t_abort = h_now_s();
     loomResult_t ra = loomCommAbort(j[0].comm);
-    double t_abort_done = now_s();
+    double t_abort_done = h_now_s();
     pthread_join(bt, NULL);
     ck_assert_msg(ra == loomSuccess, "loomCommAbort returned %d: %s", (int)ra,
                   loomGetLastError(NULL));
@@ -1079,7 +1041,7 @@ static int live_allreduce(loomComm_t comm, int rank, int nranks, int it, int32_t
     memset(recv, 0xa5, count * sizeof(int32_t));
     *res = loomAllReduce(send, recv, count, loomInt32, loomSum, comm, NULL);
     if (*res != loomSuccess) {
-        collect_text(comm, text, TEXT_MAX);
+        h_collect_text(comm, text, TEXT_MAX);
         return 1;
     }
     int32_t tri = nranks * (nranks + 1) / 2;
@@ -1101,13 +1063,13 @@ static int live_rank(loomComm_t comm, int rank, int nranks, void *p)
     L->res[rank] = loomSuccess;
     for (int it = 0; it < L->iters; it++) {
         if (rank == L->sleeper && it == L->sleep_before) usleep((useconds_t)(L->sleep_s * 1e6));
-        double t0 = now_s();
+        double t0 = h_now_s();
         loomResult_t r;
         int bad = live_allreduce(comm, rank, nranks, it, send, recv, LV_COUNT, &r, L->text[rank]);
         if (bad) {
             L->res[rank] = r;
             L->iter[rank] = it;
-            L->secs[rank] = now_s() - t0;
+            L->secs[rank] = h_now_s() - t0;
             fprintf(stderr, "rank %d: iteration %d failed after %.2f s with %d: %s\n", rank, it,
                     L->secs[rank], (int)r, L->text[rank]);
             break;
@@ -1127,7 +1089,7 @@ static live_t *live_setup(int transport, const char *timeout, const char *op_tim
     else
         unsetenv("LOOM_OP_TIMEOUT");
     param_reset_cache();
-    return shared_map(sizeof(live_t));
+    return h_shared_map(sizeof(live_t));
 }
 
 static void live_expect_success(const live_t *L, const int *status, const char *what)
@@ -1148,9 +1110,9 @@ START_TEST(test_late_rank)
     live_t *L = live_setup(_i, "10", NULL);
     *L = (live_t){.sleeper = 1, .sleep_before = 0, .sleep_s = 7, .iters = 3};
     int status[LV_NRANKS];
-    double t0 = now_s();
+    double t0 = h_now_s();
     h_run_procs(LV_NRANKS, live_rank, L, 40, status);
-    double wall = now_s() - t0;
+    double wall = h_now_s() - t0;
     live_expect_success(L, status, lv_transports[_i]);
     ck_assert_msg(wall >= 7 && wall < 25, "the job took %.1f s", wall);
 }
@@ -1188,7 +1150,7 @@ START_TEST(test_op_timeout)
                       "rank %d: '%s'", r, t);
         ck_assert_msg(L->secs[r] >= 2.8 && L->secs[r] < 6, "rank %d gave up after %.2f s", r,
                       L->secs[r]);
-        named |= names_rank(t, L->sleeper) && strstr(t, "outside calls") != NULL;
+        named |= h_names_rank(t, L->sleeper) && strstr(t, "outside calls") != NULL;
     }
     ck_assert_msg(named, "no survivor named rank %d as outside calls", L->sleeper);
     /* The sleeper learns why when it comes back. */
@@ -1229,7 +1191,7 @@ static int two_comms_rank(loomComm_t comm, int rank, int nranks, void *p)
     live_t *L = p;
     loomComm_t other = NULL;
     if (loomCommSplit(comm, 0, nranks - rank, &other, NULL) != loomSuccess) {
-        collect_text(comm, L->text[rank], TEXT_MAX);
+        h_collect_text(comm, L->text[rank], TEXT_MAX);
         L->res[rank] = loomNumResults;
         return 0;
     }
@@ -1276,9 +1238,9 @@ static int deadlock_rank(loomComm_t comm, int rank, int nranks, void *p)
     (void)nranks;
     deadlock_report_t *rep = p;
     int32_t x = 0;
-    double t0 = now_s();
+    double t0 = h_now_s();
     loomResult_t r = loomRecv(&x, 1, loomInt32, 1 - rank, comm, NULL);
-    rep->secs[rank] = now_s() - t0;
+    rep->secs[rank] = h_now_s() - t0;
     rep->code[rank] = (int)r;
     snprintf(rep->text[rank], sizeof(rep->text[rank]), "%s", loomGetLastError(NULL));
     return 0;
@@ -1288,7 +1250,7 @@ START_TEST(test_app_deadlock)
 {
     setenv("LOOM_TIMEOUT", "1", 1);
     param_reset_cache();
-    deadlock_report_t *rep = shared_map(sizeof(*rep));
+    deadlock_report_t *rep = h_shared_map(sizeof(*rep));
     int status[2] = {0};
     h_run_procs(2, deadlock_rank, rep, 25, status);
     /* The rank that gives up first tells the other, whose call then fails with the first

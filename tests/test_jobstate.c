@@ -30,40 +30,6 @@
 
 #define TEXT_MAX 2200
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *shared_map(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_msg(p != MAP_FAILED, "mmap: %s", strerror(errno));
-    memset(p, 0, bytes);
-    return p;
-}
-
-static bool names_rank(const char *text, int r)
-{
-    char want[32];
-    int n = snprintf(want, sizeof(want), "rank %d", r);
-    for (const char *p = strstr(text, want); p; p = strstr(p + 1, want))
-        if (p[n] < '0' || p[n] > '9') return true;
-    return false;
-}
-
-static void collect_text(loomComm_t comm, char *out, size_t len)
-{
-    const char *c = comm ? loomGetLastError(comm) : "";
-    const char *t = loomGetLastError(NULL);
-    if (c[0] && strcmp(c, t) != 0)
-        snprintf(out, len, "%s || %s", c, t);
-    else
-        snprintf(out, len, "%s", t);
-}
-
 static void set_params(const char *timeout, const char *op_timeout, const char *algo)
 {
     setenv("LOOM_TIMEOUT", timeout, 1);
@@ -158,7 +124,7 @@ static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
             rep->victim_pid = (int)getpid();
             kill(getpid(), SIGKILL);
         }
-        double t0 = now_s();
+        double t0 = h_now_s();
         loomResult_t r = loomAllReduce(send, recv, KR_COUNT, loomFloat, loomSum, comm, NULL);
         if (r == loomSuccess) {
             float want = (float)(nranks * (nranks + 1) / 2);
@@ -168,8 +134,8 @@ static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
         }
         rep->res[rank] = r;
         rep->iter[rank] = it;
-        rep->secs[rank] = now_s() - t0;
-        collect_text(comm, rep->text[rank], TEXT_MAX);
+        rep->secs[rank] = h_now_s() - t0;
+        h_collect_text(comm, rep->text[rank], TEXT_MAX);
         fprintf(stderr, "rank %d: iteration %d failed after %.2f s: %s\n", rank, it,
                 rep->secs[rank], rep->text[rank]);
         break;
@@ -186,12 +152,12 @@ START_TEST(test_killed_in_ring)
      * neighbour). LOOM_TIMEOUT=30 proves that the others do not learn it from a timeout. Every
      * rank's error starts with the original cause (not a chain of forwarded aborts). */
     set_params("30", NULL, "ring");
-    kill_rep_t *rep = shared_map(sizeof(*rep));
+    kill_rep_t *rep = h_shared_map(sizeof(*rep));
     rep->at = kr_at[_i];
     int status[KR_NRANKS];
-    double t0 = now_s();
+    double t0 = h_now_s();
     h_run_procs(KR_NRANKS, kill_rank, rep, 60, status);
-    double wall = now_s() - t0;
+    double wall = h_now_s() - t0;
     char pid[32];
     snprintf(pid, sizeof(pid), "pid %d", rep->victim_pid);
     for (int r = 0; r < KR_NRANKS; r++) {
@@ -205,7 +171,7 @@ START_TEST(test_killed_in_ring)
         char head[160], you[32];
         snprintf(head, sizeof(head), "%s", t);
         snprintf(you, sizeof(you), "you are rank %d", r);
-        ck_assert_msg(names_rank(head, KR_VICTIM) && strstr(head, "died") && strstr(head, pid) &&
+        ck_assert_msg(h_names_rank(head, KR_VICTIM) && strstr(head, "died") && strstr(head, pid) &&
                           strstr(t, "allreduce seq") && strstr(t, you),
                       "rank %d: '%s' (wanted 'rank %d', '%s', 'died' first, 'allreduce seq' and "
                       "'%s')",
@@ -239,9 +205,9 @@ static void run_inits(int n, const int *rank, const int *nranks, init_rep_t *rep
         if (pid[i] == 0) {
             alarm((unsigned)wait_s + 5);
             loomComm_t c = NULL;
-            double t0 = now_s();
+            double t0 = h_now_s();
             rep->res[i] = loomCommInitRank(&c, nranks[i], id, rank[i]);
-            rep->secs[i] = now_s() - t0;
+            rep->secs[i] = h_now_s() - t0;
             snprintf(rep->text[i], TEXT_MAX, "%s", loomGetLastError(NULL));
             fprintf(stderr, "process %d (rank %d of %d): %d after %.1f s: %s\n", i, rank[i],
                     nranks[i], rep->res[i], rep->secs[i], rep->text[i]);
@@ -249,11 +215,11 @@ static void run_inits(int n, const int *rank, const int *nranks, init_rep_t *rep
             _exit(0);
         }
     }
-    double end = now_s() + wait_s;
+    double end = h_now_s() + wait_s;
     for (int i = 0; i < n; i++) {
         int st;
         while (waitpid(pid[i], &st, WNOHANG) == 0) {
-            if (now_s() > end) {
+            if (h_now_s() > end) {
                 kill(pid[i], SIGKILL);
                 waitpid(pid[i], &st, 0);
                 ck_abort_msg("process %d hung in loomCommInitRank", i);
@@ -268,7 +234,7 @@ START_TEST(test_count_mismatch)
     /* Ranks 0 and 1 say 3 ranks, rank 2 says 4: whoever arrives first, every process is told
      * that the counts differ (and never "no reason given"). */
     set_params("10", NULL, NULL);
-    init_rep_t *rep = shared_map(sizeof(*rep));
+    init_rep_t *rep = h_shared_map(sizeof(*rep));
     const int rank[] = {0, 1, 2}, nranks[] = {3, 3, 4};
     run_inits(3, rank, nranks, rep, 20);
     for (int i = 0; i < 3; i++) {
@@ -289,7 +255,7 @@ START_TEST(test_rank_never_started)
     /* Rank 2 of 4 never starts: the others are told which rank is missing, soon after
      * LOOM_TIMEOUT (3 s) from the first arrival. */
     set_params("3", NULL, NULL);
-    init_rep_t *rep = shared_map(sizeof(*rep));
+    init_rep_t *rep = h_shared_map(sizeof(*rep));
     const int rank[] = {0, 1, 3}, nranks[] = {4, 4, 4};
     run_inits(3, rank, nranks, rep, 20);
     for (int i = 0; i < 3; i++) {
@@ -332,7 +298,7 @@ static int hang_rank(loomComm_t comm, int rank, int nranks, void *p)
         loomResult_t r = loomAllReduce(send, recv, HG_COUNT, loomInt32, loomSum, comm, NULL);
         if (r != loomSuccess) {
             H->res[rank] = r;
-            collect_text(comm, H->text[rank], TEXT_MAX);
+            h_collect_text(comm, H->text[rank], TEXT_MAX);
             return 0;
         }
         for (int i = 0; i < HG_COUNT; i++)
@@ -377,7 +343,7 @@ START_TEST(test_op_timeout_table)
     /* Rank 2 computes for 6 s before its third allreduce; LOOM_OP_TIMEOUT=2 ends the others'
      * wait, and the service prints which rank is where. */
     set_params("30", "2", NULL);
-    hang_t *H = shared_map(sizeof(*H));
+    hang_t *H = h_shared_map(sizeof(*H));
     H->sleep_s = 6;
     H->iters = 4;
     capture_t cap;
@@ -465,7 +431,7 @@ START_TEST(test_loom_status)
     /* Rank 2 computes for 6 s; meanwhile loom-status reads the table (the job is not disturbed:
      * every allreduce then finishes, exact), and a client with a wrong secret is refused. */
     set_params("30", NULL, NULL);
-    hang_t *H = shared_map(sizeof(*H));
+    hang_t *H = h_shared_map(sizeof(*H));
     H->sleep_s = 6;
     H->iters = 4;
     asker_t a = {.H = H};
@@ -519,7 +485,7 @@ static void ms_rank(master_t *M, int rank)
             send[i] = rank + i;
         if ((M->res[rank] = loomAllReduce(send, recv, 256, loomInt32, loomSum, comm, NULL)) !=
             loomSuccess) {
-            collect_text(comm, M->text[rank], TEXT_MAX);
+            h_collect_text(comm, M->text[rank], TEXT_MAX);
             _exit(5);
         }
         for (int i = 0; i < 256; i++)
@@ -556,7 +522,7 @@ START_TEST(test_loom_status_master)
     setenv("MASTER_PORT", port, 1);
     setenv("LOOM_WORLD_SIZE", "3", 1);
     setenv("LOOM_JOB_SECRET", "the-job-secret-of-this-test", 1);
-    master_t *M = shared_map(sizeof(*M));
+    master_t *M = h_shared_map(sizeof(*M));
     fflush(stderr);
     pid_t pid[MS_NRANKS];
     for (int r = 0; r < MS_NRANKS; r++)
@@ -575,9 +541,9 @@ START_TEST(test_loom_status_master)
             good, rc_bad, bad);
     for (int r = 0; r < MS_NRANKS; r++) {
         int st;
-        double end = now_s() + 20;
+        double end = h_now_s() + 20;
         while (waitpid(pid[r], &st, WNOHANG) == 0) {
-            if (now_s() > end) {
+            if (h_now_s() > end) {
                 for (int q = 0; q < MS_NRANKS; q++)
                     kill(pid[q], SIGKILL);
                 ck_abort_msg("rank %d hung", r);
@@ -631,12 +597,12 @@ static void rd_rank(rootdeath_t *R, int rank)
         if (rank == RD_VICTIM && it == 10) kill(getpid(), SIGKILL);
         for (int i = 0; i < RD_COUNT; i++)
             send[i] = rank + i * it;
-        double t0 = now_s();
+        double t0 = h_now_s();
         loomResult_t r = loomAllReduce(send, recv, RD_COUNT, loomInt32, loomSum, comm, NULL);
         if (r != loomSuccess) {
             R->res[rank] = r;
-            R->secs[rank] = now_s() - t0;
-            collect_text(comm, R->text[rank], TEXT_MAX);
+            R->secs[rank] = h_now_s() - t0;
+            h_collect_text(comm, R->text[rank], TEXT_MAX);
             fprintf(stderr, "rank %d: iteration %d failed after %.2f s: %s\n", rank, it,
                     R->secs[rank], R->text[rank]);
             break;
@@ -655,7 +621,7 @@ START_TEST(test_service_dies)
      * with it. The ranks' allreduces go on (the service is not needed to work), and when rank
      * 2 is killed later its death is still found over the links, within LOOM_TIMEOUT. */
     set_params("3", NULL, "ring");
-    rootdeath_t *R = shared_map(sizeof(*R));
+    rootdeath_t *R = h_shared_map(sizeof(*R));
     fflush(stderr);
     pid_t holder = fork();
     if (holder == 0) {
@@ -675,10 +641,10 @@ START_TEST(test_service_dies)
     usleep(300000); /* the ranks see the service's connection close */
     atomic_store(&R->root_gone, 1);
     int status[RD_NRANKS];
-    double end = now_s() + 30;
+    double end = h_now_s() + 30;
     for (int r = 0; r < RD_NRANKS; r++) {
         while (waitpid(pid[r], &st, WNOHANG) == 0) {
-            if (now_s() > end) {
+            if (h_now_s() > end) {
                 for (int q = 0; q < RD_NRANKS; q++)
                     kill(pid[q], SIGKILL);
                 ck_abort_msg("rank %d hung", r);
@@ -696,7 +662,7 @@ START_TEST(test_service_dies)
         ck_assert_msg(R->ok_iters[r] >= 10,
                       "rank %d: only %d allreduces after the service died: %s", r, R->ok_iters[r],
                       R->text[r]);
-        ck_assert_msg(R->res[r] != loomSuccess && names_rank(R->text[r], RD_VICTIM) &&
+        ck_assert_msg(R->res[r] != loomSuccess && h_names_rank(R->text[r], RD_VICTIM) &&
                           strstr(R->text[r], "seq") && R->secs[r] < 6,
                       "rank %d: after %.1f s: '%s'", r, R->secs[r], R->text[r]);
     }

@@ -25,41 +25,6 @@
 
 #define TEXT_MAX 2200
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void *shared_map(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert(p != MAP_FAILED);
-    memset(p, 0, bytes);
-    return p;
-}
-
-static void collect_text(loomComm_t comm, char *out, size_t len)
-{
-    const char *c = comm ? loomGetLastError(comm) : "";
-    const char *t = loomGetLastError(NULL);
-    if (c[0] && strcmp(c, t) != 0)
-        snprintf(out, len, "%s || %s", c, t);
-    else
-        snprintf(out, len, "%s", t);
-}
-
-/* Whether text names rank r as "rank <r>" (and not as the start of "rank <r>5"). */
-static bool names_rank(const char *text, int r)
-{
-    char want[32];
-    int n = snprintf(want, sizeof(want), "rank %d", r);
-    for (const char *p = strstr(text, want); p; p = strstr(p + 1, want))
-        if (p[n] < '0' || p[n] > '9') return true;
-    return false;
-}
-
 static bool names_root(const char *text, int root)
 {
     char want[32];
@@ -111,7 +76,7 @@ static int rootmm_rank(loomComm_t comm, int rank, int nranks, void *p)
         m->right_data[rank] = ok;
         m->follow[rank] = loomAllReduce(send, recv, 1, loomInt32, loomSum, comm, NULL);
     }
-    collect_text(comm, m->text[rank], TEXT_MAX);
+    h_collect_text(comm, m->text[rank], TEXT_MAX);
     free(send);
     free(recv);
     return 0;
@@ -150,7 +115,7 @@ START_TEST(test_root_mismatch)
         }
         const char *t = m->text[r];
         if (strstr(t, "mismatch") == NULL) continue; /* told by a peer that aborted */
-        ck_assert_msg(names_rank(t, r) && names_root(t, root),
+        ck_assert_msg(h_names_rank(t, r) && names_root(t, root),
                       "%s on %d ranks: rank %d's error does not name it and its root %d: '%s'",
                       what, nranks, r, root, t);
         ck_assert_msg(strstr(t, what) != NULL, "%s: rank %d's error does not name the operation",
@@ -224,10 +189,10 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
     if (m->bad_list == 1 && rank == 2) excl[nex++] = 1;
     if (m->bad_list == 2 && rank == 1) excl[nex++] = 0;
     loomComm_t nc = NULL;
-    double t0 = now_s();
+    double t0 = h_now_s();
     m->shrunk[rank] = loomCommShrink(comm, excl, nex, &nc, NULL, m->flags);
-    m->shrink_s[rank] = now_s() - t0;
-    collect_text(comm, m->text[rank], TEXT_MAX);
+    m->shrink_s[rank] = h_now_s() - t0;
+    h_collect_text(comm, m->text[rank], TEXT_MAX);
     if (m->shrunk[rank] == loomSuccess) {
         loomCommCount(nc, &m->new_size[rank]);
         loomCommUserRank(nc, &m->new_rank[rank]);
@@ -246,7 +211,7 @@ START_TEST(test_shrink_killed)
     int nranks = _i & 1 ? 8 : 4;
     const char *tp = _i & 2 ? "shm" : "tcp";
     setenv("LOOM_TRANSPORT", tp, 1);
-    shrink_t *m = shared_map(sizeof(*m));
+    shrink_t *m = h_shared_map(sizeof(*m));
     m->victim = _i & 1 ? 3 : nranks - 1;
     m->flags = _i & 2 ? LOOM_SHRINK_ABORT : LOOM_SHRINK_DEFAULT;
     int status[SH_MAX];
@@ -278,7 +243,7 @@ END_TEST
  * within LOOM_TIMEOUT (and at once when they meet at the same rank). */
 START_TEST(test_shrink_disagree)
 {
-    shrink_t *m = shared_map(sizeof(*m));
+    shrink_t *m = h_shared_map(sizeof(*m));
     m->victim = 3;
     m->bad_list = _i + 1;
     int status[4];
@@ -318,7 +283,7 @@ static void *blocked_main(void *p)
     blocked_t *b = p;
     int32_t x = 1;
     b->res = loomAllReduce(&x, &x, 1, loomInt32, loomSum, b->comm, NULL);
-    b->end = now_s();
+    b->end = h_now_s();
     return NULL;
 }
 
@@ -339,7 +304,7 @@ static int outstanding_rank(loomComm_t comm, int rank, int nranks, void *p)
     if (rank == 3) {
         /* Alive (it heartbeats between calls) but never calls again until the others are
          * done, so the allreduce they start cannot finish or fail by itself. */
-        for (double t0 = now_s(); atomic_load(&m->done) < 3 && now_s() - t0 < 30;)
+        for (double t0 = h_now_s(); atomic_load(&m->done) < 3 && h_now_s() - t0 < 30;)
             usleep(10000);
         return 0;
     }
@@ -350,8 +315,8 @@ static int outstanding_rank(loomComm_t comm, int rank, int nranks, void *p)
     int excl = 3;
     loomComm_t nc = NULL;
     m->refused[rank] = loomCommShrink(comm, &excl, 1, &nc, NULL, LOOM_SHRINK_DEFAULT);
-    collect_text(comm, m->text[rank], TEXT_MAX);
-    double t0 = now_s();
+    h_collect_text(comm, m->text[rank], TEXT_MAX);
+    double t0 = h_now_s();
     m->shrunk[rank] = loomCommShrink(comm, &excl, 1, &nc, NULL, LOOM_SHRINK_ABORT);
     pthread_join(t, NULL);
     m->blocked[rank] = b.res;
@@ -361,7 +326,7 @@ static int outstanding_rank(loomComm_t comm, int rank, int nranks, void *p)
         m->exact[rank] = exact_allreduces(nc, members, 3, rank);
         loomCommDestroy(nc);
     } else {
-        collect_text(comm, m->text[rank], TEXT_MAX);
+        h_collect_text(comm, m->text[rank], TEXT_MAX);
     }
     atomic_fetch_add(&m->done, 1);
     return 0;
@@ -370,7 +335,7 @@ static int outstanding_rank(loomComm_t comm, int rank, int nranks, void *p)
 START_TEST(test_shrink_outstanding)
 {
     setenv("LOOM_TIMEOUT", "30", 1); /* nothing may end the blocked call but the abort */
-    outstanding_t *m = shared_map(sizeof(*m));
+    outstanding_t *m = h_shared_map(sizeof(*m));
     int status[4];
     h_run_procs(4, outstanding_rank, m, 40, status);
     for (int r = 0; r < 3; r++) {
@@ -439,8 +404,8 @@ static int count_threads(void)
 
 static bool wait_at_least(atomic_int *v, int want)
 {
-    for (double t0 = now_s(); atomic_load(v) < want; usleep(1000))
-        if (now_s() - t0 > RS_WAIT_S) return false;
+    for (double t0 = h_now_s(); atomic_load(v) < want; usleep(1000))
+        if (h_now_s() - t0 > RS_WAIT_S) return false;
     return true;
 }
 
@@ -530,7 +495,7 @@ static int rs_member(restart_t *m, int k)
 START_TEST(test_restart_loop)
 {
     setenv("LOOM_TIMEOUT", "5", 1);
-    restart_t *m = shared_map(sizeof(*m));
+    restart_t *m = h_shared_map(sizeof(*m));
     pid_t surv[RS_N - 1];
     /* This process never calls loom: forking from it is always safe. */
     for (int r = 0; r < RS_N - 1; r++) {
@@ -538,7 +503,7 @@ START_TEST(test_restart_loop)
         ck_assert(surv[r] >= 0);
         if (surv[r] == 0) _exit(rs_survivor(m, r));
     }
-    double t0 = now_s();
+    double t0 = h_now_s();
     for (int k = 0; k < RS_ROUNDS; k++) {
         pid_t v = fork();
         ck_assert(v >= 0);
@@ -566,7 +531,7 @@ START_TEST(test_restart_loop)
         ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d: %s", r, st,
                       m->text[r]);
     }
-    fprintf(stderr, "%d rounds in %.1f s\n", RS_ROUNDS, now_s() - t0);
+    fprintf(stderr, "%d rounds in %.1f s\n", RS_ROUNDS, h_now_s() - t0);
     for (int r = 0; r < RS_N - 1; r++) {
         fprintf(stderr, "rank %d: %s\n", r, m->text[r]);
         fprintf(stderr, "rank %d: fds %d -> %d, threads %d -> %d, heap %lld -> %lld bytes\n", r,

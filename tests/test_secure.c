@@ -161,16 +161,6 @@ static void run_job(job_t *j, int timeout_s)
     ck_assert_msg(!hung, "a rank did not finish within %d s", timeout_s);
 }
 
-/* Whether text names rank r as "rank <r>" (and not as the start of "rank <r>5"). */
-static bool names_rank(const char *text, int r)
-{
-    char want[32];
-    int n = snprintf(want, sizeof(want), "rank %d", r);
-    for (const char *p = strstr(text, want); p; p = strstr(p + 1, want))
-        if (p[n] < '0' || p[n] > '9') return true;
-    return false;
-}
-
 /* ---- both sides must agree ---- */
 
 START_TEST(test_mismatch)
@@ -197,7 +187,7 @@ START_TEST(test_mismatch)
                       "rank %d: %s", r, p->text);
         bool named = false;
         for (int q = 0; q < j.nranks; q++)
-            if (q != r && (r == sealed || q == sealed) && names_rank(p->text, q)) named = true;
+            if (q != r && (r == sealed || q == sealed) && h_names_rank(p->text, q)) named = true;
         ck_assert_msg(named, "rank %d's error does not name a peer that disagrees: %s", r, p->text);
     }
 }
@@ -215,7 +205,7 @@ static void check_tampered(job_t *j)
         ck_assert_msg(p->rc != 0, "rank %d: a tampered record went unnoticed", r);
         ck_assert_msg(strstr(p->text, "failed authentication") != NULL,
                       "rank %d's error does not say what happened: %s", r, p->text);
-        ck_assert_msg(names_rank(p->text, r == victim ? j->tamper_rank : victim),
+        ck_assert_msg(h_names_rank(p->text, r == victim ? j->tamper_rank : victim),
                       "rank %d's error does not name its peer: %s", r, p->text);
     }
     ck_assert_msg(strstr(j->rep[victim].text, "127.0.0.1") != NULL,
