@@ -209,4 +209,14 @@ void determ_reduce_scatter(sched_t *s, uint16_t desc, uint64_t recvcount, const 
 void determ_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring_params_t *prm,
                    bool inplace, bool avg);
 
+/* The calls with nothing to exchange: no elements, or one rank (whose output is its input: one
+ * copy out of place). True when it handled the call. */
+static inline bool algo_trivial(sched_t *s, uint16_t desc, int p, uint64_t count, bool inplace)
+{
+    if (count == 0) return true;
+    if (p > 1) return false;
+    if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
+    return true;
+}
+
 #endif

@@ -205,11 +205,7 @@ void determ_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_para
                       bool inplace, bool avg)
 {
     int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     if (count * (uint64_t)p <= prm->slice_elems) {
         oneshot(s, desc, count, inplace, avg);
         return;
@@ -250,11 +246,7 @@ void determ_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ri
                    bool inplace, bool avg)
 {
     int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     uint64_t big = LOOM_DIV_UP(count, (uint64_t)p);
     /* non-root owners accumulate after the bounce area */
     if (r != root) s->tmp_elems = LOOM_MAX(s->tmp_elems, 2 * big);

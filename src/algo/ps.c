@@ -12,12 +12,8 @@ void ps_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t
                   bool avg)
 {
     int p = s->nranks, r = s->rank;
-    if (count == 0) return;
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
     if (r != 0) {
         for (uint64_t j = 0; j < S; j++)
             sched_send(s, desc, 0, SCHED_BUF_SEND, j * sl, sched_slice_len(count, sl, j));

@@ -314,11 +314,7 @@ void ring_reduce_group(sched_t *s, uint16_t desc, const ring_group_t *g, uint64_
                        const ring_params_t *prm, bool inplace, bool avg)
 {
     int p = g->n, r = g->me;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     /* The chain starts after the root and ends at it. */
     int pos = algo_mod(r - root - 1, p), next = g_rank(g, r + 1), prev = g_rank(g, r - 1);
     uint64_t sl = prm->slice_elems, S = sched_nslices(count, sl);

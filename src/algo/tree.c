@@ -273,11 +273,7 @@ void tree_reduce(sched_t *s, uint16_t desc, uint64_t count, int root, const ring
                  bool inplace, bool avg)
 {
     int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     uint64_t sl = prm->slice_elems;
     rooted_t x = rooted_setup(p, r, root, count, sl);
     /* Partial sums of a rank other than the root go to scratch: its output is not its own. The
@@ -306,11 +302,7 @@ void tree_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const r
                     bool inplace)
 {
     int p = s->nranks, r = s->rank;
-    if (count == 0) return;
-    if (p == 1) {
-        if (!inplace) sched_copy(s, desc, SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count, 0);
-        return;
-    }
+    if (algo_trivial(s, desc, p, count, inplace)) return;
     uint64_t sl = prm->slice_elems;
     rooted_t x = rooted_setup(p, r, root, count, sl);
     for (uint64_t i = 0, S = LOOM_MAX(x.nsl[0], x.nsl[1]); i < S; i++)
