@@ -342,9 +342,14 @@ static int fault(loomComm_t comm, bool stop, int n)
     }
     if (r == loomSuccess)
         DIE("the allreduce succeeded while rank %d was %s", victim, stop ? "stopped" : "gone");
-    char want[64];
+    /* named by the mpi transport ("rank 3 (MPI rank 3 ..."), or, for a dead rank, by the
+     * job-state service's verdict ("rank 3 (host, pid N) died ...") */
+    char want[64], verdict[64];
     snprintf(want, sizeof(want), "rank %d (MPI rank %d", victim, victim);
-    if (strstr(err, want) == NULL) DIE("the error does not name the rank (%s): %s", want, err);
+    snprintf(verdict, sizeof(verdict), "rank %d (", victim);
+    bool named = strstr(err, want) != NULL ||
+                 (!stop && strstr(err, verdict) != NULL && strstr(err, ") died during ") != NULL);
+    if (!named) DIE("the error does not name the rank (%s): %s", want, err);
     printf("mpi_prog: rank %d of %d: %s ok: %s\n", me, n, stop ? "stall" : "kill", err);
     return 0;
 }
