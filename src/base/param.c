@@ -183,12 +183,20 @@ static const param_desc_t params[PARAM_COUNT] = {
 };
 
 typedef struct {
-    bool loaded;
     const char *text;
     int64_t i;
     uint64_t size;
     double d;
     char canon[256]; /* a string's names in the table's spelling */
+} param_slot_t;
+
+/* Two slots: a reload (after param_forget or param_reset_cache) fills the one not in use and then
+ * publishes it, so a thread still reading the values it loaded before never sees them rewritten
+ * under it. */
+typedef struct {
+    bool loaded;
+    int cur; /* the slot readers use */
+    param_slot_t slot[2];
 } param_value_t;
 
 static pthread_mutex_t param_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -264,7 +272,7 @@ static bool param_check_names(const param_desc_t *d, const char *text, char *can
 /* Parses and checks one value; a bad one becomes the default or the nearest bound and is
  * described in `why` (empty when it was good), which the caller logs once the lock is free
  * (logging reads parameters itself). */
-static void param_parse(param_id_t id, param_value_t *v, bool from_env, char *why, size_t wlen)
+static void param_parse(param_id_t id, param_slot_t *v, bool from_env, char *why, size_t wlen)
 {
     const param_desc_t *d = &params[id];
     const char *text = v->text;
@@ -335,10 +343,11 @@ static void param_parse(param_id_t id, param_value_t *v, bool from_env, char *wh
     }
 }
 
-static const param_value_t *param_load(param_id_t id)
+static const param_slot_t *param_load(param_id_t id)
 {
     param_value_t *v = &values[id];
-    if (__atomic_load_n(&v->loaded, __ATOMIC_ACQUIRE)) return v;
+    if (__atomic_load_n(&v->loaded, __ATOMIC_ACQUIRE))
+        return &v->slot[__atomic_load_n(&v->cur, __ATOMIC_ACQUIRE)];
     char why[512] = "";
     pthread_mutex_lock(&param_lock);
     if (!v->loaded) {
@@ -346,16 +355,20 @@ static const param_value_t *param_load(param_id_t id)
         snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
         const char *text = getenv(env);
         bool from_env = text != NULL && text[0] != '\0';
-        v->text = from_env ? text : params[id].def;
-        v->i = 0;
-        v->size = 0;
-        v->d = 0;
-        param_parse(id, v, from_env, why, sizeof(why));
+        int next = 1 - __atomic_load_n(&v->cur, __ATOMIC_ACQUIRE);
+        param_slot_t *sl = &v->slot[next];
+        sl->text = from_env ? text : params[id].def;
+        sl->i = 0;
+        sl->size = 0;
+        sl->d = 0;
+        param_parse(id, sl, from_env, why, sizeof(why));
+        __atomic_store_n(&v->cur, next, __ATOMIC_RELEASE);
         __atomic_store_n(&v->loaded, true, __ATOMIC_RELEASE);
     }
+    const param_slot_t *out = &v->slot[__atomic_load_n(&v->cur, __ATOMIC_ACQUIRE)];
     pthread_mutex_unlock(&param_lock);
     if (why[0]) WARN(LOG_ENV, "%s", why);
-    return v;
+    return out;
 }
 
 const char *param_text(param_id_t id)
