@@ -661,6 +661,25 @@ static void send_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
     c->head.pending--;
 }
 
+/* One non-blocking sendmsg of iov on s: the bytes the socket took (the send counted as activity),
+ * or -1 when it is full or failed (send_failed has then said why). */
+static ssize_t sock_sendv(transport_conn_t *c, tcp_sock_t *s, struct iovec *iov, int n_iov,
+                          bool *progressed)
+{
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+    ssize_t n;
+    do
+        n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) send_failed(c, s, errno);
+        return -1;
+    }
+    *progressed = true;
+    c->head.last_activity_ns = s->last_send_ns = base_now_ns();
+    return n;
+}
+
 /* Secure mode: the sealed header, then the payload one sealed record at a time. */
 static void sock_progress_send_sealed(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
@@ -695,16 +714,8 @@ static void sock_progress_send_sealed(transport_conn_t *c, tcp_sock_t *s, bool *
             iov[n_iov++].iov_len = x->stage_len - x->stage_done;
         }
         if (n_iov) {
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
-            ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-                send_failed(c, s, errno);
-                return;
-            }
-            *progressed = true;
-            c->head.last_activity_ns = s->last_send_ns = base_now_ns();
+            ssize_t n = sock_sendv(c, s, iov, n_iov, progressed);
+            if (n < 0) return;
             size_t moved = (size_t)n;
             size_t h = LOOM_MIN(moved, TCP_SEALED_HDR - r->done);
             r->done += h;
@@ -741,16 +752,8 @@ static void sock_progress_send(transport_conn_t *c, tcp_sock_t *s, bool *progres
             iov[n_iov].iov_base = r->buf + (r->done - H);
             iov[n_iov++].iov_len = r->len - (r->done - H);
         }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
-        ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            send_failed(c, s, errno);
-            return;
-        }
-        *progressed = true;
-        c->head.last_activity_ns = s->last_send_ns = base_now_ns();
+        ssize_t n = sock_sendv(c, s, iov, n_iov, progressed);
+        if (n < 0) return;
         r->done += (size_t)n;
         if (r->done >= H + r->len) send_done(c, s, r);
     }
