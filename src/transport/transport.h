@@ -220,6 +220,8 @@ bool ucx_has_rdma(const char **what);
 
 /* Whether a ready shm connection copies with cross-memory attach (else bounce segments). */
 bool shm_conn_uses_cma(const transport_conn_t *conn);
+/* Control messages (descriptors, acknowledgements) an shm connection holds unsent. */
+int shm_conn_unsent(const transport_conn_t *conn);
 
 /* Every transport with an ops table built into this library (for tools that list them); *n gets
  * their number. The table is static: the caller never frees it. */
