@@ -178,13 +178,16 @@ loomResult_t loomCommFinalize(loomComm_t comm);
 /*
  * Frees the communicator and its connections. Not collective. The handle is invalid at once:
  * every later call with it (destroy included) returns loomInvalidArgument, even if its memory
- * was reused. Inside an open group (loomGroupStart without its loomGroupEnd yet), on this thread
- * or another, destroy still succeeds; the operations queued on comm are then dropped, never run,
- * and that thread's loomGroupEnd returns loomInvalidUsage naming comm and how many were dropped,
- * after running the group's operations on other communicators (their failure, if any, is
- * returned instead). comm's memory and connections are released when the last group holding
- * operations on it ends (or its thread exits). The same holds for loomCommAbort. Destroying comm
- * while another thread is inside a call on it is undefined, as with NCCL.
+ * was reused. Inside this thread's open group (loomGroupStart without its loomGroupEnd yet),
+ * destroy still succeeds; the operations queued on comm are then dropped, never run, and
+ * loomGroupEnd returns loomInvalidUsage naming comm and how many were dropped, after running the
+ * group's operations on other communicators (their failure, if any, is returned instead). comm's
+ * memory and connections are released when the last group holding operations on it ends. The
+ * same holds for loomCommAbort. While another thread is inside a call on comm (or holds an open
+ * group with operations on it), destroy is loomInvalidUsage naming both calls and changes
+ * nothing; so are loomCommSplit, loomCommFinalize, loomCommShrink and the window calls (one
+ * thread per communicator at a time). loomCommAbort is the exception: it may be called from
+ * another thread while a call is stuck, and ends that call.
  */
 loomResult_t loomCommDestroy(loomComm_t comm);
 
@@ -454,7 +457,8 @@ loomResult_t loomFusionDestroy(loomFusion_t fusion);
  * every survivor that called gets loomInvalidUsage naming the ranks and their lists, and a
  * survivor that never calls is named after LOOM_TIMEOUT. With LOOM_SHRINK_ABORT, calls blocked on
  * comm (in other threads) return first and comm is aborted (peers see it closed); with
- * LOOM_SHRINK_DEFAULT, an operation in flight on comm is loomInvalidUsage, and comm stays usable.
+ * LOOM_SHRINK_DEFAULT, an operation in flight on comm is loomInvalidUsage naming both calls, and
+ * comm stays usable.
  * Either way comm still needs loomCommDestroy (or loomCommAbort). config as for loomCommSplit.
  */
 loomResult_t loomCommShrink(loomComm_t comm, const int *excludeRanks, int nExclude,

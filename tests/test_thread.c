@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "loom.h"
@@ -125,6 +127,191 @@ START_TEST(one_thread_per_communicator)
 }
 END_TEST
 
+/* ---- lifecycle calls against a running call ------------------------------------------------ */
+
+/* A lifecycle call on one thread while a collective runs on another is loomInvalidUsage naming
+ * both, and leaves the communicator as it was: the collective finishes exact, the next round
+ * works. The collective is held running by the peer, which joins it LATE_US late. Then the
+ * reverse: an allreduce while a split runs on another thread. Exit codes: 10+k round k's call was
+ * not refused, 30+k refused with the wrong text, 50+k the racing allreduce failed or was wrong. */
+#define LATE_US 1500000
+#define LIFE_CALLS 6
+
+typedef struct {
+    loomComm_t comm;
+    int nranks;
+    atomic_int started;
+    loomResult_t res;
+    int32_t sum;
+    loomComm_t child;
+    char text[512];
+} runner_t;
+
+static void *run_allreduce(void *p)
+{
+    runner_t *r = p;
+    int32_t x = 1;
+    atomic_store(&r->started, 1);
+    r->res = loomAllReduce(&x, &r->sum, 1, loomInt32, loomSum, r->comm, NULL);
+    if (r->res != loomSuccess) snprintf(r->text, sizeof(r->text), "%s", loomGetLastError(NULL));
+    return NULL;
+}
+
+static void *run_split(void *p)
+{
+    runner_t *r = p;
+    atomic_store(&r->started, 1);
+    r->res = loomCommSplit(r->comm, 0, 0, &r->child, NULL);
+    if (r->res != loomSuccess) snprintf(r->text, sizeof(r->text), "%s", loomGetLastError(NULL));
+    return NULL;
+}
+
+static const char *const life_name[LIFE_CALLS] = {
+    "loomCommDestroy",          "loomCommSplit", "loomCommFinalize", "loomCommWindowRegister",
+    "loomCommWindowDeregister", "loomCommShrink"};
+
+static loomResult_t life_call(loomComm_t comm, int k, int rank)
+{
+    static char buf[64];
+    loomComm_t nc = NULL;
+    loomWindow_t w = NULL;
+    int other = 1 - rank;
+    switch (k) {
+    case 0: return loomCommDestroy(comm);
+    case 1: return loomCommSplit(comm, 0, rank, &nc, NULL);
+    case 2: return loomCommFinalize(comm);
+    case 3: return loomCommWindowRegister(comm, buf, sizeof(buf), &w, LOOM_WIN_DEFAULT);
+    case 4: return loomCommWindowDeregister(comm, (loomWindow_t)(void *)buf);
+    default: return loomCommShrink(comm, &other, 1, &nc, NULL, LOOM_SHRINK_DEFAULT);
+    }
+}
+
+static int lifecycle_rank(loomComm_t comm, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    for (int k = 0; k < LIFE_CALLS; k++) {
+        if (rank == 1) {
+            usleep(LATE_US);
+            int32_t x = 1, sum = 0;
+            if (loomAllReduce(&x, &sum, 1, loomInt32, loomSum, comm, NULL) != loomSuccess ||
+                sum != nranks)
+                return 50 + k;
+            continue;
+        }
+        runner_t r = {.comm = comm, .nranks = nranks};
+        pthread_t t;
+        pthread_create(&t, NULL, run_allreduce, &r);
+        while (!atomic_load(&r.started))
+            usleep(1000);
+        usleep(200000); /* well inside the allreduce, which waits for rank 1 */
+        loomResult_t res = life_call(comm, k, rank);
+        char text[512];
+        snprintf(text, sizeof(text), "%s", loomGetLastError(NULL));
+        pthread_join(t, NULL);
+        fprintf(stderr, "rank %d: %s against a running loomAllReduce: %d '%s'\n", rank,
+                life_name[k], (int)res, text);
+        if (res != loomInvalidUsage) return 10 + k;
+        char want[96];
+        snprintf(want, sizeof(want), "%s on thread", life_name[k]);
+        if (!strstr(text, want) || !strstr(text, "while loomAllReduce runs on thread"))
+            return 30 + k;
+        if (r.res != loomSuccess || r.sum != nranks) {
+            fprintf(stderr, "rank %d: the racing allreduce: %d (%s), sum %d\n", rank, (int)r.res,
+                    r.text, (int)r.sum);
+            return 50 + k;
+        }
+    }
+    /* The reverse: rank 0's split waits for rank 1's; an allreduce on rank 0 meanwhile is
+     * refused naming the split, and the split then completes on both. */
+    loomComm_t child = NULL;
+    if (rank == 1) {
+        usleep(LATE_US);
+        if (loomCommSplit(comm, 0, 0, &child, NULL) != loomSuccess) return 70;
+    } else {
+        runner_t r = {.comm = comm, .nranks = nranks};
+        pthread_t t;
+        pthread_create(&t, NULL, run_split, &r);
+        while (!atomic_load(&r.started))
+            usleep(1000);
+        usleep(200000);
+        int32_t x = 1, sum = 0;
+        loomResult_t res = loomAllReduce(&x, &sum, 1, loomInt32, loomSum, comm, NULL);
+        char text[512];
+        snprintf(text, sizeof(text), "%s", loomGetLastError(NULL));
+        pthread_join(t, NULL);
+        fprintf(stderr, "rank 0: loomAllReduce against a running loomCommSplit: %d '%s'\n",
+                (int)res, text);
+        if (res != loomInvalidUsage) return 71;
+        if (!strstr(text, "loomAllReduce on thread") ||
+            !strstr(text, "while loomCommSplit runs on thread"))
+            return 72;
+        if (r.res != loomSuccess) {
+            fprintf(stderr, "rank 0: the split: %d (%s)\n", (int)r.res, r.text);
+            return 73;
+        }
+        child = r.child;
+    }
+    /* Both communicators still work exactly. */
+    loomComm_t cs[2] = {comm, child};
+    for (int i = 0; i < 2; i++) {
+        int32_t x = rank + 1, sum = 0;
+        if (loomAllReduce(&x, &sum, 1, loomInt32, loomSum, cs[i], NULL) != loomSuccess ||
+            sum != nranks * (nranks + 1) / 2)
+            return 74 + i;
+    }
+    return loomCommDestroy(child) == loomSuccess ? 0 : 76;
+}
+
+START_TEST(lifecycle_against_running_call)
+{
+    setenv("LOOM_TIMEOUT", "10", 1);
+    int status[2];
+    int failed = h_run_procs(2, lifecycle_rank, NULL, 60, status);
+    ck_assert_msg(failed == 0,
+                  "rank statuses %d %d (10+k call k not refused, 30+k wrong text, 50+k the racing "
+                  "allreduce, 70s the split/allreduce reverse)",
+                  status[0], status[1]);
+}
+END_TEST
+
+/* loomCommAbort is the call meant for another thread while one hangs: it never claims. The
+ * peer never joins; the abort ends the blocked allreduce at once. */
+static int abort_rank(loomComm_t comm, int rank, int nranks, void *arg)
+{
+    (void)nranks;
+    (void)arg;
+    if (rank == 1) {
+        usleep(4000000);
+        return 0;
+    }
+    runner_t r = {.comm = comm, .nranks = 2};
+    pthread_t t;
+    pthread_create(&t, NULL, run_allreduce, &r);
+    while (!atomic_load(&r.started))
+        usleep(1000);
+    usleep(200000);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    loomResult_t res = loomCommAbort(comm);
+    pthread_join(t, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr, "rank 0: abort %d, the blocked allreduce %d after %.2f s: %s\n", (int)res,
+            (int)r.res, s, r.text);
+    if (res != loomSuccess) return 1;
+    if (r.res == loomSuccess) return 2;
+    return s < 3 ? 0 : 3;
+}
+
+START_TEST(abort_from_another_thread)
+{
+    setenv("LOOM_TIMEOUT", "20", 1); /* nothing but the abort may end the blocked call */
+    int status[2];
+    int failed = h_run_procs(2, abort_rank, NULL, 60, status);
+    ck_assert_msg(failed == 0, "rank statuses %d %d", status[0], status[1]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("thread");
@@ -132,6 +319,8 @@ int main(void)
     tcase_set_timeout(tc, 150);
     tcase_add_test(tc, two_threads_on_one_communicator);
     tcase_add_test(tc, one_thread_per_communicator);
+    tcase_add_test(tc, lifecycle_against_running_call);
+    tcase_add_test(tc, abort_from_another_thread);
     suite_add_tcase(s, tc);
     return h_check_main(s, false, CK_NORMAL);
 }

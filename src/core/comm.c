@@ -1120,17 +1120,32 @@ LOOM_EXPORT loomResult_t loomGetUniqueId(loomUniqueId *id)
 LOOM_EXPORT loomResult_t loomCommFinalize(loomComm_t comm)
 {
     LOOM_CHECK(comm_check(comm, "loomCommFinalize"));
+    bool held;
+    LOOM_CHECK(comm_enter(comm, "loomCommFinalize", 0, &held));
     /* Host operations complete before their calls return: nothing is outstanding. */
     comm->st.finalized = true;
+    comm_leave(comm, held);
     return loomSuccess;
 }
 
 LOOM_EXPORT loomResult_t loomCommDestroy(loomComm_t comm)
 {
     if (comm == NULL) return loomSuccess;
-    if (!comm_retire(comm))
+    if (!comm_live(comm))
         return base_error(loomInvalidArgument, LOG_INIT,
                           "loomCommDestroy: %p is not a live loom communicator", (void *)comm);
+    /* A call of another thread inside comm keeps it: refused, and comm stays usable. */
+    bool held;
+    LOOM_CHECK(comm_enter(comm, "loomCommDestroy", 0, &held));
+    comm_ref(comm); /* the claim is let go after the handle's reference */
+    if (!comm_retire(comm)) {
+        comm_leave(comm, held);
+        comm_unref(comm);
+        return base_error(loomInvalidArgument, LOG_INIT,
+                          "loomCommDestroy: %p is not a live loom communicator", (void *)comm);
+    }
+    comm_leave(comm, held);
+    comm_unref(comm);
     return loomSuccess;
 }
 

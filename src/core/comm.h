@@ -203,6 +203,14 @@ bool comm_live(loomComm_t comm);
  * communicator frees it. */
 void comm_ref(loomComm_t comm);
 void comm_unref(loomComm_t comm);
+/* One thread per communicator (enqueue.c): a lifecycle call (destroy, split, finalize, shrink,
+ * windows) claims comm for its duration like a collective does, so that a call on another thread
+ * is loomInvalidUsage naming both calls. *held says whether this thread already held it (a call
+ * inside its own open group); pass it back to comm_leave. wait_ms: how long another thread's
+ * claim may take to go (after comm_stop), 0 for none. loomCommAbort never claims: it is the call
+ * meant to run while another thread is stuck inside the communicator. */
+loomResult_t comm_enter(loomComm_t comm, const char *fn, int wait_ms, bool *held);
+void comm_leave(loomComm_t comm, bool held);
 /* Marks the communicator broken with res/text (first error wins) and tells peers. */
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
 /* The connection to a peer, created on first use over the transport chosen for the pair. */

@@ -207,6 +207,26 @@ static void comm_release(loomComm_t c)
     atomic_compare_exchange_strong(&c->st.owner, &me, 0);
 }
 
+loomResult_t comm_enter(loomComm_t c, const char *fn, int wait_ms, bool *held)
+{
+    uintptr_t me = (uintptr_t)&claim_self;
+    /* after an abort the aborted call lets go of its claim moments after it left */
+    uint64_t dl = base_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    for (uintptr_t o; (o = atomic_load(&c->st.owner)) != 0 && o != me && base_now_ns() < dl;)
+        usleep(1000);
+    *held = atomic_load_explicit(&c->st.owner, memory_order_relaxed) == me;
+    const char *prev = atomic_load_explicit(&c->st.owner_call, memory_order_relaxed);
+    LOOM_CHECK(comm_claim(c, fn));
+    /* inside this thread's open group the group keeps the claim, under its own call's name */
+    if (*held) atomic_store_explicit(&c->st.owner_call, prev, memory_order_relaxed);
+    return loomSuccess;
+}
+
+void comm_leave(loomComm_t c, bool held)
+{
+    if (!held) comm_release(c);
+}
+
 loomResult_t coll_check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type)
 {
     return check_op(comm, fn, op, type);

@@ -482,19 +482,28 @@ LOOM_EXPORT loomResult_t loomCommShrink(loomComm_t comm, const int *excludeRanks
         return base_error(loomInvalidUsage, LOG_INIT, "loomCommShrink: init did not finish");
     loomConfig_t cfg;
     LOOM_CHECK(comm_config_read(config, &cfg));
+    bool held;
     if (flags == LOOM_SHRINK_ABORT) {
         /* Outstanding operations on the parent end first (with loomRemoteError), its peers
-         * learn it is aborted; the parent stays a handle for loomCommDestroy. */
+         * learn it is aborted; the parent stays a handle for loomCommDestroy. Then the shrink
+         * claims the parent like any lifecycle call, once the aborted call has let it go. */
         if (!comm_stop(comm, "the communicator was aborted by loomCommShrink(LOOM_SHRINK_ABORT)"))
             return base_error(loomInternalError, LOG_INIT,
                               "loomCommShrink: a call on the parent did not leave within 10 s of "
                               "its abort");
-    } else if (atomic_load(&comm->st.active_calls) > 0) {
-        const char *call = atomic_load(&comm->st.owner_call);
-        return base_error(loomInvalidUsage, LOG_INIT,
-                          "loomCommShrink: an operation is outstanding on the parent (%s in "
-                          "thread %d); wait for it, or shrink with LOOM_SHRINK_ABORT",
-                          call ? call : "a call", atomic_load(&comm->st.owner_tid));
+        LOOM_CHECK(comm_enter(comm, "loomCommShrink", 2000, &held));
+    } else {
+        LOOM_CHECK(comm_enter(comm, "loomCommShrink", 0, &held));
+        if (atomic_load(&comm->st.active_calls) > 0) { /* one of loom's own threads */
+            const char *call = atomic_load(&comm->st.owner_call);
+            comm_leave(comm, held);
+            return base_error(loomInvalidUsage, LOG_INIT,
+                              "loomCommShrink: an operation is outstanding on the parent (%s in "
+                              "thread %d); wait for it, or shrink with LOOM_SHRINK_ABORT",
+                              call ? call : "a call", atomic_load(&comm->st.owner_tid));
+        }
     }
-    return comm_shrink(comm, excludeRanks, nExclude, &cfg, newcomm);
+    loomResult_t r = comm_shrink(comm, excludeRanks, nExclude, &cfg, newcomm);
+    comm_leave(comm, held);
+    return r;
 }

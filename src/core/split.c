@@ -48,7 +48,11 @@ LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loom
                           "loomCommSplit: colour %d is negative (use LOOM_SPLIT_NOCOLOR)", color);
     loomConfig_t cfg;
     LOOM_CHECK(comm_config_read(config, &cfg));
-    return comm_split(comm, color, key, &cfg, newcomm);
+    bool held;
+    LOOM_CHECK(comm_enter(comm, "loomCommSplit", 0, &held));
+    loomResult_t r = comm_split(comm, color, key, &cfg, newcomm);
+    comm_leave(comm, held);
+    return r;
 }
 
 loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t *cfg,

@@ -12,15 +12,10 @@
 
 #include "dev.h"
 
-LOOM_EXPORT loomResult_t loomCommWindowRegister(loomComm_t comm, void *buff, size_t size,
-                                                loomWindow_t *win, int winFlags)
+static loomResult_t window_register(loomComm_t comm, void *buff, size_t size, loomWindow_t *win,
+                                    int winFlags)
 {
     const char *fn = "loomCommWindowRegister";
-    base_clear_error();
-    if (win == NULL) return base_error(loomInvalidArgument, LOG_CUDA, "%s: win is NULL", fn);
-    *win = NULL;
-    LOOM_CHECK(comm_check(comm, fn));
-    log_set_rank(comm->rank);
     if (winFlags & ~LOOM_WIN_COLL_SYMMETRIC)
         return base_error(loomInvalidArgument, LOG_CUDA,
                           "%s: rank %d: unknown flags 0x%x (LOOM_WIN_DEFAULT 0x0 or "
@@ -58,12 +53,31 @@ LOOM_EXPORT loomResult_t loomCommWindowRegister(loomComm_t comm, void *buff, siz
     if (r == loomSuccess) *win = (loomWindow_t)(void *)w;
     return r;
 #else
+    (void)win;
     return base_error(loomInvalidUsage, LOG_CUDA,
                       "%s: rank %d: this loom was built without CUDA support (windows are device "
                       "memory)",
                       fn, comm->rank);
 #endif
 }
+
+LOOM_EXPORT loomResult_t loomCommWindowRegister(loomComm_t comm, void *buff, size_t size,
+                                                loomWindow_t *win, int winFlags)
+{
+    const char *fn = "loomCommWindowRegister";
+    base_clear_error();
+    if (win == NULL) return base_error(loomInvalidArgument, LOG_CUDA, "%s: win is NULL", fn);
+    *win = NULL;
+    LOOM_CHECK(comm_check(comm, fn));
+    log_set_rank(comm->rank);
+    bool held;
+    LOOM_CHECK(comm_enter(comm, fn, 0, &held));
+    loomResult_t r = window_register(comm, buff, size, win, winFlags);
+    comm_leave(comm, held);
+    return r;
+}
+
+static loomResult_t window_deregister(loomComm_t comm, loomWindow_t win);
 
 LOOM_EXPORT loomResult_t loomCommWindowDeregister(loomComm_t comm, loomWindow_t win)
 {
@@ -74,6 +88,16 @@ LOOM_EXPORT loomResult_t loomCommWindowDeregister(loomComm_t comm, loomWindow_t 
         return base_error(loomInvalidArgument, LOG_CUDA,
                           "%s: %p is not a live loom communicator (destroyed, or not one)", fn,
                           (void *)comm);
+    bool held;
+    LOOM_CHECK(comm_enter(comm, fn, 0, &held));
+    loomResult_t r = window_deregister(comm, win);
+    comm_leave(comm, held);
+    return r;
+}
+
+static loomResult_t window_deregister(loomComm_t comm, loomWindow_t win)
+{
+    const char *fn = "loomCommWindowDeregister";
     if (win == NULL)
         return base_error(loomInvalidArgument, LOG_CUDA, "%s: rank %d: win is NULL", fn,
                           comm->rank);
