@@ -1023,6 +1023,118 @@ START_TEST(test_shm_send_at_once)
 }
 END_TEST
 
+/* ---- the abort's grace after the caller got its buffer back ------------------------------- */
+
+/* A frame half sent when its call fails: the call's end (exec_free's orphan) must take the rest
+ * of the payload out of the caller's buffer, because the abort's grace finishes the frame after
+ * the call returned, when the caller may have reused or freed the buffer. Rank 0 half sends
+ * 4 MiB (small socket buffers, rank 1 not reading), its call ends, it overwrites and frees the
+ * buffer, then aborts while rank 1 reads: rank 1 must get the whole message, every byte as it
+ * was when sent. */
+#define GRACE_BYTES (4u << 20)
+static uint8_t grace_byte(size_t i)
+{
+    return (uint8_t)(i % 200 + 1); /* never 0 (not received) nor 0xEE (overwritten) */
+}
+
+static tbar_t grace_bar;
+
+static int grace_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    (void)p;
+    int rc = 0;
+    int32_t one = rank;
+    uint8_t *buf = NULL;
+    RCALL(loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL)); /* connects */
+    exec_link_t *l = &comm->net.links[1 - rank];
+    RCHECK(l->conn && strcmp(l->ops->name, "tcp") == 0, "no tcp link");
+    const exec_tp_t *tp = &comm->net.tp[TP_TCP];
+    transport_req_t *req = NULL;
+    uint8_t meta[TRANSPORT_META_BYTES] = {9}, got[TRANSPORT_META_BYTES] = {0};
+    int done = 0;
+    loomResult_t r = loomSuccess;
+    if (rank == 0) {
+        buf = malloc(GRACE_BYTES);
+        RCHECK(buf, "out of memory");
+        for (size_t i = 0; i < GRACE_BYTES; i++)
+            buf[i] = grace_byte(i);
+        exec_host_lock(&comm->exech); /* the progress thread's keepalive drives the links too */
+        r = l->ops->isend(l->conn, buf, GRACE_BYTES, meta, &req);
+        exec_host_unlock(&comm->exech);
+        RCHECK(r == loomSuccess, "isend: %s", loomGetLastError(NULL));
+        /* until the socket is full: no byte moved for 100 ms */
+        double t0 = h_now_s(), last = t0;
+        while (!done && h_now_s() - last < 0.1 && h_now_s() - t0 < 10) {
+            bool moved = false;
+            exec_host_lock(&comm->exech);
+            r = tp->ops->progress(tp->ctx, &moved);
+            if (r == loomSuccess) r = l->ops->test(req, &done, got);
+            exec_host_unlock(&comm->exech);
+            RCHECK(r == loomSuccess, "progress: %s", loomGetLastError(NULL));
+            if (moved) last = h_now_s();
+            usleep(1000);
+        }
+        RCHECK(!done, "4 MiB went out with nobody reading: not a half sent frame");
+        /* The call ends unfinished (what exec_free does), and the caller reuses its buffer. */
+        exec_host_lock(&comm->exech);
+        tp->ops->orphan(tp->ctx);
+        exec_host_unlock(&comm->exech);
+        memset(buf, 0xEE, GRACE_BYTES);
+        free(buf);
+        buf = NULL;
+        RCHECK(tbar_wait(&grace_bar) == 0, "rank 1 did not arrive");
+        comm_abort_transports(comm, "test: the call left, its frame half sent");
+        goto out;
+    }
+    buf = calloc(1, GRACE_BYTES);
+    RCHECK(buf, "out of memory");
+    RCHECK(tbar_wait(&grace_bar) == 0, "rank 0 did not arrive");
+    exec_host_lock(&comm->exech);
+    r = l->ops->irecv(l->conn, buf, GRACE_BYTES, &req);
+    exec_host_unlock(&comm->exech);
+    for (double t0 = h_now_s(); r == loomSuccess && !done && h_now_s() - t0 < 10;) {
+        bool moved = false;
+        exec_host_lock(&comm->exech);
+        r = tp->ops->progress(tp->ctx, &moved);
+        if (r == loomSuccess) r = l->ops->test(req, &done, got);
+        exec_host_unlock(&comm->exech);
+        if (!moved) usleep(200);
+    }
+    size_t have = 0, wrong = 0, first_wrong = GRACE_BYTES;
+    for (size_t i = 0; i < GRACE_BYTES; i++) {
+        if (buf[i] == grace_byte(i))
+            have++;
+        else if (buf[i] != 0 && wrong++ == 0)
+            first_wrong = i;
+    }
+    fprintf(stderr, "rank 1: %s; %zu bytes as sent, %zu other (the first at %zu)\n",
+            done ? "received" : "not received", have, wrong, first_wrong);
+    RCHECK(wrong == 0, "%zu bytes arrived that the caller wrote after its call (first at %zu)",
+           wrong, first_wrong);
+    RCHECK(r == loomSuccess && done, "the half sent frame was not finished: %d %s", (int)r,
+           loomGetLastError(NULL));
+    RCHECK(have == GRACE_BYTES && got[0] == 9, "%zu of %u bytes, meta %u", have, GRACE_BYTES,
+           got[0]);
+out:
+    free(buf);
+    return rc;
+}
+
+START_TEST(test_abort_grace_own_copy)
+{
+    set_param("LOOM_TRANSPORT", "tcp");
+    set_param("LOOM_SOCKET_BUFFER", "64K");
+    set_param("LOOM_NSOCKS_PERPEER", "1");
+    tbar_init(&grace_bar, 2);
+    ck_assert_msg(h_run_threads(2, grace_rank, NULL) == 0,
+                  "the abort's grace read the caller's buffer after its call");
+    set_param("LOOM_TRANSPORT", NULL);
+    set_param("LOOM_SOCKET_BUFFER", NULL);
+    set_param("LOOM_NSOCKS_PERPEER", NULL);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static Suite *net_suite(void)
@@ -1030,6 +1142,7 @@ static Suite *net_suite(void)
     Suite *s = suite_create("net");
     const h_case_t tests[] = {
         {.name = "ifname", .test = test_ifname},
+        {.name = "abort_grace_own_copy", .test = test_abort_grace_own_copy},
         {.name = "ipv6", .test = test_ipv6},
         {.name = "bind_address", .test = test_bind_address},
         {.name = "handshake_ok", .test = test_handshake_ok},

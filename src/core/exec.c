@@ -168,6 +168,11 @@ void exec_free(exec_t *e)
         (void)e->h->links[e->s->steps[i].peer].ops->test(e->reqs[i], &done, meta);
         e->reqs[i] = NULL;
     }
+    /* The caller gets its buffers back when the call returns: the transports let go of them
+     * now, not at the abort's grace or a keepalive pass later. */
+    if (e->reqs && e->ninflight > 0)
+        for (int t = 0; t < h->ntp; t++)
+            if (h->tp[t].ctx && h->tp[t].ops->orphan) h->tp[t].ops->orphan(h->tp[t].ctx);
     exec_host_unlock(h);
     if (atomic_fetch_sub(&h->running, 1) == 1) atomic_store(&h->call_state, TRANSPORT_CALL_NONE);
     free(e->state);

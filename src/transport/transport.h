@@ -97,6 +97,12 @@ typedef struct {
     int (*pollfds)(transport_ctx_t *ctx, struct pollfd *fds, int max);
     /* Makes every pending and later call fail fast, telling peers `reason` where possible. */
     void (*abort)(transport_ctx_t *ctx, const char *reason);
+    /* The call whose requests are still queued on ctx is leaving unfinished (it failed): once
+     * this returns, nothing of the transport may read or write their buffers, which are the
+     * caller's again (freed, perhaps). The requests stay the transport's, freed by it. NULL for
+     * transports that never touch a buffer outside isend, irecv, test and progress calls made
+     * inside the call. */
+    void (*orphan)(transport_ctx_t *ctx);
     /* Nanoseconds since the last byte arrived from or left for this peer, and whether
      * anything is pending towards it. */
     uint64_t (*idle_ns)(transport_conn_t *conn, bool *pending);

@@ -49,6 +49,8 @@ struct transport_req {
     bool send;
     bool complete;
     bool bad_len; /* the peer's message had another length: meta is valid, data is not */
+    bool orphan;  /* its call left unfinished: nobody tests it, freed when sent (tcp_orphan) */
+    uint8_t *own; /* an orphan's unsent payload, copied out of the caller's buffer */
     uint8_t *buf;
     size_t len;
     size_t done; /* bytes of header + payload moved (secure: of the sealed header only) */
@@ -653,8 +655,10 @@ static void send_failed(transport_conn_t *c, tcp_sock_t *s, int e)
 static void send_done(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r)
 {
     FIFO_DROP_HEAD(&s->sq);
-    if (r->complete) {
-        free(r); /* the rest of a heartbeat */
+    if (r->complete || r->orphan) { /* the rest of a heartbeat, or of a call that left */
+        if (r->orphan) c->head.pending--;
+        free(r->own);
+        free(r);
         return;
     }
     r->complete = true;
@@ -1049,6 +1053,59 @@ static bool abort_grace_step(void *arg, bool *prog)
     return busy;
 }
 
+/* A frame half sent from the caller's buffer: its unsent payload moves into memory of ours, so
+ * that the abort's grace can still finish the frame (the peer's stream then stays whole, and the
+ * abort's reason after it readable) after the caller got its buffer back. Without memory the
+ * frame is cut off: the socket sends nothing more, and the peer sees the stream end. */
+static void orphan_half_sent(tcp_sock_t *s, transport_req_t *r)
+{
+    size_t from = s->sec                          ? r->off
+                  : r->done > sizeof(tcp_frame_t) ? r->done - sizeof(tcp_frame_t)
+                                                  : 0;
+    size_t rem = r->len - from;
+    uint8_t *own = malloc(rem ? rem : 1);
+    if (own == NULL) {
+        s->send_broken = true;
+        return;
+    }
+    memcpy(own, r->buf + from, rem);
+    r->own = r->buf = own;
+    r->len = rem;
+    if (s->sec)
+        r->off = 0; /* records are cut at the same places: `from` is a multiple of the record */
+    else if (r->done > sizeof(tcp_frame_t))
+        r->done = sizeof(tcp_frame_t);
+}
+
+/* The call whose requests are queued here left unfinished (transport.h). Every connection with
+ * some of them fails (the communicator is broken anyway): nothing of it moves again but the half
+ * sent frames, from copies, during the abort's grace. */
+static void tcp_orphan(transport_ctx_t *ctx)
+{
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        bool queued = false;
+        for (int k = 0; k < c->nsocks; k++) {
+            tcp_sock_t *s = &c->socks[k];
+            for (transport_req_t *r = s->sq.head; r; r = r->next) {
+                if (r->complete || r->orphan) continue; /* a heartbeat's rest, or done before */
+                queued = true;
+                r->orphan = true;
+                if (r == s->sq.head && r->done > 0 && !s->send_broken) orphan_half_sent(s, r);
+            }
+            for (transport_req_t *r = s->rq.head; r; r = r->next) {
+                queued = queued || !r->orphan;
+                r->orphan = true; /* never read into again: the connection fails */
+            }
+        }
+        if (queued)
+            conn_fail(c, loomRemoteError,
+                      "the call with messages queued to %s ended unfinished; the connection is "
+                      "not used again",
+                      c->head.name);
+    }
+}
+
 static void tcp_abort(transport_ctx_t *ctx, const char *reason)
 {
     if (ctx->abort.aborted) return;
@@ -1115,6 +1172,7 @@ static void tcp_fini(transport_ctx_t *ctx)
             /* Requests still queued were abandoned by their owner with the communicator. */
             for (transport_req_t *r = s->sq.head, *n; r; r = n) {
                 n = r->next;
+                free(r->own);
                 free(r);
             }
             for (transport_req_t *r = s->rq.head, *n; r; r = n) {
@@ -1152,6 +1210,7 @@ const transport_ops_t transport_tcp = {
     .progress = tcp_progress,
     .pollfds = tcp_pollfds,
     .abort = tcp_abort,
+    .orphan = tcp_orphan,
     .idle_ns = tcp_idle_ns,
     .peer_name = transport_peer_name,
     .conn_error = transport_conn_error,
