@@ -27,6 +27,7 @@
 #include "harness.h"
 #include "loom.h"
 #include "param.h"
+#include "sock.h"
 
 #define TEXT_MAX 2200
 
@@ -192,6 +193,12 @@ typedef struct {
     char text[IN_MAX][TEXT_MAX];
 } init_rep_t;
 
+/* Bootstrap messages damaged on the way (sock_auth_tamper_nth): the process of this index
+ * damages its first one (its address message), or the root (in this process) its first (a
+ * reply). */
+static int tamper_process = -1;
+static bool tamper_root;
+
 /* Starts one process per (rank, nranks) pair with this process's unique id; waits at most
  * wait_s for them. */
 static void run_inits(int n, const int *rank, const int *nranks, init_rep_t *rep, int wait_s)
@@ -200,9 +207,12 @@ static void run_inits(int n, const int *rank, const int *nranks, init_rep_t *rep
     ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
     fflush(stderr);
     pid_t pid[IN_MAX];
+    /* set before the forks, so that the root has it before any rank can reach it */
+    sock_auth_tamper_nth = tamper_root ? 1 : 0;
     for (int i = 0; i < n; i++) {
         pid[i] = fork();
         if (pid[i] == 0) {
+            sock_auth_tamper_nth = i == tamper_process ? 1 : 0;
             alarm((unsigned)wait_s + 5);
             loomComm_t c = NULL;
             double t0 = h_now_s();
@@ -265,6 +275,47 @@ START_TEST(test_rank_never_started)
                       "process %d: '%s'", i, t);
         ck_assert_msg(rep->secs[i] < 7, "process %d: told after %.1f s", i, rep->secs[i]);
     }
+}
+END_TEST
+
+/* A rank's address message damaged on the way to the root (as by someone injecting into the
+ * connection): the root refuses it naming the rank and its address, the rank is told so, and the
+ * other rank is told that rank 0 never arrived. */
+START_TEST(test_tampered_to_root)
+{
+    set_params("3", NULL, NULL);
+    init_rep_t *rep = h_shared_map(sizeof(*rep));
+    const int rank[] = {0, 1}, nranks[] = {2, 2};
+    tamper_process = 0;
+    run_inits(2, rank, nranks, rep, 20);
+    tamper_process = -1;
+    const char *t = rep->text[0];
+    ck_assert_msg(rep->res[0] == loomInvalidUsage && strstr(t, "failed authentication") &&
+                      strstr(t, "address message of rank 0 (from 127.0.0.1:"),
+                  "process 0: %d: '%s'", rep->res[0], t);
+    ck_assert_msg(rep->secs[0] < 3, "process 0: told after %.1f s", rep->secs[0]);
+    t = rep->text[1];
+    ck_assert_msg(rep->res[1] != loomSuccess && strstr(t, "rank 0 never arrived"),
+                  "process 1: %d: '%s'", rep->res[1], t);
+}
+END_TEST
+
+/* The root's reply damaged on the way: the rank refuses it, naming the root, and fails at once
+ * instead of using a rank table someone else wrote. */
+START_TEST(test_tampered_from_root)
+{
+    set_params("3", NULL, NULL);
+    init_rep_t *rep = h_shared_map(sizeof(*rep));
+    const int rank[] = {0}, nranks[] = {1};
+    tamper_root = true;
+    run_inits(1, rank, nranks, rep, 20);
+    tamper_root = false;
+    sock_auth_tamper_nth = 0;
+    const char *t = rep->text[0];
+    ck_assert_msg(rep->res[0] == loomRemoteError && strstr(t, "failed authentication") &&
+                      strstr(t, "at the root 127.0.0.1:") && strstr(t, "message 0"),
+                  "process 0: %d: '%s'", rep->res[0], t);
+    ck_assert_msg(rep->secs[0] < 3, "process 0: told after %.1f s", rep->secs[0]);
 }
 END_TEST
 
@@ -678,6 +729,8 @@ int main(void)
         {.name = "killed_in_ring", .test = test_killed_in_ring, .timeout_s = 70, .loops = 2},
         {.name = "count_mismatch", .test = test_count_mismatch, .timeout_s = 30},
         {.name = "rank_never_started", .test = test_rank_never_started, .timeout_s = 30},
+        {.name = "tampered_to_root", .test = test_tampered_to_root, .timeout_s = 30},
+        {.name = "tampered_from_root", .test = test_tampered_from_root, .timeout_s = 30},
         {.name = "op_timeout_table", .test = test_op_timeout_table, .timeout_s = 50},
         {.name = "loom_status", .test = test_loom_status, .timeout_s = 50},
         {.name = "service_dies", .test = test_service_dies, .timeout_s = 50},

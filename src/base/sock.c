@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "base.h"
 #include "param.h"
 
@@ -797,4 +799,93 @@ loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadlin
 loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns, const char *what)
 {
     return sock_io_all(fd, buf, len, deadline_ns, what, false);
+}
+
+/* ---- authenticated messages after the handshake ---- */
+
+int sock_auth_tamper_nth;
+
+loomResult_t sock_auth_start(sock_auth_t *a, const hs_t *hs, uint64_t deadline_ns)
+{
+    /* The transcript: the acceptor's challenge, the connector's hello, and a nonce of the
+     * connector's (the handshake's only random input is the acceptor's: without one of its own,
+     * a connector could be fed a recorded session's challenge, welcome and messages). */
+    uint8_t t[16 + sizeof(hs_hello_t) + 16], k[BASE_MAC_BYTES];
+    memcpy(t, hs->nonce, 16);
+    memcpy(t + 16, &hs->hello, sizeof(hs_hello_t));
+    uint8_t *nc = t + 16 + sizeof(hs_hello_t);
+    if (hs->acceptor) {
+        LOOM_CHECK(sock_recv_all(hs->fd, nc, 16, deadline_ns, "the peer's message nonce"));
+    } else {
+        LOOM_CHECK(base_random(nc, 16));
+        LOOM_CHECK(sock_send_all(hs->fd, nc, 16, deadline_ns, "this side's message nonce"));
+    }
+    memset(a, 0, sizeof(*a));
+    LOOM_CHECK(
+        base_mac(hs->secret, "loom message key: connector to acceptor", t, sizeof(t), NULL, 0, k));
+    memcpy(hs->acceptor ? a->rx : a->tx, k, BASE_KEY_BYTES);
+    LOOM_CHECK(
+        base_mac(hs->secret, "loom message key: acceptor to connector", t, sizeof(t), NULL, 0, k));
+    memcpy(hs->acceptor ? a->tx : a->rx, k, BASE_KEY_BYTES);
+    sodium_memzero(k, sizeof(k));
+    return loomSuccess;
+}
+
+static void auth_mac(const uint8_t key[BASE_KEY_BYTES], uint64_t n, const void *m, size_t len,
+                     const void *m2, size_t len2, uint8_t tag[SOCK_AUTH_TAG])
+{
+    /* base_mac takes two pieces: the number and the first, then the second */
+    uint8_t head[8 + 8];
+    uint64_t l = (uint64_t)len;
+    memcpy(head, &n, 8);
+    memcpy(head + 8, &l, 8); /* where m ends and m2 begins is part of what is signed */
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, key, BASE_KEY_BYTES, SOCK_AUTH_TAG);
+    static const char ctx[] = "loom message";
+    crypto_generichash_update(&st, (const unsigned char *)ctx, sizeof(ctx));
+    crypto_generichash_update(&st, head, sizeof(head));
+    if (len) crypto_generichash_update(&st, m, len);
+    if (len2) crypto_generichash_update(&st, m2, len2);
+    crypto_generichash_final(&st, tag, SOCK_AUTH_TAG);
+    sodium_memzero(&st, sizeof(st));
+}
+
+void sock_auth_tag(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,
+                   uint8_t tag[SOCK_AUTH_TAG])
+{
+    auth_mac(a->tx, a->ntx++, m, len, m2, len2, tag);
+    if (sock_auth_tamper_nth > 0 && --sock_auth_tamper_nth == 0) tag[0] ^= 0x01;
+}
+
+bool sock_auth_check(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,
+                     const uint8_t tag[SOCK_AUTH_TAG])
+{
+    uint8_t want[SOCK_AUTH_TAG];
+    auth_mac(a->rx, a->nrx, m, len, m2, len2, want);
+    bool ok = base_equal_ct(want, tag, SOCK_AUTH_TAG);
+    if (ok) a->nrx++;
+    return ok;
+}
+
+loomResult_t sock_send_auth(int fd, sock_auth_t *a, const void *buf, size_t len,
+                            uint64_t deadline_ns, const char *what)
+{
+    uint8_t tag[SOCK_AUTH_TAG];
+    sock_auth_tag(a, buf, len, NULL, 0, tag);
+    LOOM_CHECK(sock_send_all(fd, buf, len, deadline_ns, what));
+    return sock_send_all(fd, tag, sizeof(tag), deadline_ns, what);
+}
+
+loomResult_t sock_recv_auth(int fd, sock_auth_t *a, void *buf, size_t len, uint64_t deadline_ns,
+                            const char *what)
+{
+    uint8_t tag[SOCK_AUTH_TAG];
+    LOOM_CHECK(sock_recv_all(fd, buf, len, deadline_ns, what));
+    LOOM_CHECK(sock_recv_all(fd, tag, sizeof(tag), deadline_ns, what));
+    if (!sock_auth_check(a, buf, len, NULL, 0, tag))
+        return base_error(loomRemoteError, LOG_BOOT,
+                          "%s: message %llu failed authentication (changed on the way, or "
+                          "injected by someone without the job's secret); connection refused",
+                          what, (unsigned long long)a->nrx);
+    return loomSuccess;
 }

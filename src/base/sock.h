@@ -145,6 +145,37 @@ void hs_pending_report(hs_pending_t *p, log_subsys_t subsys, const char *who);
 /* Closes what is still pending. */
 void hs_pending_free(hs_pending_t *p);
 
+/* Messages after the handshake, authenticated: each carries a tag, a keyed BLAKE2b (base_mac) of
+ * its bytes and its number in the stream, under a key of its direction derived from the job's
+ * secret and the handshake's transcript (its nonce and hello, and a nonce of the connector's). A
+ * stranger who injects into the connection, or takes it over, cannot make one; a message replayed,
+ * dropped or reordered has the wrong number. Used by the bootstrap and the job-state service (their
+ * every message after the handshake); the data transports have their own framing (tcp:
+ * LOOM_SECURE's sealed records). */
+#define SOCK_AUTH_TAG BASE_MAC_BYTES
+typedef struct {
+    uint8_t tx[BASE_KEY_BYTES], rx[BASE_KEY_BYTES];
+    uint64_t ntx, nrx; /* messages sent, and received whole and authentic */
+} sock_auth_t;
+/* After a finished handshake, on both sides: the connector sends a random nonce of its own, the
+ * acceptor reads it (blocking until deadline_ns), and both derive the keys from the transcript. */
+loomResult_t sock_auth_start(sock_auth_t *a, const hs_t *hs, uint64_t deadline_ns);
+/* The tag of the next message sent: the bytes of m, then of m2 (either may be empty). */
+void sock_auth_tag(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,
+                   uint8_t tag[SOCK_AUTH_TAG]);
+/* Whether tag is the next received message's; counts it only if so. */
+bool sock_auth_check(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,
+                     const uint8_t tag[SOCK_AUTH_TAG]);
+/* Test-only: when non-zero, the sock_auth_tag call of that number (1: the next) in this process
+ * returns a damaged tag, as if the message had been changed on the wire. */
+extern int sock_auth_tamper_nth;
+/* sock_send_all of buf and its tag / sock_recv_all of both, checked: a wrong tag is
+ * loomRemoteError naming `what` and "failed authentication". */
+loomResult_t sock_send_auth(int fd, sock_auth_t *a, const void *buf, size_t len,
+                            uint64_t deadline_ns, const char *what);
+loomResult_t sock_recv_auth(int fd, sock_auth_t *a, void *buf, size_t len, uint64_t deadline_ns,
+                            const char *what);
+
 /* Blocking send/receive with a deadline (absolute, base_now_ns clock) on a non-blocking socket. */
 loomResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,
                            const char *what);

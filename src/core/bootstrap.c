@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "comm.h"
 #include "fork.h"
 #include "jobstate.h"
@@ -44,10 +46,13 @@ typedef struct {
 
 typedef struct {
     hs_t hs;
-    int state; /* 0 handshake, 1 reading info (then addr), 2 waiting for the table, 3 closed */
+    sock_auth_t au; /* once the handshake is done: every message after it is authenticated */
+    int state;      /* 0 handshake, 1 reading info (then addr, then tag), 2 waiting for the table, 3
+                       closed */
     peer_info_t info;
     size_t got;
-    uint8_t *addr; /* info.addr_bytes, read after info */
+    uint8_t *addr;              /* info.addr_bytes, read after info */
+    uint8_t tag[SOCK_AUTH_TAG]; /* of info and addr, read after them */
     int nranks;
 } boot_client_t;
 
@@ -90,14 +95,16 @@ loomResult_t boot_uid_parse(const loomUniqueId *id, uid_layout_t *out)
     return loomSuccess;
 }
 
-static void root_send_error(int fd, const char *text)
+static void root_send_error(boot_client_t *c, const char *text)
 {
+    int fd = c->hs.fd;
     boot_reply_t rep = {.status = 1, .nranks = 0};
     char buf[512];
     snprintf(buf, sizeof(buf), "%s", text);
     uint64_t dl = base_now_ns() + 1000000000ull;
-    if (sock_send_all(fd, &rep, sizeof(rep), dl, "bootstrap root: error reply") == loomSuccess)
-        sock_send_all(fd, buf, sizeof(buf), dl, "bootstrap root: error reply");
+    if (sock_send_auth(fd, &c->au, &rep, sizeof(rep), dl, "bootstrap root: error reply") ==
+        loomSuccess)
+        sock_send_auth(fd, &c->au, buf, sizeof(buf), dl, "bootstrap root: error reply");
     /* Closing a socket that still holds unread bytes (the rank's peer_info_t, sent right after
      * its handshake) resets the connection, and the reset discards the reason at the rank before
      * it reads it: say we are done, read until the rank closes (it does once it has the reason),
@@ -196,7 +203,7 @@ static void root_fail_all(boot_client_t *cl, int ncl, const char *text)
     WARN(LOG_BOOT, "%s", text);
     for (int i = 0; i < ncl; i++)
         if (cl[i].state == 1 || cl[i].state == 2) {
-            root_send_error(cl[i].hs.fd, text);
+            root_send_error(&cl[i], text);
             root_close(cl[i].hs.fd);
             cl[i].state = 3;
         }
@@ -212,6 +219,7 @@ static void *root_main(void *arg)
     int ncl = 0, cap = 0, nranks = -1, joined = 0;
     peer_info_t *table = NULL;
     int *fd_of = NULL;
+    sock_auth_t *auth_of = NULL;
     uint8_t **addr_of = NULL;
     uint64_t timeout = (uint64_t)(param_double(PARAM_TIMEOUT) * 1e9);
     uint64_t last_join = base_now_ns(), first_join = 0, failed_at = 0;
@@ -264,10 +272,21 @@ static void *root_main(void *arg)
                     continue;
                 }
                 if (c->hs.state != HS_DONE) continue;
+                if (sock_auth_start(&c->au, &c->hs, base_now_ns() + 1000000000ull) != loomSuccess) {
+                    char ps[SOCK_ADDR_STRLEN];
+                    WARN(LOG_BOOT,
+                         "bootstrap root %s: rank %d (from %s) passed the handshake "
+                         "but not the start of its messages: %s",
+                         as, c->hs.hello.from_rank, sock_addr_str(&c->hs.peer, ps, sizeof(ps)),
+                         base_last_error());
+                    root_close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
                 const hs_hello_t *h = &c->hs.hello;
                 const char *why = NULL;
                 if (failed[0] && h->comm_id == a.job_id) {
-                    root_send_error(c->hs.fd, failed);
+                    root_send_error(c, failed);
                     root_close(c->hs.fd);
                     c->state = 3;
                     continue;
@@ -297,7 +316,7 @@ static void *root_main(void *arg)
                              "bootstrap root %s refused rank %d (nranks %u): %s", as, h->from_rank,
                              h->nchan, why);
                     WARN(LOG_BOOT, "%s", text);
-                    root_send_error(c->hs.fd, text);
+                    root_send_error(c, text);
                     root_close(c->hs.fd);
                     c->state = 3;
                     continue;
@@ -309,7 +328,9 @@ static void *root_main(void *arg)
                     table = calloc((size_t)nranks, sizeof(*table));
                     fd_of = malloc((size_t)nranks * sizeof(int));
                     addr_of = calloc((size_t)nranks, sizeof(*addr_of));
-                    if (table == NULL || fd_of == NULL || addr_of == NULL) goto out;
+                    auth_of = calloc((size_t)nranks, sizeof(*auth_of));
+                    if (table == NULL || fd_of == NULL || addr_of == NULL || auth_of == NULL)
+                        goto out;
                     for (int k = 0; k < nranks; k++)
                         fd_of[k] = -1;
                 }
@@ -351,18 +372,45 @@ static void *root_main(void *arg)
                     if (n > 0) c->got += (size_t)n;
                     if (c->got < want) continue;
                 }
+                if (c->got < want + SOCK_AUTH_TAG) {
+                    n = recv(c->hs.fd, c->tag + (c->got - want), want + SOCK_AUTH_TAG - c->got, 0);
+                    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                        WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
+                             as, c->hs.hello.from_rank);
+                        root_close(c->hs.fd);
+                        c->state = 3;
+                        continue;
+                    }
+                    if (n > 0) c->got += (size_t)n;
+                    if (c->got < want + SOCK_AUTH_TAG) continue;
+                }
+                if (!sock_auth_check(&c->au, &c->info, sizeof(c->info), c->addr, c->info.addr_bytes,
+                                     c->tag)) {
+                    char text[400], ps[SOCK_ADDR_STRLEN];
+                    snprintf(text, sizeof(text),
+                             "bootstrap root %s: the address message of rank %d (from %s) failed "
+                             "authentication (changed on the way, or injected by someone without "
+                             "the job's secret); its connection is refused",
+                             as, c->hs.hello.from_rank, sock_addr_str(&c->hs.peer, ps, sizeof(ps)));
+                    WARN(LOG_BOOT, "%s", text);
+                    root_send_error(c, text);
+                    root_close(c->hs.fd);
+                    c->state = 3;
+                    continue;
+                }
                 int r = c->hs.hello.from_rank;
                 if (c->info.rank != r || fd_of[r] >= 0) {
                     char text[256];
                     snprintf(text, sizeof(text), "bootstrap root %s: rank %d joined twice", as, r);
                     WARN(LOG_BOOT, "%s", text);
-                    root_send_error(c->hs.fd, text);
+                    root_send_error(c, text);
                     root_close(c->hs.fd);
                     c->state = 3;
                     continue;
                 }
                 table[r] = c->info;
                 fd_of[r] = c->hs.fd;
+                auth_of[r] = c->au; /* the service takes it over with the connection */
                 addr_of[r] = c->addr;
                 c->state = 2;
                 joined++;
@@ -377,15 +425,15 @@ static void *root_main(void *arg)
             uint64_t dl = base_now_ns() + timeout;
             for (int r = 0; r < nranks; r++) {
                 /* A rank that died after joining only fails itself: the others carry on. */
-                if (sock_send_all(fd_of[r], &rep, sizeof(rep), dl, "bootstrap root: reply") !=
-                        loomSuccess ||
-                    sock_send_all(fd_of[r], table, sizeof(*table) * (size_t)nranks, dl,
-                                  "bootstrap root: sending the rank table") != loomSuccess)
+                if (sock_send_auth(fd_of[r], &auth_of[r], &rep, sizeof(rep), dl,
+                                   "bootstrap root: reply") != loomSuccess ||
+                    sock_send_auth(fd_of[r], &auth_of[r], table, sizeof(*table) * (size_t)nranks,
+                                   dl, "bootstrap root: sending the rank table") != loomSuccess)
                     continue;
                 for (int q = 0; q < nranks; q++)
                     if (table[q].addr_bytes &&
-                        sock_send_all(fd_of[r], addr_of[q], table[q].addr_bytes, dl,
-                                      "bootstrap root: sending the transport addresses") !=
+                        sock_send_auth(fd_of[r], &auth_of[r], addr_of[q], table[q].addr_bytes, dl,
+                                       "bootstrap root: sending the transport addresses") !=
                             loomSuccess)
                         break;
             }
@@ -402,6 +450,7 @@ static void *root_main(void *arg)
                                   .addr_str = as,
                                   .nranks = nranks,
                                   .fd_of = fd_of,
+                                  .auth_of = auth_of,
                                   .host_of = (const char(*)[JS_HOST_LEN])host_of,
                                   .accept_fd = root_accept,
                                   .close_fd = root_close};
@@ -445,6 +494,8 @@ out:
     free(addr_of);
     free(table);
     free(fd_of);
+    if (auth_of) sodium_memzero(auth_of, (size_t)LOOM_MAX(nranks, 0) * sizeof(*auth_of));
+    free(auth_of);
     root_close(a.listen_fd);
     return NULL;
 }
@@ -557,6 +608,7 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     uint64_t dl = base_now_ns() + (timeout ? timeout : UINT64_MAX / 2);
     int fd = -1;
     loomResult_t r = loomSuccess;
+    sock_auth_t au;
     /* The root may not be listening yet if its process starts late: retry refused connects. */
     for (;;) {
         LOOM_CHECK(sock_connect_start(&root, &fd));
@@ -568,6 +620,7 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
                             .nchan = (uint32_t)comm->nranks};
         hs_connect_init(&hs, fd, &root, uid->secret, &hello);
         r = hs_run_blocking(&hs);
+        if (r == loomSuccess) r = sock_auth_start(&au, &hs, dl);
         if (r == loomSuccess) break;
         close(fd);
         fd = -1;
@@ -577,9 +630,12 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     }
     snprintf(what, sizeof(what), "bootstrap: sending rank %d's address to the root %s", comm->rank,
              as);
+    uint8_t tag[SOCK_AUTH_TAG];
+    sock_auth_tag(&au, mine, sizeof(*mine), comm->net.my_addr, mine->addr_bytes, tag);
     LOOM_CHECK_GOTO(sock_send_all(fd, mine, sizeof(*mine), dl, what), r, out);
     if (mine->addr_bytes)
         LOOM_CHECK_GOTO(sock_send_all(fd, comm->net.my_addr, mine->addr_bytes, dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_send_all(fd, tag, sizeof(tag), dl, what), r, out);
     boot_reply_t rep;
     snprintf(what, sizeof(what),
              "bootstrap: waiting at the root %s for all %d ranks to join (is every rank started "
@@ -588,13 +644,13 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
     /* The root judges a rendezvous that cannot complete (and names the missing ranks) at
      * LOOM_TIMEOUT after the first rank's arrival: give its reason time to arrive. */
     LOOM_CHECK_GOTO(
-        sock_recv_all(fd, &rep, sizeof(rep), timeout ? dl + BOOT_REASON_GRACE_NS : dl, what), r,
-        out);
+        sock_recv_auth(fd, &au, &rep, sizeof(rep), timeout ? dl + BOOT_REASON_GRACE_NS : dl, what),
+        r, out);
     if (rep.status != 0) {
         char text[512];
-        if (sock_recv_all(fd, text, sizeof(text), base_now_ns() + 1000000000ull, what) !=
+        if (sock_recv_auth(fd, &au, text, sizeof(text), base_now_ns() + 1000000000ull, what) !=
             loomSuccess)
-            snprintf(text, sizeof(text), "(no reason given)");
+            snprintf(text, sizeof(text), "(no reason given: %.400s)", base_last_error());
         text[sizeof(text) - 1] = '\0';
         r = base_error(loomInvalidUsage, LOG_BOOT, "bootstrap refused: %s", text);
         goto out;
@@ -605,9 +661,9 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
         goto out;
     }
     snprintf(what, sizeof(what), "bootstrap: receiving the rank table from the root %s", as);
-    LOOM_CHECK_GOTO(
-        sock_recv_all(fd, comm->lay.peers, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what), r,
-        out);
+    LOOM_CHECK_GOTO(sock_recv_auth(fd, &au, comm->lay.peers,
+                                   sizeof(peer_info_t) * (size_t)comm->nranks, dl, what),
+                    r, out);
     size_t total = 0;
     for (int q = 0; q < comm->nranks; q++)
         total += comm->lay.peers[q].addr_bytes;
@@ -619,7 +675,12 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
         }
         snprintf(what, sizeof(what),
                  "bootstrap: receiving the transport addresses from the root %s", as);
-        r = sock_recv_all(fd, buf, total, dl, what);
+        size_t off = 0;
+        for (int q = 0; q < comm->nranks && r == loomSuccess; q++) {
+            size_t n = comm->lay.peers[q].addr_bytes;
+            if (n) r = sock_recv_auth(fd, &au, buf + off, n, dl, what);
+            off += n;
+        }
         if (r != loomSuccess) {
             free(buf);
             goto out;
@@ -631,7 +692,7 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
          * still works (link-based detection only). */
         js_hooks_t hk;
         comm_js_hooks(comm, &hk);
-        if (js_client_start(fd, &root, &hk, &comm->js) != loomSuccess)
+        if (js_client_start(fd, &root, &au, &hk, &comm->js) != loomSuccess)
             WARN(LOG_BOOT, "rank %d: no job-state service (%s)", comm->rank, base_last_error());
         return loomSuccess;
     }

@@ -20,7 +20,7 @@
 #define JS_MAGIC 0x6c6a7331u /* "ljs1" */
 #define JS_TEXT_MAX 2048     /* a cause or a state line */
 #define JS_TABLE_MAX (1u << 24)
-#define JS_RX_BYTES (4 * (sizeof(js_frame_t) + JS_TEXT_MAX))
+#define JS_RX_BYTES (4 * (sizeof(js_frame_t) + JS_TEXT_MAX + SOCK_AUTH_TAG))
 #define JS_SEND_NS 1000000000ull
 
 enum {
@@ -52,15 +52,19 @@ typedef struct {
     size_t got;
 } js_rx_t;
 
-static loomResult_t js_send(int fd, const js_frame_t *f0, const char *text)
+/* Every frame carries its tag (sock.h's authenticated messages, keyed by the connection's
+ * handshake): frame, text, tag. */
+static loomResult_t js_send(int fd, sock_auth_t *au, const js_frame_t *f0, const char *text)
 {
     js_frame_t f = *f0;
     f.magic = JS_MAGIC;
     f.len = text ? (uint32_t)strlen(text) : 0;
-    LOOM_CHECK(sock_send_all(fd, &f, sizeof(f), base_now_ns() + JS_SEND_NS, "job-state frame"));
-    if (f.len)
-        LOOM_CHECK(sock_send_all(fd, text, f.len, base_now_ns() + JS_SEND_NS, "job-state frame"));
-    return loomSuccess;
+    uint8_t tag[SOCK_AUTH_TAG];
+    sock_auth_tag(au, &f, sizeof(f), text, f.len, tag);
+    uint64_t dl = base_now_ns() + JS_SEND_NS;
+    LOOM_CHECK(sock_send_all(fd, &f, sizeof(f), dl, "job-state frame"));
+    if (f.len) LOOM_CHECK(sock_send_all(fd, text, f.len, dl, "job-state frame"));
+    return sock_send_all(fd, tag, sizeof(tag), dl, "job-state frame");
 }
 
 /* Reads what is there; false when the connection closed or broke. */
@@ -78,14 +82,19 @@ static bool js_rx_fill(int fd, js_rx_t *rx)
     return true;
 }
 
-/* The next whole frame (its text NUL-terminated into text); 0 none yet, -1 malformed. */
-static int js_rx_next(js_rx_t *rx, js_frame_t *f, char *text, size_t tlen)
+/* The next whole frame (its text NUL-terminated into text); 0 none yet, -1 malformed, -2 failed
+ * authentication. */
+static int js_rx_next(js_rx_t *rx, sock_auth_t *au, js_frame_t *f, char *text, size_t tlen)
 {
     if (rx->got < sizeof(*f)) return 0;
     memcpy(f, rx->buf, sizeof(*f));
-    if (f->magic != JS_MAGIC || f->len >= JS_TEXT_MAX) return -1;
-    size_t want = sizeof(*f) + f->len;
+    if (f->len >= JS_TEXT_MAX) return -1;
+    size_t want = sizeof(*f) + f->len + SOCK_AUTH_TAG;
     if (rx->got < want) return 0;
+    if (!sock_auth_check(au, rx->buf, sizeof(*f), rx->buf + sizeof(*f), f->len,
+                         rx->buf + sizeof(*f) + f->len))
+        return -2;
+    if (f->magic != JS_MAGIC) return -1;
     size_t n = LOOM_MIN((size_t)f->len, tlen - 1);
     memcpy(text, rx->buf + sizeof(*f), n);
     text[n] = '\0';
@@ -101,6 +110,7 @@ enum { R_LIVE = 0, R_BYE, R_DEAD };
 
 typedef struct {
     int fd;
+    sock_auth_t au;
     int state;
     int pid;
     char host[JS_HOST_LEN];
@@ -111,6 +121,7 @@ typedef struct {
 
 typedef struct {
     hs_t hs;
+    sock_auth_t au;
     bool authed;
     uint64_t since;
 } js_asker_t;
@@ -154,7 +165,7 @@ static void srv_query(js_srv_t *s, bool print)
         r->line[0] = '\0';
         if (r->state != R_LIVE) continue;
         js_frame_t f = {.type = JS_QUERY, .flags = print ? JS_F_PRINT : 0, .arg = s->qid};
-        (void)js_send(r->fd, &f, NULL);
+        (void)js_send(r->fd, &r->au, &f, NULL);
     }
 }
 
@@ -214,12 +225,7 @@ static void srv_query_done(js_srv_t *s)
     for (int k = 0; k < s->nask; k++) {
         if (!s->ask[k].authed) continue;
         js_frame_t f = {.type = JS_TABLE};
-        f.magic = JS_MAGIC;
-        f.len = table ? (uint32_t)strlen(table) : 0;
-        uint64_t dl = base_now_ns() + JS_SEND_NS;
-        if (sock_send_all(s->ask[k].hs.fd, &f, sizeof(f), dl, "job-state table") == loomSuccess &&
-            f.len)
-            (void)sock_send_all(s->ask[k].hs.fd, table, f.len, dl, "job-state table");
+        (void)js_send(s->ask[k].hs.fd, &s->ask[k].au, &f, table);
         s->a->close_fd(s->ask[k].hs.fd);
         s->ask[k] = s->ask[--s->nask];
         k--;
@@ -245,7 +251,7 @@ static void srv_verdict(js_srv_t *s)
     f.pid = s->r[f.rank].pid;
     snprintf(f.host, sizeof(f.host), "%s", s->r[f.rank].host);
     for (int i = 0; i < s->a->nranks; i++)
-        if (s->r[i].state == R_LIVE) (void)js_send(s->r[i].fd, &f, text);
+        if (s->r[i].state == R_LIVE) (void)js_send(s->r[i].fd, &s->r[i].au, &f, text);
     s->verdict_sent = true;
 }
 
@@ -324,6 +330,9 @@ static void srv_askers(js_srv_t *s)
         else if (q->hs.state == HS_DONE &&
                  (q->hs.hello.comm_id != s->a->job_id || q->hs.hello.from_rank != JS_RANK_STATUS))
             why = "not a loom-status client of this job";
+        else if (q->hs.state == HS_DONE &&
+                 sock_auth_start(&q->au, &q->hs, base_now_ns() + 1000000000ull) != loomSuccess)
+            why = base_last_error();
         if (why) {
             uint64_t now = base_now_ns();
             s->refused++;
@@ -357,6 +366,7 @@ void js_serve(const js_serve_args_t *a)
     if (s.r == NULL || fds == NULL) goto out;
     for (int i = 0; i < a->nranks; i++) {
         s.r[i].fd = a->fd_of[i];
+        s.r[i].au = a->auth_of[i];
         s.r[i].state = a->fd_of[i] >= 0 ? R_LIVE : R_DEAD;
         snprintf(s.r[i].host, sizeof(s.r[i].host), "%s", a->host_of[i]);
     }
@@ -387,8 +397,14 @@ void js_serve(const js_serve_args_t *a)
             js_frame_t f;
             char text[JS_TEXT_MAX];
             int got;
-            while ((got = js_rx_next(&r->rx, &f, text, sizeof(text))) > 0)
+            while ((got = js_rx_next(&r->rx, &r->au, &f, text, sizeof(text))) > 0)
                 srv_frame(&s, i, &f, text);
+            if (got == -2)
+                WARN(LOG_BOOT,
+                     "job-state service %s: message %llu from rank %d (%s, pid %d) failed "
+                     "authentication (changed on the way, or injected by someone without the "
+                     "job's secret); its connection is closed",
+                     a->addr_str, (unsigned long long)r->au.nrx, i, r->host, r->pid);
             if (got < 0 || !ok) srv_rank_lost(&s, i);
         }
         if (s.qid) {
@@ -416,6 +432,7 @@ out:
 
 struct js_client {
     int fd;
+    sock_auth_t au; /* sending under slock, receiving under rlock */
     js_hooks_t hk;
     char root[SOCK_ADDR_STRLEN];
     pthread_mutex_t rlock; /* reading: rx, and the fields below (a leaf lock) */
@@ -446,7 +463,7 @@ static int client_pollfds(prog_work_t *w, struct pollfd *fds, int max)
 static void client_send(js_client_t *c, const js_frame_t *f, const char *text)
 {
     pthread_mutex_lock(&c->slock);
-    if (!atomic_load(&c->gone)) (void)js_send(c->fd, f, text);
+    if (!atomic_load(&c->gone)) (void)js_send(c->fd, &c->au, f, text);
     pthread_mutex_unlock(&c->slock);
 }
 
@@ -460,7 +477,7 @@ static void client_read(js_client_t *c, uint64_t *qid, bool *qprint)
         js_frame_t f;
         char text[JS_TEXT_MAX];
         int got;
-        while ((got = js_rx_next(&c->rx, &f, text, sizeof(text))) > 0) {
+        while ((got = js_rx_next(&c->rx, &c->au, &f, text, sizeof(text))) > 0) {
             if (f.type == JS_QUERY) {
                 *qid = f.arg;
                 *qprint |= (f.flags & JS_F_PRINT) != 0;
@@ -473,9 +490,15 @@ static void client_read(js_client_t *c, uint64_t *qid, bool *qprint)
                 snprintf(c->vtext, sizeof(c->vtext), "%s", text);
             }
         }
+        if (got == -2)
+            WARN(LOG_BOOT,
+                 "rank %d: message %llu from the job-state service %s failed authentication "
+                 "(changed on the way, or injected by someone without the job's secret); the "
+                 "service is not listened to any more",
+                 c->hk.rank, (unsigned long long)c->au.nrx, c->root);
         if (got < 0 || !ok) {
             /* Not fatal: the links still detect dead peers (LOOM_TIMEOUT). */
-            if (!c->verdict)
+            if (!c->verdict && got != -2)
                 INFO(LOG_BOOT,
                      "rank %d: the job-state service %s is gone; failures are detected over the "
                      "links only",
@@ -538,8 +561,8 @@ static uint64_t client_poll(void *arg, bool *progressed)
     return atomic_load(&c->gone) ? UINT64_MAX : 500000000ull;
 }
 
-loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *hooks,
-                             js_client_t **out)
+loomResult_t js_client_start(int fd, const sock_addr_t *root, const sock_auth_t *au,
+                             const js_hooks_t *hooks, js_client_t **out)
 {
     *out = NULL;
     js_client_t *c = calloc(1, sizeof(*c));
@@ -548,6 +571,7 @@ loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *
         return base_error(loomSystemError, LOG_BOOT, "out of memory (job-state client)");
     }
     c->fd = fd;
+    c->au = *au;
     c->hk = *hooks;
     sock_addr_str(root, c->root, sizeof(c->root));
     pthread_mutex_init(&c->rlock, NULL);
@@ -557,7 +581,7 @@ loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *
     c->watch.pollfds = client_pollfds;
     js_frame_t f = {.type = JS_HELLO, .rank = hooks->rank, .pid = (int32_t)getpid()};
     gethostname(f.host, sizeof(f.host) - 1);
-    loomResult_t r = js_send(fd, &f, NULL);
+    loomResult_t r = js_send(fd, &c->au, &f, NULL);
     if (r == loomSuccess) r = progress_attach(client_poll, c, 0);
     if (r != loomSuccess) {
         close(fd);
@@ -664,6 +688,12 @@ loomResult_t js_status_query(const sock_addr_t *root, const uint8_t secret[16], 
                           "job id? no job there?): %s",
                           as, hs.err);
     }
+    sock_auth_t au;
+    r = sock_auth_start(&au, &hs, base_now_ns() + timeout_ns);
+    if (r != loomSuccess) {
+        close(fd);
+        return r;
+    }
     uint64_t dl = base_now_ns() + timeout_ns;
     js_frame_t f;
     r = sock_recv_all(fd, &f, sizeof(f), dl,
@@ -674,6 +704,14 @@ loomResult_t js_status_query(const sock_addr_t *root, const uint8_t secret[16], 
     if (r == loomSuccess && (t = malloc((size_t)f.len + 1)) == NULL)
         r = base_error(loomSystemError, LOG_BOOT, "out of memory");
     if (r == loomSuccess) r = sock_recv_all(fd, t, f.len, dl, "receiving the job-state table");
+    uint8_t tag[SOCK_AUTH_TAG];
+    if (r == loomSuccess)
+        r = sock_recv_all(fd, tag, sizeof(tag), dl, "receiving the job-state table");
+    if (r == loomSuccess && !sock_auth_check(&au, &f, sizeof(f), t, f.len, tag))
+        r = base_error(loomRemoteError, LOG_BOOT,
+                       "job-state service %s: its table failed authentication (changed on the "
+                       "way, or sent by someone without the job's secret)",
+                       as);
     close(fd);
     if (r != loomSuccess) {
         free(t);

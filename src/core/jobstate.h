@@ -40,7 +40,8 @@ typedef struct {
     uint64_t job_id;
     const char *addr_str;
     int nranks;
-    int *fd_of; /* each rank's bootstrap connection (taken over) */
+    int *fd_of;                 /* each rank's bootstrap connection (taken over) */
+    const sock_auth_t *auth_of; /* and its message keys and counts (sock.h), taken over too */
     const char (*host_of)[JS_HOST_LEN];
     /* The root's socket bookkeeping (bootstrap.c: fork safety). */
     int (*accept_fd)(int listen_fd, sock_addr_t *peer);
@@ -66,8 +67,8 @@ typedef struct {
 
 /* Takes over the rendezvous' connection fd (after the table) and attaches to the progress
  * thread. On failure fd is closed and the rank carries on without the service. */
-loomResult_t js_client_start(int fd, const sock_addr_t *root, const js_hooks_t *hooks,
-                             js_client_t **out);
+loomResult_t js_client_start(int fd, const sock_addr_t *root, const sock_auth_t *au,
+                             const js_hooks_t *hooks, js_client_t **out);
 /* A local error: reports it (once) and waits at most JS_VERDICT_WAIT_NS for the job's verdict;
  * writes into out the text to keep (the verdict, with the local text after it), or the local
  * text if the service is gone or silent. */
