@@ -4,15 +4,19 @@
  * default), a run of allreduces of random counts, types and ops (exact integer-valued inputs, so
  * every order gives the reference's bits) and, in some jobs, one fault: a rank arriving late, a
  * rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling
- * loomCommAbort midway. Every job is a fresh process tree (parameters are read once per
- * process). Checked: no successful call returns a wrong result; in a faulty job the other ranks
- * end with an error or success, within the deadline; no rank is left running at the deadline.
+ * loomCommAbort midway. A quarter of the jobs run with LOOM_SECURE=1 (sealed TCP frames), and a
+ * quarter with LOOM_DETERMINISTIC=1, where float sums get inputs whose sums are not exact and
+ * must equal, bit for bit, the left fold of the ranks' inputs in rank order. Every job is a fresh
+ * process tree (parameters are read once per process). Checked: no successful call returns a
+ * wrong result; in a faulty job the other ranks end with an error or success, within the
+ * deadline; no rank is left running at the deadline.
  * usage: soak [SECONDS (default 120)] [SEED (default: time)]
  * Prints the seed, then operations checked, faults injected, wrong results and hung ranks; exit
  * status 0 only when both of the last are 0.
  */
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +56,17 @@ static double in_val(int op, int r, size_t i)
     return (double)((i * 7 + (size_t)r * 13) % 31);
 }
 
+/* Deterministic mode's float sums: values whose sums round (a fold in another order differs). */
+static double inexact_val(int r, size_t i)
+{
+    return 1.0 / (double)(3 + (i * 7 + (size_t)r * 11) % 97) + (double)(r % 3) * 1e3;
+}
+
+static bool is_float(loomDataType_t t)
+{
+    return t == loomFloat32 || t == loomFloat64;
+}
+
 static void put(loomDataType_t t, void *b, size_t i, double v)
 {
     switch (t) {
@@ -70,7 +85,7 @@ static size_t tsize(loomDataType_t t)
 
 /* One rank: nops allreduces drawn from the job's seed (the same on every rank). */
 static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int nops, int fault,
-                     int victim, int fault_at, rank_report_t *rep)
+                     int victim, int fault_at, bool determ, rank_report_t *rep)
 {
     if (fault == F_LATE && r == victim) usleep(1000000 + (useconds_t)(seed % 2000000));
     loomComm_t comm;
@@ -103,7 +118,20 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
         buf = malloc(n * 8 + 8);
         want = malloc(n * 8 + 8);
         void *out = inplace ? buf : malloc(n * 8 + 8);
+        bool fold = determ && op == loomSum && is_float(t);
         for (size_t i = 0; i < n; i++) {
+            if (fold) {
+                /* the left fold in rank order, one rounding per step in the type's arithmetic */
+                put(t, buf, i, inexact_val(r, i));
+                float wf = (float)inexact_val(0, i);
+                double wd = inexact_val(0, i);
+                for (int q = 1; q < p; q++) {
+                    wf = wf + (float)inexact_val(q, i);
+                    wd = wd + inexact_val(q, i);
+                }
+                put(t, want, i, t == loomFloat32 ? (double)wf : wd);
+                continue;
+            }
             put(t, buf, i, in_val(op, r, i));
             double w = in_val(op, 0, i);
             for (int q = 1; q < p; q++) {
@@ -138,8 +166,20 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
 }
 
 /* One job in a process of its own; returns hung ranks, and adds to *ops and *wrong. */
+typedef struct {
+    bool secure, determ;
+} job_mode_t;
+
+static const char *mode_name(job_mode_t m)
+{
+    return m.secure && m.determ ? "secure, deterministic"
+           : m.secure           ? "secure"
+           : m.determ           ? "deterministic"
+                                : "plain";
+}
+
 static int run_job(uint64_t seed, int p, int fault, const char *transport, const char *algo,
-                   int *ops, int *wrong, int *failed)
+                   job_mode_t mode, int *ops, int *wrong, int *failed)
 {
     rank_report_t *rep = mmap(NULL, sizeof(rank_report_t) * MAX_RANKS, PROT_READ | PROT_WRITE,
                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -150,6 +190,8 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         setenv("LOOM_TRANSPORT", transport, 1);
         if (algo) setenv("LOOM_ALGO", algo, 1);
         setenv("LOOM_TIMEOUT", "4", 1);
+        setenv("LOOM_SECURE", mode.secure ? "1" : "0", 1);
+        setenv("LOOM_DETERMINISTIC", mode.determ ? "1" : "0", 1);
         loomUniqueId id;
         if (loomGetUniqueId(&id) != loomSuccess) _exit(10);
         uint64_t s = seed;
@@ -159,7 +201,8 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         for (int r = 0; r < p; r++) {
             pids[r] = fork();
             if (pids[r] == 0)
-                _exit(rank_main(&id, r, p, seed * 31 + 7, nops, fault, victim, fault_at, rep));
+                _exit(rank_main(&id, r, p, seed * 31 + 7, nops, fault, victim, fault_at,
+                                mode.determ, rep));
         }
         if (fault == F_KILL || fault == F_STOP) {
             /* Once the victim reaches its fault_at-th call, or a little later. */
@@ -186,9 +229,9 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         usleep(100000);
         if (i == JOB_DEADLINE_S * 10 - 1) {
             hung = p; /* past the deadline: every rank of the job counts as hung */
-            fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, fault %s) hung\n",
+            fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s) hung\n",
                     (unsigned long long)seed, p, transport, algo ? algo : "default",
-                    fault_name[fault]);
+                    mode_name(mode), fault_name[fault]);
             kill(-leader, SIGKILL);
             waitpid(leader, &st, 0);
         }
@@ -199,9 +242,10 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
     }
     if (!hung && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
         (*failed)++;
-        fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, fault %s) ended with status %d\n",
-                (unsigned long long)seed, p, transport, algo ? algo : "default", fault_name[fault],
-                WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        fprintf(stderr,
+                "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s) ended with status %d\n",
+                (unsigned long long)seed, p, transport, algo ? algo : "default", mode_name(mode),
+                fault_name[fault], WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
     }
     munmap(rep, sizeof(rank_report_t) * MAX_RANKS);
     return hung;
@@ -217,7 +261,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     time_t end = time(NULL) + secs;
     int jobs = 0, ops = 0, wrong = 0, hung = 0, faults = 0, failed = 0;
-    int per_fault[F_N] = {0};
+    int per_fault[F_N] = {0}, nsecure = 0, ndeterm = 0;
     static const char *algos[] = {NULL, "ring", "rd"};
     static const char *transports[] = {"tcp", "shm"};
     uint64_t s = seed;
@@ -227,13 +271,18 @@ int main(int argc, char **argv)
         int fault = rng_next(&s) % 3 == 0 ? 1 + (int)(rng_next(&s) % (F_N - 1)) : F_NONE;
         const char *tp = transports[rng_next(&s) % 2];
         const char *algo = algos[rng_next(&s) % 3];
-        hung += run_job(job_seed, p, fault, tp, algo, &ops, &wrong, &failed);
+        uint64_t m = rng_next(&s);
+        job_mode_t mode = {.secure = m % 4 == 0, .determ = (m >> 8) % 4 == 0};
+        hung += run_job(job_seed, p, fault, tp, algo, mode, &ops, &wrong, &failed);
         jobs++;
+        nsecure += mode.secure;
+        ndeterm += mode.determ;
         if (fault != F_NONE) faults++, per_fault[fault]++;
     }
-    printf("soak: %d jobs, %d operations checked, %d faults injected (late %d, kill %d, stop %d, "
-           "abort %d), %d wrong results, %d hung ranks, %d jobs with an unexpected error\n",
-           jobs, ops, faults, per_fault[F_LATE], per_fault[F_KILL], per_fault[F_STOP],
-           per_fault[F_ABORT], wrong, hung, failed);
+    printf("soak: %d jobs (%d with LOOM_SECURE=1, %d with LOOM_DETERMINISTIC=1), %d operations "
+           "checked, %d faults injected (late %d, kill %d, stop %d, abort %d), %d wrong results, "
+           "%d hung ranks, %d jobs with an unexpected error\n",
+           jobs, nsecure, ndeterm, ops, faults, per_fault[F_LATE], per_fault[F_KILL],
+           per_fault[F_STOP], per_fault[F_ABORT], wrong, hung, failed);
     return wrong || hung || failed ? 1 : 0;
 }
