@@ -84,6 +84,7 @@ static uint64_t shrink_key(loomComm_t comm)
 typedef struct {
     int fd;
     int parent_rank;
+    sock_auth_t au; /* every message after the handshake is authenticated (sock.h) */
     int32_t *excl;
     int nexcl;
     shrink_rec_t rec;
@@ -114,7 +115,8 @@ static int accept_one(loomComm_t comm, uint64_t key, uint64_t dl, shrink_client_
     }
     if (hs_run_blocking(&hs) != loomSuccess || hs.hello.comm_id != key ||
         hs.hello.to_rank != SHRINK_HELLO_RANK || hs.hello.from_rank < 0 ||
-        hs.hello.from_rank >= comm->nranks || hs.hello.nchan > (uint32_t)comm->nranks) {
+        hs.hello.from_rank >= comm->nranks || hs.hello.nchan > (uint32_t)comm->nranks ||
+        sock_auth_start(&c->au, &hs, LOOM_MIN(dl, base_now_ns() + 1000000000ull)) != loomSuccess) {
         INFO(LOG_INIT, "shrink: refused a connection (%s)", hs.err[0] ? hs.err : "another shrink");
         close(fd);
         return 0;
@@ -123,7 +125,7 @@ static int accept_one(loomComm_t comm, uint64_t key, uint64_t dl, shrink_client_
     c->parent_rank = hs.hello.from_rank;
     char what[96];
     snprintf(what, sizeof(what), "shrink: reading rank %d's record", c->parent_rank);
-    if (sock_recv_all(fd, &c->rec, sizeof(c->rec), dl, what) != loomSuccess ||
+    if (sock_recv_auth(fd, &c->au, &c->rec, sizeof(c->rec), dl, what) != loomSuccess ||
         c->rec.parent_rank != c->parent_rank || c->rec.nexclude < 0 ||
         c->rec.nexclude >= comm->nranks || c->rec.info.addr_bytes > (1u << 20))
         goto bad;
@@ -131,8 +133,9 @@ static int accept_one(loomComm_t comm, uint64_t key, uint64_t dl, shrink_client_
     c->excl = calloc((size_t)c->nexcl + 1, sizeof(int32_t));
     c->addr = malloc((size_t)c->rec.info.addr_bytes + 1);
     if (c->excl == NULL || c->addr == NULL ||
-        sock_recv_all(fd, c->excl, (size_t)c->nexcl * sizeof(int32_t), dl, what) != loomSuccess ||
-        sock_recv_all(fd, c->addr, c->rec.info.addr_bytes, dl, what) != loomSuccess)
+        sock_recv_auth(fd, &c->au, c->excl, (size_t)c->nexcl * sizeof(int32_t), dl, what) !=
+            loomSuccess ||
+        sock_recv_auth(fd, &c->au, c->addr, c->rec.info.addr_bytes, dl, what) != loomSuccess)
         goto bad;
     return 1;
 bad:
@@ -142,14 +145,14 @@ bad:
     return 0;
 }
 
-static void send_error(int fd, const char *text)
+static void send_error(shrink_client_t *c, const char *text)
 {
     shrink_reply_t rep = {.status = 1};
     char buf[SHRINK_TEXT_MAX] = {0};
     snprintf(buf, sizeof(buf), "%s", text);
     uint64_t dl = base_now_ns() + 1000000000ull;
-    if (sock_send_all(fd, &rep, sizeof(rep), dl, "shrink: error reply") == loomSuccess)
-        sock_send_all(fd, buf, sizeof(buf), dl, "shrink: error reply");
+    if (sock_send_auth(c->fd, &c->au, &rep, sizeof(rep), dl, "shrink: error reply") == loomSuccess)
+        sock_send_auth(c->fd, &c->au, buf, sizeof(buf), dl, "shrink: error reply");
 }
 
 /* The meeting point: collects the n-1 other survivors' records into table (child rank order)
@@ -185,7 +188,7 @@ static loomResult_t shrink_serve(loomComm_t comm, uint64_t key, const int *surv,
         if (!accept_one(comm, key, dl, &c)) continue;
         int q = c.parent_rank;
         if (q == comm->rank || cl[q].fd >= 0) {
-            send_error(c.fd, "shrink: this rank joined twice");
+            send_error(&c, "shrink: this rank joined twice");
             client_free(&c);
             continue;
         }
@@ -224,7 +227,7 @@ static loomResult_t shrink_serve(loomComm_t comm, uint64_t key, const int *surv,
         }
         if (o > 0 && o < sizeof(text) && text[o - 1] == ';') text[o - 1] = '\0';
         for (int q = 0; q < comm->nranks; q++)
-            if (cl[q].fd >= 0) send_error(cl[q].fd, text);
+            if (cl[q].fd >= 0) send_error(&cl[q], text);
         for (int q = 0; q < comm->nranks; q++)
             client_free(&cl[q]);
         free(cl);
@@ -244,10 +247,13 @@ static loomResult_t shrink_serve(loomComm_t comm, uint64_t key, const int *surv,
         int fd = cl[q].fd;
         char what[96];
         snprintf(what, sizeof(what), "shrink: sending the table to rank %d", q);
-        loomResult_t s = sock_send_all(fd, &rep, sizeof(rep), dl, what);
-        if (s == loomSuccess) s = sock_send_all(fd, table, sizeof(*table) * (size_t)n, dl, what);
+        sock_auth_t *au = &cl[q].au;
+        loomResult_t s = sock_send_auth(fd, au, &rep, sizeof(rep), dl, what);
+        if (s == loomSuccess)
+            s = sock_send_auth(fd, au, table, sizeof(*table) * (size_t)n, dl, what);
         for (int i = 0; i < n && s == loomSuccess; i++)
-            if (table[i].addr_bytes) s = sock_send_all(fd, addrs[i], table[i].addr_bytes, dl, what);
+            if (table[i].addr_bytes)
+                s = sock_send_auth(fd, au, addrs[i], table[i].addr_bytes, dl, what);
         if (s != loomSuccess && r == loomSuccess) r = s;
     }
     for (int q = 0; q < comm->nranks; q++)
@@ -270,6 +276,7 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
     sock_addr_str(&ra, as, sizeof(as));
     int fd = -1;
     loomResult_t r;
+    sock_auth_t au;
     for (;;) {
         LOOM_CHECK(sock_connect_start(&ra, &fd));
         hs_t hs;
@@ -279,6 +286,7 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
                             .nchan = (uint32_t)rec->nexclude};
         hs_connect_init(&hs, fd, &ra, comm->lay.secret, &hello);
         r = hs_run_blocking(&hs);
+        if (r == loomSuccess) r = sock_auth_start(&au, &hs, dl);
         if (r == loomSuccess) break;
         close(fd);
         fd = -1;
@@ -293,10 +301,10 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
              "loomCommShrink: rank %d sending its record to rank %d (%s), where the survivors "
              "meet",
              comm->rank, root, as);
-    LOOM_CHECK_GOTO(sock_send_all(fd, rec, sizeof(*rec), dl, what), r, out);
-    LOOM_CHECK_GOTO(sock_send_all(fd, excl, (size_t)rec->nexclude * sizeof(int32_t), dl, what), r,
-                    out);
-    LOOM_CHECK_GOTO(sock_send_all(fd, addr, rec->info.addr_bytes, dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_send_auth(fd, &au, rec, sizeof(*rec), dl, what), r, out);
+    LOOM_CHECK_GOTO(
+        sock_send_auth(fd, &au, excl, (size_t)rec->nexclude * sizeof(int32_t), dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_send_auth(fd, &au, addr, rec->info.addr_bytes, dl, what), r, out);
     snprintf(what, sizeof(what),
              "loomCommShrink: rank %d waiting for rank %d (%s) to hear from all %d survivors "
              "(does every survivor call loomCommShrink with the same exclude list?)",
@@ -305,10 +313,10 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
      * come) just after it, so wait a little longer than that for its answer. */
     dl += 2000000000ull;
     shrink_reply_t rep;
-    LOOM_CHECK_GOTO(sock_recv_all(fd, &rep, sizeof(rep), dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_recv_auth(fd, &au, &rep, sizeof(rep), dl, what), r, out);
     if (rep.status != 0) {
         char text[SHRINK_TEXT_MAX];
-        if (sock_recv_all(fd, text, sizeof(text), dl, what) != loomSuccess)
+        if (sock_recv_auth(fd, &au, text, sizeof(text), dl, what) != loomSuccess)
             snprintf(text, sizeof(text), "loomCommShrink: rank %d refused (no reason given)", root);
         text[sizeof(text) - 1] = '\0';
         r = base_error(loomInvalidUsage, LOG_INIT, "%s", text);
@@ -319,7 +327,7 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
                        root, rep.nranks);
         goto out;
     }
-    LOOM_CHECK_GOTO(sock_recv_all(fd, table, sizeof(*table) * (size_t)n, dl, what), r, out);
+    LOOM_CHECK_GOTO(sock_recv_auth(fd, &au, table, sizeof(*table) * (size_t)n, dl, what), r, out);
     for (int i = 0; i < n; i++) {
         if (table[i].addr_bytes > (1u << 20)) {
             r = base_error(loomRemoteError, LOG_INIT, "loomCommShrink: a bad table from rank %d",
@@ -331,7 +339,9 @@ static loomResult_t shrink_join(loomComm_t comm, uint64_t key, int root, int n,
             r = base_error(loomSystemError, LOG_INIT, "out of memory (shrink)");
             goto out;
         }
-        LOOM_CHECK_GOTO(sock_recv_all(fd, addrs[i], table[i].addr_bytes, dl, what), r, out);
+        if (table[i].addr_bytes) /* sent (and tagged) only when there are some */
+            LOOM_CHECK_GOTO(sock_recv_auth(fd, &au, addrs[i], table[i].addr_bytes, dl, what), r,
+                            out);
     }
 out:
     close(fd);
