@@ -170,7 +170,7 @@ void exec_free(exec_t *e)
     }
     /* The caller gets its buffers back when the call returns: the transports let go of them
      * now, not at the abort's grace or a keepalive pass later. */
-    if (e->reqs && e->ninflight > 0)
+    if (e->reqs && e->ninflight > 0 && e->ndone != e->s->nsteps)
         for (int t = 0; t < h->ntp; t++)
             if (h->tp[t].ctx && h->tp[t].ops->orphan) h->tp[t].ops->orphan(h->tp[t].ctx);
     exec_host_unlock(h);
