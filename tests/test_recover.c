@@ -22,6 +22,7 @@
 
 #include "harness.h"
 #include "loom.h"
+#include "sock.h"
 
 #define TEXT_MAX 2200
 
@@ -266,6 +267,54 @@ START_TEST(test_shrink_disagree)
             ck_assert_msg(m->shrink_s[r] < 5 + 3, "rank %d took %.2f s", r, m->shrink_s[r]);
         }
     }
+}
+END_TEST
+
+/* A survivor's shrink record damaged on the way to the meeting point (as by someone injecting
+ * into the connection; sock_auth_tamper_nth, the test hook of sock.h): the meeting point refuses
+ * it, and tells that rank why, naming it; the others are told that it did not come. No rank is
+ * dead here (nothing excluded), so no job-state frame is in flight to take the damage instead. */
+typedef struct {
+    loomResult_t res[3];
+    double secs[3];
+    char text[3][TEXT_MAX];
+} tampered_t;
+
+static int tampered_shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    tampered_t *m = p;
+    int32_t x = rank;
+    if (loomAllReduce(&x, &x, 1, loomInt32, loomSum, comm, NULL) != loomSuccess || x != 3) return 1;
+    if (rank == 1) sock_auth_tamper_nth = 1; /* its next tag: the shrink record's */
+    loomComm_t nc = NULL;
+    double t0 = h_now_s();
+    m->res[rank] = loomCommShrink(comm, NULL, 0, &nc, NULL, LOOM_SHRINK_DEFAULT);
+    m->secs[rank] = h_now_s() - t0;
+    h_collect_text(comm, m->text[rank], TEXT_MAX);
+    if (nc) loomCommDestroy(nc);
+    return 0;
+}
+
+START_TEST(test_shrink_tampered)
+{
+    setenv("LOOM_TIMEOUT", "3", 1);
+    tampered_t *m = h_shared_map(sizeof(*m));
+    int status[3];
+    h_run_procs(3, tampered_shrink_rank, m, 40, status);
+    for (int r = 0; r < 3; r++) {
+        fprintf(stderr, "rank %d: shrink %d after %.2f s: %s\n", r, (int)m->res[r], m->secs[r],
+                m->text[r]);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(m->res[r] != loomSuccess, "rank %d: the shrink succeeded", r);
+        ck_assert_msg(m->secs[r] < 3 + 4, "rank %d: told after %.2f s", r, m->secs[r]);
+    }
+    ck_assert_msg(strstr(m->text[1], "rank 0 refused rank 1's record") &&
+                      strstr(m->text[1], "failed authentication"),
+                  "rank 1 was not told why: '%s'", m->text[1]);
+    for (int r = 0; r < 3; r += 2)
+        ck_assert_msg(strstr(m->text[r], "rank 1 did not call loomCommShrink"), "rank %d: '%s'", r,
+                      m->text[r]);
 }
 END_TEST
 
@@ -563,6 +612,7 @@ int main(void)
         {.name = "root_mismatch", .test = test_root_mismatch, .timeout_s = 30, .loops = 12},
         {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 4},
         {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
+        {.name = "shrink_tampered", .test = test_shrink_tampered, .timeout_s = 60},
         {.name = "shrink_outstanding", .test = test_shrink_outstanding, .timeout_s = 60},
         {.name = "restart_loop", .test = test_restart_loop, .timeout_s = 240},
     };

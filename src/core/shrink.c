@@ -93,12 +93,16 @@ typedef struct {
 
 static void client_free(shrink_client_t *c)
 {
-    if (c->fd >= 0) close(c->fd);
+    /* drained first: a close with the rank's bytes unread would reset the connection and lose
+     * the reply it has not read yet */
+    if (c->fd >= 0) sock_drain_close(c->fd);
     free(c->excl);
     free(c->addr);
     memset(c, 0, sizeof(*c));
     c->fd = -1;
 }
+
+static void send_error(shrink_client_t *c, const char *text);
 
 /* Accepts one survivor at the meeting point: handshake, record, exclude list, addresses. On
  * failure the connection is dropped (a stranger, or a rank of another shrink) and 0 returned. */
@@ -138,9 +142,13 @@ static int accept_one(loomComm_t comm, uint64_t key, uint64_t dl, shrink_client_
         sock_recv_auth(fd, &c->au, c->addr, c->rec.info.addr_bytes, dl, what) != loomSuccess)
         goto bad;
     return 1;
-bad:
-    WARN(LOG_INIT, "shrink: rank %d's record did not arrive whole: %s", c->parent_rank,
-         base_last_error());
+bad:;
+    /* It is told why (an authentic reply: its record was damaged or injected on the way). */
+    char text[SHRINK_TEXT_MAX];
+    snprintf(text, sizeof(text), "loomCommShrink: rank %d refused rank %d's record: %.900s",
+             comm->rank, c->parent_rank, base_last_error());
+    WARN(LOG_INIT, "%s", text);
+    send_error(c, text);
     client_free(c);
     return 0;
 }
