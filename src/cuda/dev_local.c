@@ -29,16 +29,23 @@ static bool capture_pdl_ok(dev_state_t *s, CUstream st)
     const cudrv_t *d = s->drv.d;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *edges = NULL;
     size_t nd = 0;
-    if (d->cuStreamGetCaptureInfo3(st, &cs, NULL, NULL, &deps, NULL, &nd) != CUDA_SUCCESS ||
-        cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || nd == 0 || deps == NULL)
-        return false;
-    for (size_t i = 0; i < nd; i++) {
-        CUgraphNodeType t;
-        if (d->cuGraphNodeGetType(deps[i], &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_KERNEL)
-            return false;
+    bool ok = false;
+    /* queries only; relaxed, so that nothing here can end a global-mode capture */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    d->cuThreadExchangeStreamCaptureMode(&mode);
+    if (d->cuStreamGetCaptureInfo3(st, &cs, NULL, NULL, &deps, &edges, &nd) == CUDA_SUCCESS &&
+        cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && nd > 0 && deps != NULL) {
+        ok = true;
+        for (size_t i = 0; i < nd && ok; i++) {
+            CUgraphNodeType t;
+            ok = d->cuGraphNodeGetType(deps[i], &t) == CUDA_SUCCESS &&
+                 t == CU_GRAPH_NODE_TYPE_KERNEL;
+        }
     }
-    return true;
+    d->cuThreadExchangeStreamCaptureMode(&mode);
+    return ok;
 }
 
 /* Orders work of this communicator on `st` after its previous work on another stream: the
@@ -333,7 +340,10 @@ static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream 
     CUgraph graph = NULL;
     if (cap) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        if (s->drv.d->cuStreamGetCaptureInfo3(st, &cs, NULL, &graph, NULL, NULL, NULL) !=
+        const CUgraphNode *deps = NULL;
+        const CUgraphEdgeData *edges = NULL;
+        size_t nd = 0;
+        if (s->drv.d->cuStreamGetCaptureInfo3(st, &cs, NULL, &graph, &deps, &edges, &nd) !=
                 CUDA_SUCCESS ||
             cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
             graph = NULL; /* no graph to tie the mappings to: the slots, on every rank */

@@ -2244,9 +2244,9 @@ static void grp_graphs(ctx_t *c)
      * programmatic dependent launches as programmatic edges) */
     CUgraph g = NULL;
     CUgraphExec ge = NULL;
-    case_begin(c, n, "graphs: capture (global mode) %d calls of every same-node path; instantiate",
+    case_begin(c, n, "graphs: capture (relaxed) %d calls of every same-node path; instantiate",
                NGCALLS);
-    if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_GLOBAL))) {
+    if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_RELAXED))) {
         for (int i = 0; i < NGCALLS; i++) {
             char what[96];
             snprintf(what, sizeof(what), "call %d (%s n=%zu, %s), captured", i, GKN[gcalls[i].kind],
@@ -2257,8 +2257,8 @@ static void grp_graphs(ctx_t *c)
     }
     bool have = case_end(c) && ge != NULL;
 
-    /* replays with fresh inputs; between them an eager latency-path call and an eager direct
-     * one (the lanes count their own steps since the capture; the IPC cache serves both) */
+    /* replays with fresh inputs; between them an eager latency-path call (the lanes count their
+     * own steps since the capture) and an eager direct one (the IPC cache serves it) */
     enum { REPS = 100 };
     reg_t EA, EB;
     const size_t ec = 1023;
@@ -2266,10 +2266,12 @@ static void grp_graphs(ctx_t *c)
     reg_alloc(c, &EB, ec * 4 + 2 * GUARD);
     uint8_t *eh = halloc(c, ec * 4), *ee = halloc(c, ec * 4);
     case_begin(c, n,
-               "graphs: %d replays, fresh inputs each, bit for bit; an eager allreduce between "
-               "replays",
+               "graphs: %d replays, fresh inputs each, bit for bit; eager allreduces (latency "
+               "path, direct) between replays",
                REPS);
-    for (int rep = 0; have && rep < REPS && !c->failed; rep++) {
+    /* every rank goes through every replay, failed or not, so that none waits for a peer that
+     * stopped */
+    for (int rep = 0; have && rep < REPS; rep++) {
         bool was = c->failed;
         for (int i = 0; i < NGCALLS; i++)
             gc_prepare(c, &gcalls[i], mix(0x9a9ull + (uint64_t)rep * 131 + (uint64_t)i), h, e);
@@ -2294,6 +2296,13 @@ static void grp_graphs(ctx_t *c)
         sync_ok(c, c->s, c->comm);
         reg_check(c, &EB, GUARD, ec * 4, F32, "eager allreduce recvbuff");
         name_replay(c, was, rep);
+        /* an eager direct call on a graph's buffers: the mappings the graph holds serve it */
+        was = c->failed;
+        gc_prepare(c, &gcalls[5], mix(0xeadull + (uint64_t)rep), h, e);
+        lok(c, gc_issue(c, &gcalls[5]), c->comm, "loomAllReduce (eager direct, between replays)");
+        sync_ok(c, c->s, c->comm);
+        gc_check(c, &gcalls[5], 5);
+        name_replay(c, was, rep);
     }
     if (!have) case_fail(c, "no graph to replay");
     if (have && !c->failed) case_info(c, "%d replays of %d calls checked", REPS, NGCALLS);
@@ -2304,7 +2313,38 @@ static void grp_graphs(ctx_t *c)
     free(ee);
     reg_free(c, &EA);
     reg_free(c, &EB);
-    /* the graph is gone: its windows may go */
+    /* the strictest capture mode (PyTorch's default): any call of any thread that CUDA deems
+     * unsafe would end the capture; a latency-path call, a direct one (IPC handles opened at
+     * capture time), two on windows */
+    static const int strict[] = {0, 5, 15, 19, 3};
+    const int nstrict = (int)(sizeof(strict) / sizeof(strict[0]));
+    case_begin(c, n,
+               "graphs: capture in global mode (latency path, direct, windows two shots, direct "
+               "on plain windows, latency reduce-scatter), 5 replays");
+    g = NULL;
+    ge = NULL;
+    if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_GLOBAL))) {
+        for (int k = 0; k < nstrict; k++)
+            lok(c, gc_issue(c, &gcalls[strict[k]]), c->comm, "captured in global mode");
+        if (CU(d->cuStreamEndCapture(c->s, &g)) && g) CU(d->cuGraphInstantiate(&ge, g, 0));
+    }
+    for (int rep = 0; ge && rep < 5; rep++) {
+        bool was = c->failed;
+        for (int k = 0; k < nstrict; k++)
+            gc_prepare(c, &gcalls[strict[k]], mix(0x610ull + (uint64_t)rep * 17 + (uint64_t)k), h,
+                       e);
+        CU(d->cuGraphLaunch(ge, c->s));
+        sync_ok(c, c->s, c->comm);
+        for (int k = 0; k < nstrict && !c->failed; k++)
+            gc_check(c, &gcalls[strict[k]], strict[k]);
+        name_replay(c, was, rep);
+    }
+    if (ge == NULL && !c->failed) case_fail(c, "no graph to replay");
+    if (ge) d->cuGraphExecDestroy(ge);
+    if (g) d->cuGraphDestroy(g);
+    case_end(c);
+
+    /* the graphs are gone: their windows may go */
     case_begin(c, n, "graphs: windows deregistered after the graph was destroyed");
     for (int i = 0; i < NGCALLS; i++)
         gc_free(c, &gcalls[i]);
@@ -2318,7 +2358,7 @@ static void grp_graphs(ctx_t *c)
                "graphs: %d graphs of a direct allreduce on fresh allocations, 2 replays each, "
                "then destroyed (the graph's mappings are let go)",
                ROUNDS);
-    for (int k = 0; k < ROUNDS && !c->failed; k++) {
+    for (int k = 0; k < ROUNDS; k++) {
         gcall_t one = GC(GK_AR, F32, K_SUM, 1048579, 0, 0, 0, "direct");
         gc_alloc(c, &one);
         CUgraph g1 = NULL;
@@ -2328,7 +2368,7 @@ static void grp_graphs(ctx_t *c)
             if (CU(d->cuStreamEndCapture(c->s, &g1)) && g1) CU(d->cuGraphInstantiate(&ge1, g1, 0));
         }
         if (g1) d->cuGraphDestroy(g1); /* the instance keeps what the graph held */
-        for (int rep = 0; ge1 && rep < 2 && !c->failed; rep++) {
+        for (int rep = 0; ge1 && rep < 2; rep++) {
             bool was = c->failed;
             gc_prepare(c, &one, mix(0x40ull + (uint64_t)k * 7 + (uint64_t)rep), h, e);
             CU(d->cuGraphLaunch(ge1, c->s));

@@ -18,6 +18,8 @@ coll=$dir/tests/gpu_coll perf=$dir/loom-perf
 n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "${n:-0}" -ge 1 ] || { echo "graphs: no GPU: skipped"; exit 77; }
 export LOOM_CUDA_SHARE_GPU=1 CUDA_VISIBLE_DEVICES=0 LOOM_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
+# a kernel waits for its peer a few time slices at most here: a mismatch fails in seconds
+export LOOM_TIMEOUT=${LOOM_TIMEOUT:-15}
 out=${OUT:-/tmp}
 fail=0
 for ll in default 0; do
