@@ -1198,6 +1198,10 @@ static int header(ctx_t *x, jw_t *jw)
             printf("# check: outputs over %zu MiB per rank are checked on %d windows of %zu MiB "
                    "spread over the buffer\n",
                    CHECK_FULL_BYTES >> 20, CHECK_WINDOWS, CHECK_WINDOW_BYTES >> 20);
+        if (o->graphs > 0)
+            printf("# graphs: each size's %d x %d timed calls captured in one CUDA graph, "
+                   "launched %d times; time per call = total / (%d launches x %d calls)\n",
+                   o->iters, o->agg, o->graphs, o->graphs, o->iters * o->agg);
 #ifdef LOOM_HAVE_CUDA
         if (x->nccl_skip_inplace)
             printf("# in-place alltoall is not valid NCCL usage: not run (N/A in its columns)\n");
