@@ -78,8 +78,9 @@ want="^mpi_prog: rank [0-9]+ of 3: stall ok: .*rank 2 \(MPI rank 2" \
 # the operation with its seq, then "no progress from rank 3 (...) for 2.0 s (LOOM_TIMEOUT=2)
 # while receiving from it; the peer is stalled or dead"; for a killed rank the job-state
 # service's verdict "rank 3 (host, pid N) died during allreduce seq 1 (...)" (or "... during
-# the job, while this rank was outside calls", when it comes first), or, without it,
-# the transport's own "no progress from rank 3 (" or "connection to rank 3 (".
+# the job, while this rank was outside calls", when it comes first), or, without it, the
+# transport's own words naming rank 3 and the operation's seq (tcp: "connection closed by rank
+# 3 (...)", ucx: "connection to rank 3 (...) failed", mpi: "no progress from rank 3 (...)").
 transports="tcp mpi"
 [ "${MPI_PROG_UCX:-0}" = 1 ] && transports+=" ucx"
 for t in $transports; do
@@ -88,7 +89,7 @@ for t in $transports; do
         "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" stall &&
         { grep -q "rank 3 of 4: stalled rank failed too" "$out" ||
           fail "stall over $t: the continued rank did not fail"; }
-    want="^mpi_prog: rank [0-2] of 4: kill ok: ((.*: )?rank 3 \([^)]*pid [0-9]+\) died during (allreduce seq 1 |the job, while this rank was outside calls)|.*allreduce seq 1 .*(no progress from|connection to) rank 3 \()" \
+    want="^mpi_prog: rank [0-2] of 4: kill ok: ((.*: )?rank 3 \([^)]*pid [0-9]+\) died during (allreduce seq 1 |the job, while this rank was outside calls)|.*allreduce seq 1 .*rank 3 \()" \
         run "a killed rank (SIGKILL) named over $t, 4 ranks" 120 3 \
         "${mpi[@]}" --enable-recovery -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" kill
 done
