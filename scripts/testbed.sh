@@ -457,6 +457,10 @@ cmd_ns_exec() {
     i=$(addr_node "$host") || die "ns-exec: '$host' is not the address of a node of the test bed"
     ns=$(node_ns "$i")
     [[ $ns == "$PREFIX"-* ]] || die "internal: refusing to enter namespace '$ns'"
+    # the node's own temporary directory for the daemon's session files (cmd_mpirun)
+    if [[ -n ${LOOMTB_MPIRUN_DIR:-} && -d $LOOMTB_MPIRUN_DIR/node$i ]]; then
+        export TMPDIR=$LOOMTB_MPIRUN_DIR/node$i
+    fi
     exec ip netns exec "$ns" /bin/sh -c "$*"
 }
 
@@ -512,6 +516,7 @@ cmd_mpirun() {
     token=$(random_hex)
     for ((i = 0; i < ${#per_node[@]}; i++)); do
         echo "$(node_addr "$i") slots=${per_node[i]}"
+        mkdir "$dir/node$i"
     done >"$dir/hostfile"
 
     # The ranks meet through the launcher (PMIx, or MPI): torchrun's and loom's own launch
@@ -535,7 +540,12 @@ cmd_mpirun() {
     trap 'say "interrupted: killing the job"; exit 130' INT
     trap 'exit 143' TERM
     local rc=0 left
+    # TMPDIR: each node's daemon keeps its session directory in the job's directory for that
+    # node (ns-exec sets it for the others), removed after the job: the daemons share one host
+    # name and one /tmp, and two starting at once raced to make the same directory ("mkdir ...
+    # File exists", the daemon gone).
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 LOOMTB_MPIRUN=$token \
+        LOOMTB_MPIRUN_DIR=$dir TMPDIR=$dir/node0 \
         timeout -k 10 "$timeout" ip netns exec "$(node_ns 0)" "${cmd[@]}" "$@" </dev/null &
     pid=$!
     wait "$pid" || rc=$?
