@@ -7,10 +7,14 @@
 #   scripts/testbed.sh down                     remove everything it made (safe when nothing is)
 #   scripts/testbed.sh run "M0 M1 ..." [--timeout S] [--logdir DIR] -- CMD ARGS...
 #                                               Mi ranks in node i, torchrun's variables
-#   scripts/testbed.sh grid [--perf PATH] [--algos "ring ..."] [--transport ucx]
-#                                               the CI job (ends "N passed, N failed"); --transport
+#   scripts/testbed.sh mpirun "M0 M1 ..." [--timeout S] [--recovery] -- CMD ARGS...
+#                                               an Open MPI job, Mi ranks in node i (docs/testbed.md)
+#   scripts/testbed.sh grid [--perf PATH] [--algos "ring ..."] [--transport ucx|mpi]
+#                           [--mpi-prog PATH]   the CI job (ends "N passed, N failed"); --transport
 #                                               runs it over LOOM_TRANSPORT=ucx (with UCX_TLS=tcp
-#                                               unless set: no shared memory across the nodes)
+#                                               unless set: no shared memory across the nodes) or
+#                                               mpi (each case an Open MPI job; --mpi-prog adds
+#                                               tests/mpi_prog's grid, stalled and killed ranks)
 #   scripts/testbed.sh bench [--perf PATH] [--algos "..."] [--rounds N] [--rate R]   markdown table
 #
 # Everything needs root and `ip netns`; without them it says so and exits 77 (skipped).
@@ -47,7 +51,7 @@ skip() {
 }
 
 usage() {
-    sed -n '2,13p' "$SELF" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$SELF" | sed 's/^# \{0,1\}//'
 }
 
 # int_in VALUE MIN [MAX]: VALUE is a decimal integer within the bounds.
@@ -179,9 +183,23 @@ wait_reachable() {
     die "$ns cannot reach $addr"
 }
 
+# kill_pids PID...: TERM, up to 3 s to go, then KILL.
+kill_pids() {
+    local pid left t
+    (($#)) || return 0
+    kill -TERM "$@" 2>/dev/null || true
+    for ((t = 0; t < 30; t++)); do
+        left=0
+        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && left=1; done
+        ((left)) || break
+        sleep 0.1
+    done
+    kill -KILL "$@" 2>/dev/null || true
+}
+
 # Kills what runs in our namespaces, removes them and the blackhole route.
 teardown() {
-    local ns all pid left t
+    local ns all pid
     local -a pids=()
     all=$(tb_namespaces)
     for ns in $all; do
@@ -191,14 +209,7 @@ teardown() {
     done
     if ((${#pids[@]} > 0)); then
         say "killing ${#pids[@]} process(es) still inside the test bed: ${pids[*]}"
-        kill -TERM "${pids[@]}" 2>/dev/null || true
-        for ((t = 0; t < 30; t++)); do
-            left=0
-            for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left=1; done
-            ((left)) || break
-            sleep 0.1
-        done
-        kill -KILL "${pids[@]}" 2>/dev/null || true
+        kill_pids "${pids[@]}"
     fi
     for ns in $all; do
         ip netns del "$ns" || say "could not delete namespace $ns"
@@ -260,6 +271,25 @@ pick_port() {
     die "no free port in 20000-40000 outside node 0's ephemeral range $lo-$hi"
 }
 
+# parse_layout CMD "M0 M1 ...": LAYOUT (the counts) and LAYOUT_WORLD (their sum), checked
+# against the nodes that are up.
+declare -a LAYOUT=()
+LAYOUT_WORLD=0
+parse_layout() {
+    local cmd=$1 layout=$2 m have
+    read -ra LAYOUT <<<"$layout"
+    ((${#LAYOUT[@]} >= 1)) || die "$cmd: empty layout"
+    LAYOUT_WORLD=0
+    for m in "${LAYOUT[@]}"; do
+        int_in "$m" 1 || die "$cmd: layout '$layout': each entry must be a count >= 1"
+        LAYOUT_WORLD=$((LAYOUT_WORLD + m))
+    done
+    have=$(tb_nodes)
+    ((${#LAYOUT[@]} <= have)) ||
+        die "$cmd: layout '$layout' needs ${#LAYOUT[@]} node(s), the bed has $have" \
+            "(run '$SELF up ${#LAYOUT[@]}' first)"
+}
+
 # Process groups of the ranks still running (each rank is a session leader via setsid).
 declare -a RUN_PIDS=()
 RUN_TMP_LOGDIR="" # removed if the run is interrupted
@@ -288,17 +318,9 @@ cmd_run() {
     int_in "$timeout" 1 || die "run: --timeout wants seconds"
     require_netns
 
-    local -a per_node
-    read -ra per_node <<<"$layout"
-    local nnodes=${#per_node[@]} have world=0 m i
-    ((nnodes >= 1)) || die "run: empty layout"
-    for m in "${per_node[@]}"; do
-        int_in "$m" 1 || die "run: layout '$layout': each entry must be a count >= 1"
-        world=$((world + m))
-    done
-    have=$(tb_nodes)
-    ((nnodes <= have)) || die "run: layout '$layout' needs $nnodes node(s), the bed has $have" \
-        "(run '$SELF up $nnodes' first)"
+    parse_layout run "$layout"
+    local -a per_node=("${LAYOUT[@]}")
+    local nnodes=${#per_node[@]} world=$LAYOUT_WORLD i
 
     if [[ -z $logdir ]]; then logdir=$(mktemp -d /tmp/loomtb-run.XXXXXX); fi
     mkdir -p "$logdir"
@@ -408,6 +430,137 @@ cmd_run() {
     exit 1
 }
 
+# ---- mpirun -------------------------------------------------------------------------------
+# Open MPI's mpirun runs inside node 0. Its hostfile names the nodes by their bed addresses, and
+# its rsh launcher's "remote shell" (plm_rsh_agent) is this script's ns-exec, which runs the
+# daemon (orted) that ssh would have started inside the node's namespace. MPI's own traffic is
+# held to the veths: ob1 with the tcp and self BTLs (no shared memory, no UCX, which would reach
+# across the namespaces of one kernel), the BTL and the runtime's out-of-band channel on veth0.
+
+# The node of a bed address ($NET3.(10+I) -> I), when that node is up.
+addr_node() {
+    local last i
+    [[ $1 == "$NET3".* ]] || return 1
+    last=${1#"$NET3".}
+    [[ $last =~ ^[0-9]{1,3}$ ]] || return 1
+    i=$((10#$last - ADDR_BASE))
+    ((i >= 0 && i < $(tb_nodes))) || return 1
+    echo "$i"
+}
+
+# ns-exec ADDRESS COMMAND...: the command line mpirun's launcher would hand to ssh, run by sh
+# inside the namespace of the node with that address (and no other).
+cmd_ns_exec() {
+    (($# >= 2)) || die "ns-exec: usage: ns-exec NODE_ADDRESS COMMAND..."
+    local host=$1 i ns
+    shift
+    i=$(addr_node "$host") || die "ns-exec: '$host' is not the address of a node of the test bed"
+    ns=$(node_ns "$i")
+    [[ $ns == "$PREFIX"-* ]] || die "internal: refusing to enter namespace '$ns'"
+    # the node's own temporary directory for the daemon's session files (cmd_mpirun)
+    if [[ -n ${LOOMTB_MPIRUN_DIR:-} && -d $LOOMTB_MPIRUN_DIR/node$i ]]; then
+        export TMPDIR=$LOOMTB_MPIRUN_DIR/node$i
+    fi
+    exec ip netns exec "$ns" /bin/sh -c "$*"
+}
+
+# Open MPI's mpirun (Debian's alternatives may make `mpirun` MPICH's).
+find_ompi_mpirun() {
+    local m
+    for m in mpirun.openmpi mpirun; do
+        command -v "$m" >/dev/null 2>&1 || continue
+        "$m" --version 2>/dev/null | grep -q 'Open MPI' || continue
+        command -v "$m"
+        return 0
+    done
+    return 1
+}
+
+# Every process of an mpirun job carries LOOMTB_MPIRUN=<its token> (mpirun has it, the daemons
+# its launcher starts and the ranks they start inherit it): the ones still inside the bed.
+job_pids() {
+    local token=$1 i pid
+    for ((i = 0; i < $(tb_nodes); i++)); do
+        while read -r pid; do
+            [[ -n $pid ]] || continue
+            tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "LOOMTB_MPIRUN=$token" &&
+                echo "$pid"
+        done < <(ip netns pids "$(node_ns "$i")" 2>/dev/null || true)
+    done
+    return 0
+}
+
+cmd_mpirun() {
+    local layout="" timeout=300 recovery=0
+    while (($#)); do
+        case $1 in
+        --) shift; break ;;
+        --timeout) timeout=${2:?}; shift 2 ;;
+        --recovery) recovery=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) [[ -z $layout ]] || die "mpirun: unexpected argument '$1' (put the command after --)"
+           layout=$1; shift ;;
+        esac
+    done
+    (($#)) || die "mpirun: no command (usage: mpirun \"M0 M1 ...\" -- CMD ARGS...)"
+    [[ -n $layout ]] || die "mpirun: no layout (e.g. \"2 2\")"
+    int_in "$timeout" 1 || die "mpirun: --timeout wants seconds"
+    require_netns
+    local mpirun
+    mpirun=$(find_ompi_mpirun) || skip "needs Open MPI's mpirun (Debian package openmpi-bin)"
+    [[ $SELF != *[[:space:]]* ]] || die "mpirun: the path of this script has a blank: $SELF"
+    parse_layout mpirun "$layout"
+    local -a per_node=("${LAYOUT[@]}")
+    local world=$LAYOUT_WORLD i dir token v
+    dir=$(mktemp -d /tmp/loomtb-mpirun.XXXXXX)
+    token=$(random_hex)
+    for ((i = 0; i < ${#per_node[@]}; i++)); do
+        echo "$(node_addr "$i") slots=${per_node[i]}"
+        mkdir "$dir/node$i"
+    done >"$dir/hostfile"
+
+    # The ranks meet through the launcher (PMIx, or MPI): torchrun's and loom's own launch
+    # variables would take precedence, so none of them passes.
+    unset LOOM_RANK LOOM_WORLD_SIZE LOOM_ID_FILE LOOM_NODE_ID LOOM_JOB_SECRET RANK WORLD_SIZE \
+        LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
+    export LOOM_SOCKET_IFNAME=$IFNAME_PREFIX LOOM_TIMEOUT=${LOOM_TIMEOUT:-20}
+    # --map-by slot: ranks numbered node by node, as `run` does
+    local -a cmd=("$mpirun" --hostfile "$dir/hostfile" -np "$world" --map-by slot --bind-to none
+        --mca plm_rsh_agent "$SELF ns-exec" --mca rtc_hwloc_vmhole none --mca pml ob1 --mca btl tcp,self
+        --mca btl_tcp_if_include "$NODE_IF" --mca oob_tcp_if_include "$NODE_IF")
+    ((recovery)) && cmd+=(--enable-recovery)
+    # mpirun passes its environment only to the ranks of node 0: the variables for loom, UCX
+    # and the test programs go to every rank.
+    for v in $(compgen -e); do
+        case $v in LOOM_* | UCX_* | MPI_PROG_*) cmd+=(-x "$v") ;; esac
+    done
+
+    local pid=""
+    trap '[[ -z $pid ]] || kill -TERM "$pid" 2>/dev/null; kill_pids $(job_pids "$token"); rm -rf "$dir"' EXIT
+    trap 'say "interrupted: killing the job"; exit 130' INT
+    trap 'exit 143' TERM
+    local rc=0 left
+    # TMPDIR: each node's daemon keeps its session directory in the job's directory for that
+    # node (ns-exec sets it for the others), removed after the job: the daemons share one host
+    # name and one /tmp, and two starting at once raced to make the same directory ("mkdir ...
+    # File exists", the daemon gone).
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 LOOMTB_MPIRUN=$token \
+        LOOMTB_MPIRUN_DIR=$dir TMPDIR=$dir/node0 \
+        timeout -k 10 "$timeout" ip netns exec "$(node_ns 0)" "${cmd[@]}" "$@" </dev/null &
+    pid=$!
+    wait "$pid" || rc=$?
+    pid=""
+    ((rc != 124 && rc != 137)) || say "mpirun still running at the timeout (${timeout}s): killed"
+    left=$(job_pids "$token")
+    if [[ -n $left ]]; then
+        say "killing $(wc -w <<<"$left") process(es) of the job left inside the bed: $(echo $left)"
+        kill_pids $left
+    fi
+    trap - EXIT INT TERM
+    rm -rf "$dir"
+    return "$rc"
+}
+
 # ---- grid and bench -----------------------------------------------------------------------
 
 take_lock() {
@@ -433,6 +586,82 @@ clean_leftovers() {
 GRID_PASS=0
 GRID_FAIL=0
 GRID_DIR=""
+GRID_MPI=0 # --transport mpi: every case is an Open MPI job (`mpirun`)
+MPI_PROG=""
+
+# mpi_case LAYOUT LABEL WANT PATTERN [mpirun options] -- CMD ARGS...: one job started by
+# `mpirun`; passes when it exits 0 and WANT lines of its output match the extended regular
+# expression PATTERN.
+mpi_case() {
+    local layout=$1 label=$2 want=$3 pat=$4
+    shift 4
+    local dir rc=0 t0 t1 secs got
+    dir=$GRID_DIR/case$((GRID_PASS + GRID_FAIL))
+    mkdir -p "$dir"
+    t0=$EPOCHREALTIME
+    "$SELF" mpirun "$layout" --timeout 180 "$@" >"$dir/out" 2>&1 9>&- || rc=$?
+    t1=$EPOCHREALTIME
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    got=$(grep -cE -- "$pat" "$dir/out" || true)
+    if ((rc == 0)) && [[ $got == "$want" ]]; then
+        GRID_PASS=$((GRID_PASS + 1))
+        printf 'PASS  %-8s %-57s %6ss\n' "[$layout]" "$label" "$secs"
+        rm -rf "$dir"
+        return 0
+    fi
+    GRID_FAIL=$((GRID_FAIL + 1))
+    printf 'FAIL  %-8s %-57s %6ss  (exit %d, %s of %s lines; logs: %s)\n' "[$layout]" "$label" \
+        "$secs" "$rc" "$got" "$want" "$dir"
+    grep -v -E -- "$pat" "$dir/out" | head -n 12 | cut -c1-240 | sed 's/^/      /'
+    return 1
+}
+
+# Bytes node I's veth received.
+veth_rx() {
+    in_ns "$(node_ns "$1")" cat "/sys/class/net/$NODE_IF/statistics/rx_bytes"
+}
+
+# The mpi transport's own cases (grid --transport mpi --mpi-prog PATH) in the 2-node bed:
+# tests/mpi_prog's collective grid bit for bit in each layout, the bytes that crossed node 1's
+# veth, and a stopped and a killed rank named by the others.
+mpi_prog_cases() {
+    local layout np rx0 rx1 need
+    for layout in "1 1" "2 2" "3 1"; do
+        np=$((${layout// /+}))
+        mpi_case "$layout" "mpi_prog grid (every collective, type, op)" "$np" \
+            "^mpi_prog: rank [0-9]+ of $np: grid ok \\([0-9]+ checks\\)$" -- "$MPI_PROG" grid ||
+            true
+    done
+    # MPI's messages go over the links, not through memory: 2 x (1 + 2) allreduces of 4 MiB
+    # (out of place and in place, warm-up and timed) each bring node 1 at least 4 MiB.
+    need=$((2 * 3 * 4194304))
+    rx0=$(veth_rx 1)
+    if mpi_case "1 1" "loom-perf 4 MiB: node 1's veth received >= $need B" 1 \
+        '^# Out of bounds values : 0 OK' -- "$PERF" -b 4M -e 4M -n 2 -w 1 -c 1; then
+        rx1=$(veth_rx 1)
+        if ((rx1 - rx0 < need)); then
+            GRID_PASS=$((GRID_PASS - 1))
+            GRID_FAIL=$((GRID_FAIL + 1))
+            echo "FAIL  [1 1]    node 1's veth received $((rx1 - rx0)) B during the job, less than $need B:" \
+                "MPI's messages did not cross the link"
+        else
+            echo "      node 1's veth received $((rx1 - rx0)) B"
+        fi
+    fi
+    # A stopped rank (SIGSTOP, in node 1 beside rank 2) and a killed one (SIGKILL, alone in
+    # node 1): the others name it in the same words as over tcp. (The killed rank is alone in its
+    # node because Open MPI 4.1's mpirun --enable-recovery never ends a job in which a rank
+    # exits beside a killed one under another node's daemon, orted: every rank gone, it waits.)
+    LOOM_TIMEOUT=2 mpi_case "2 2" "a stalled rank (SIGSTOP) is named; continued, it fails" 4 \
+        "^mpi_prog: rank (3 of 4: stalled rank failed too: |[0-2] of 4: stall ok: .*allreduce seq 1 \\(count 65536, float32, sum\\): no progress from rank 3 \\(MPI rank 3 [^)]+\\) for [0-9.]+ s \\(LOOM_TIMEOUT=2\\) while (sending to|receiving from) it; the peer is stalled or dead)" \
+        -- "$MPI_PROG" stall || true
+    # PMIX_MCA_plog=stdfd: the ranks' MPI help messages ("peer hung up") are not handed up to
+    # Open MPI's daemons, whose handler of them (pmix_server_log_fn) crashed mpirun here about
+    # one job in five in this case, taking the survivors with it.
+    PMIX_MCA_plog=stdfd LOOM_TIMEOUT=2 mpi_case "3 1" "a killed rank (SIGKILL) is named" 3 \
+        "^mpi_prog: rank [0-2] of 4: kill ok: ((.*: )?rank 3 \\([^)]*pid [0-9]+\\) died during (allreduce seq 1 |the job, while this rank was outside calls)|.*allreduce seq 1 .*rank 3 \\()" \
+        --recovery -- "$MPI_PROG" kill || true
+}
 
 # One grid combination: layout, algo ("auto" = LOOM_ALGO unset), label, loom-perf arguments.
 grid_case() {
@@ -441,12 +670,15 @@ grid_case() {
     local dir rc=0 t0 t1 secs
     dir=$GRID_DIR/case$((GRID_PASS + GRID_FAIL))
     mkdir -p "$dir"
+    # torchrun's way (`run`), or one Open MPI job (`mpirun`: the ranks' output in its own)
+    local -a how=(run "$layout" --timeout 120 --logdir "$dir")
+    ((GRID_MPI == 0)) || how=(mpirun "$layout" --timeout 120)
     t0=$EPOCHREALTIME
     if [[ $algo == auto ]]; then
-        env -u LOOM_ALGO "$SELF" run "$layout" --timeout 120 --logdir "$dir" -- "$PERF" "$@" \
+        env -u LOOM_ALGO "$SELF" "${how[@]}" -- "$PERF" "$@" \
             >"$dir/stdout" 2>"$dir/stderr" 9>&- || rc=$?
     else
-        LOOM_ALGO=$algo "$SELF" run "$layout" --timeout 120 --logdir "$dir" -- "$PERF" "$@" \
+        LOOM_ALGO=$algo "$SELF" "${how[@]}" -- "$PERF" "$@" \
             >"$dir/stdout" 2>"$dir/stderr" 9>&- || rc=$?
     fi
     t1=$EPOCHREALTIME
@@ -471,6 +703,7 @@ cmd_grid() {
         --perf) perf=${2:?}; shift 2 ;;
         --algos) algos=${2:?}; shift 2 ;;
         --transport) transport=${2:?}; shift 2 ;;
+        --mpi-prog) MPI_PROG=${2:?}; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) die "grid: unexpected argument '$1'" ;;
         esac
@@ -482,6 +715,16 @@ cmd_grid() {
         # The nodes share one kernel: UCX would reach across them through shared memory.
         [[ $transport != ucx ]] || export UCX_TLS=${UCX_TLS:-tcp}
     fi
+    if [[ $transport == mpi ]]; then
+        GRID_MPI=1
+        find_ompi_mpirun >/dev/null ||
+            die "grid: --transport mpi needs Open MPI's mpirun (Debian package openmpi-bin)"
+    fi
+    if [[ -n $MPI_PROG ]]; then
+        ((GRID_MPI)) || die "grid: --mpi-prog goes with --transport mpi"
+        [[ -x $MPI_PROG ]] || die "grid: no mpi_prog at $MPI_PROG"
+        MPI_PROG=$(cd "$(dirname "$MPI_PROG")" && echo "$PWD/$(basename "$MPI_PROG")")
+    fi
     take_lock
     clean_leftovers
     GRID_DIR=$(mktemp -d /tmp/loomtb-grid.XXXXXX)
@@ -492,6 +735,7 @@ cmd_grid() {
     local start=$SECONDS nnodes layout algo
     local -a layouts
     echo "# testbed grid: loom-perf allreduce, exact check; $PERF${transport:+; LOOM_TRANSPORT=$transport}${transport:+${UCX_TLS:+ UCX_TLS=$UCX_TLS}}"
+    ((GRID_MPI == 0)) || echo "# every case one Open MPI job (mpirun in node 0, ob1 + tcp BTL on $NODE_IF)${MPI_PROG:+; mpi_prog: $MPI_PROG}"
     for nnodes in 2 3; do
         [[ -z $(tb_namespaces) ]] || teardown
         bed_up "$nnodes"
@@ -509,6 +753,7 @@ cmd_grid() {
                 done
             fi
         done
+        if ((nnodes == 2)) && [[ -n $MPI_PROG ]]; then mpi_prog_cases; fi
     done
     teardown
     trap - EXIT
@@ -620,6 +865,8 @@ main() {
     up) cmd_up "$@" ;;
     down) cmd_down "$@" ;;
     run) cmd_run "$@" ;;
+    mpirun) cmd_mpirun "$@" ;;
+    ns-exec) cmd_ns_exec "$@" ;;
     grid) cmd_grid "$@" ;;
     bench) cmd_bench "$@" ;;
     -h | --help | help) usage ;;

@@ -1,19 +1,23 @@
 /*
- * One rank of a job under mpirun (tests/mpi_test.sh): loom started from MPI, and the collective
- * grid compared bit for bit with values computed here.
+ * One rank of a job under mpirun (tests/mpi_test.sh, and the test bed's namespaces:
+ * scripts/testbed.sh grid --transport mpi): loom started from MPI, and the collective grid
+ * compared bit for bit with values computed here.
  *
- *   mpi_prog grid [env]  loomCommInitMpi(MPI_COMM_WORLD) (env: loomCommInitFromEnv, which meets
- *                        over MPI since MPI runs), then every collective over every type, the
- *                        exact operations, counts 0, 1, odd and large, in place and out of place,
- *                        then an allreduce on each half of a loomCommSplit
- *   mpi_prog thread      (with MPI_PROG_LEVEL=funneled) a loom call from a second thread is
- * refused, naming the thread level mpi_prog split       loomCommInitMpi on MPI_Comm_split(world,
- * rank % 2): the grid on each half mpi_prog stall       the last rank is stopped (SIGSTOP, by rank
- * 0) while the others allreduce: each of them must fail naming it ("no progress from rank N-1");
- * then it is continued and fails too (its peers aborted) mpi_prog mismatch    rank 0 sends 10 int32
- * where rank 1 receives 12: rank 1's error names both calls (the length in the header, the metadata
- * tell which), as over tcp mpi_prog kill        the last rank is killed (SIGKILL) in the middle of
- * the job: the others must fail naming it (mpirun --enable-recovery lets them run on)
+ * mpi_prog grid [env]: loomCommInitMpi(MPI_COMM_WORLD) (env: loomCommInitFromEnv, which meets
+ *   over MPI since MPI runs), then every collective over every type, the exact operations,
+ *   counts 0, 1, odd and large, in place and out of place, then an allreduce on each half of a
+ *   loomCommSplit.
+ * mpi_prog thread: (with MPI_PROG_LEVEL=funneled) a loom call from a second thread is refused,
+ *   naming the thread level.
+ * mpi_prog split: loomCommInitMpi on MPI_Comm_split(world, rank % 2): the grid on each half.
+ * mpi_prog stall: the last rank stops itself (SIGSTOP) while the others allreduce: each of them
+ *   must fail naming it ("no progress from rank N-1 (...)", with the operation's seq); then rank
+ *   0 continues it and its own call fails too (its peers gave up).
+ * mpi_prog mismatch: rank 0 sends 10 int32 where rank 1 receives 12: rank 1's error names both
+ *   calls (the length in the header, the metadata tell which), as over tcp.
+ * mpi_prog kill: the last rank is killed (SIGKILL) in the middle of the job: the others must
+ *   fail naming it (mpirun --enable-recovery lets them run on).
+ * The stall and kill checks read the same over every LOOM_TRANSPORT (see fault()).
  *
  * Prints "mpi_prog: rank R of N: <mode> ok (K checks)" on success, or the error with "mpi_prog:
  * rank R: ..." and exits 1. The inputs are small integers, so every sum, product, maximum and
@@ -315,7 +319,28 @@ static void *other_thread(void *arg)
     return NULL;
 }
 
-/* A rank stops or leaves while the others allreduce: each of them must name it. */
+/* Whether process pid is stopped (state T in /proc/PID/stat). */
+static bool is_stopped(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[k] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    return p && p[1] == ' ' && p[2] == 'T';
+}
+
+/* A rank stops or leaves while the others allreduce: each of them must name it, in the same
+ * words over every transport (tcp, mpi, ucx; only the peer's address in parentheses differs):
+ * the operation and its seq, and "no progress from rank V (...) ... stalled or dead" for a
+ * stopped rank; for a killed one that, or the job-state service's "rank V (host, pid N) died
+ * during ...", or the transport's "connection to rank V (...)" failure. The stopped rank stops
+ * itself before the call (as in test_fail's stalled_rank: its peers then wait on a rank that
+ * sent nothing, whatever the transport buffers), and rank 0 continues it once its own call has
+ * failed and the victim is seen stopped. */
 static int fault(loomComm_t comm, bool stop, int n)
 {
     int victim = n - 1;
@@ -330,10 +355,14 @@ static int fault(loomComm_t comm, bool stop, int n)
         fprintf(stderr, "mpi_prog: rank %d kills itself\n", me);
         kill(getpid(), SIGKILL);
     }
-    if (me == 0 && stop && kill(pids[victim], SIGSTOP) != 0) DIE("kill(SIGSTOP)");
+    if (me == victim && stop) raise(SIGSTOP);
     loomResult_t r = loomAllReduce(v, v, COUNT, loomFloat32, loomSum, comm, NULL);
     const char *err = loomGetLastError(comm);
-    if (me == 0 && stop) kill(pids[victim], SIGCONT);
+    if (me == 0 && stop) {
+        for (int i = 0; i < 1000 && !is_stopped(pids[victim]); i++)
+            usleep(10000);
+        if (kill(pids[victim], SIGCONT) != 0) DIE("kill(SIGCONT)");
+    }
     if (me == victim) {
         /* continued: its peers gave up on it */
         if (r == loomSuccess) DIE("the stopped rank's allreduce succeeded");
@@ -342,14 +371,23 @@ static int fault(loomComm_t comm, bool stop, int n)
     }
     if (r == loomSuccess)
         DIE("the allreduce succeeded while rank %d was %s", victim, stop ? "stopped" : "gone");
-    /* named by the mpi transport ("rank 3 (MPI rank 3 ..."), or, for a dead rank, by the
-     * job-state service's verdict ("rank 3 (host, pid N) died ...") */
-    char want[64], verdict[64];
-    snprintf(want, sizeof(want), "rank %d (MPI rank %d", victim, victim);
-    snprintf(verdict, sizeof(verdict), "rank %d (", victim);
-    bool named = strstr(err, want) != NULL ||
-                 (!stop && strstr(err, verdict) != NULL && strstr(err, ") died during ") != NULL);
-    if (!named) DIE("the error does not name the rank (%s): %s", want, err);
+    char want[64], dead[64];
+    snprintf(want, sizeof(want), "no progress from rank %d (", victim);
+    snprintf(dead, sizeof(dead), "rank %d (", victim);
+    /* a stopped rank: the same words over every transport, with the operation and its seq; a
+     * killed one: the job-state service's verdict (naming the operation this rank was in, or
+     * that it was outside calls: the verdict can come before this rank's call starts), or the
+     * transport's own words about the lost peer with the operation's seq, as test_fail asks */
+    bool named;
+    if (stop)
+        named = strstr(err, want) != NULL && strstr(err, "the peer is stalled or dead") != NULL &&
+                strstr(err, "seq ") != NULL;
+    else
+        named = strstr(err, dead) != NULL &&
+                (strstr(err, ") died during ") != NULL || strstr(err, "seq ") != NULL);
+    if (!named)
+        DIE("the error does not name rank %d %s (with the operation's seq): %s", victim,
+            stop ? "as stalled" : "as gone", err);
     printf("mpi_prog: rank %d of %d: %s ok: %s\n", me, n, stop ? "stall" : "kill", err);
     return 0;
 }

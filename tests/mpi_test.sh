@@ -68,18 +68,31 @@ want="^mpi_prog: rank [0-2]: second thread refused: .*MPI_THREAD_FUNNELED" \
     "$prog" thread
 want="^mpi_prog: rank 1: mismatch reported" run "length mismatch over mpi" 120 1 \
     "${mpi[@]}" -np 2 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=10 "$prog" mismatch
-for np in 3 4; do
-    want="^mpi_prog: rank [0-9]+ of $np: stall ok: .*rank $((np - 1)) \(MPI rank $((np - 1))" \
-        run "a stalled rank (SIGSTOP) named over mpi, $np ranks" 120 $((np - 1)) \
-        "${mpi[@]}" -np "$np" -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=2 "$prog" stall &&
-        { grep -q "rank $((np - 1)) of $np: stalled rank failed too" "$out" ||
-          fail "stall, $np ranks: the continued rank did not fail"; }
+want="^mpi_prog: rank [0-9]+ of 3: stall ok: .*rank 2 \(MPI rank 2" \
+    run "a stalled rank (SIGSTOP) named over mpi, 3 ranks" 120 2 \
+    "${mpi[@]}" -np 3 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=2 "$prog" stall &&
+    { grep -q "rank 2 of 3: stalled rank failed too" "$out" ||
+      fail "stall, 3 ranks: the continued rank did not fail"; }
+# A stopped and a killed rank give the same words over every transport, only the peer's
+# address in parentheses differs (tcp: host:port, ucx: host:pid, mpi: its MPI rank and pid):
+# the operation with its seq, then "no progress from rank 3 (...) for 2.0 s (LOOM_TIMEOUT=2)
+# while receiving from it; the peer is stalled or dead"; for a killed rank the job-state
+# service's verdict "rank 3 (host, pid N) died during allreduce seq 1 (...)" (or "... during
+# the job, while this rank was outside calls", when it comes first), or, without it, the
+# transport's own words naming rank 3 and the operation's seq (tcp: "connection closed by rank
+# 3 (...)", ucx: "connection to rank 3 (...) failed", mpi: "no progress from rank 3 (...)").
+transports="tcp mpi"
+[ "${MPI_PROG_UCX:-0}" = 1 ] && transports+=" ucx"
+for t in $transports; do
+    want="^mpi_prog: rank [0-2] of 4: stall ok: .*allreduce seq 1 \(count 65536, float32, sum\): no progress from rank 3 \([^)]+\) for [0-9.]+ s \(LOOM_TIMEOUT=2\) while (sending to|receiving from) it; the peer is stalled or dead" \
+        run "a stalled rank (SIGSTOP) named over $t, 4 ranks" 120 3 \
+        "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" stall &&
+        { grep -q "rank 3 of 4: stalled rank failed too" "$out" ||
+          fail "stall over $t: the continued rank did not fail"; }
+    want="^mpi_prog: rank [0-2] of 4: kill ok: ((.*: )?rank 3 \([^)]*pid [0-9]+\) died during (allreduce seq 1 |the job, while this rank was outside calls)|.*allreduce seq 1 .*rank 3 \()" \
+        run "a killed rank (SIGKILL) named over $t, 4 ranks" 120 3 \
+        "${mpi[@]}" --enable-recovery -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" kill
 done
-# the cause is the job-state service's verdict (every rank names the dead one at once), or,
-# without it, the mpi transport's "no progress from rank 3 (MPI rank 3 ..."
-want="^mpi_prog: rank [0-9]+ of 4: kill ok: (.*no progress from rank 3 \(MPI rank 3|(.*: )?rank 3 \([^)]*pid [0-9]+\) died during allreduce)" \
-    run "a killed rank (SIGKILL) named over mpi, 4 ranks" 120 3 \
-    "${mpi[@]}" --enable-recovery -np 4 -x LOOM_TRANSPORT=mpi -x LOOM_TIMEOUT=2 "$prog" kill
 
 if [ -n "$perf" ]; then
     want="^# Collective test starting: loom-perf \(allreduce, 4 ranks\)" run "loom-perf over mpi under mpirun -np 4" 300 1 \

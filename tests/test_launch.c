@@ -7,7 +7,11 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,6 +472,196 @@ START_TEST(job_errors)
 }
 END_TEST
 
+/* ---- the PMI-1 client after a failed open (src/core/pmi1.c) ---- */
+
+/* A PMI-1 server of one connection at a time, on a thread, that refuses the first init and
+ * serves the second rendezvous in full (as Hydra would rank 1 of 2), recording what it was sent
+ * and any line that breaks the protocol: the second attempt must start over (introduction, init)
+ * on a new connection (PMI_PORT; the refused one closed) or on the launcher's descriptor again
+ * (PMI_FD; left open), never carry on where the refused one stopped. */
+typedef struct {
+    int lfd;       /* PMI_PORT: the listening socket; -1 for PMI_FD */
+    int fd;        /* PMI_FD: the server's end of the socket pair */
+    char got[512]; /* the commands, as "initack init | initack init get_maxes ..." */
+    char bad[512]; /* the first violation, if any */
+    unsigned char id[sizeof(loomUniqueId)];
+} pmi1_srv_t;
+
+/* One line (without its newline) within 10 s; false at EOF, an error or the deadline. */
+static bool srv_line(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    double end = h_now_s() + 10;
+    while (n + 1 < cap) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (h_now_s() > end || poll(&p, 1, 100) < 0) return false;
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char ch;
+        if (read(fd, &ch, 1) != 1) return false;
+        if (ch == '\n') break;
+        buf[n++] = ch;
+    }
+    buf[n] = '\0';
+    return true;
+}
+
+static void srv_say(int fd, const char *s)
+{
+    ck_assert_int_eq(write(fd, s, strlen(s)), (ssize_t)strlen(s));
+}
+
+/* Expects a line starting with `cmd=want` on fd; records it, or the violation. */
+static bool srv_expect(pmi1_srv_t *v, int fd, const char *want)
+{
+    char line[1024], cmd[64];
+    snprintf(cmd, sizeof(cmd), "cmd=%s", want);
+    if (!srv_line(fd, line, sizeof(line))) {
+        if (!v->bad[0]) snprintf(v->bad, sizeof(v->bad), "no %s (end of stream)", cmd);
+        return false;
+    }
+    size_t l = strlen(cmd);
+    if (strncmp(line, cmd, l) != 0 || (line[l] != ' ' && line[l] != '\0')) {
+        if (!v->bad[0])
+            snprintf(v->bad, sizeof(v->bad), "expected %s, got \"%.200s\" (after: %.200s)", cmd,
+                     line, v->got);
+        return false;
+    }
+    size_t g = strlen(v->got);
+    snprintf(v->got + g, sizeof(v->got) - g, "%s%s", g ? " " : "", want);
+    return true;
+}
+
+static void *pmi1_srv_main(void *arg)
+{
+    pmi1_srv_t *v = arg;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = v->fd;
+        if (v->lfd >= 0) {
+            struct pollfd p = {.fd = v->lfd, .events = POLLIN};
+            if (poll(&p, 1, 10000) != 1) {
+                snprintf(v->bad, sizeof(v->bad), "no connection %d within 10 s (after: %.200s)",
+                         attempt + 1, v->got);
+                return NULL;
+            }
+            fd = accept(v->lfd, NULL, NULL);
+            if (fd < 0) {
+                snprintf(v->bad, sizeof(v->bad), "accept: %s", strerror(errno));
+                return NULL;
+            }
+            if (!srv_expect(v, fd, "initack")) goto out;
+            srv_say(fd, "cmd=initack\ncmd=set size=2\ncmd=set rank=1\ncmd=set debug=0\n");
+        }
+        if (!srv_expect(v, fd, "init")) goto out;
+        if (attempt == 0) {
+            srv_say(fd, "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1 "
+                        "msg=version_not_supported\n");
+            size_t g = strlen(v->got);
+            snprintf(v->got + g, sizeof(v->got) - g, " |");
+            if (v->lfd >= 0) {
+                /* the refused connection: loom closes it without another word */
+                char line[256];
+                if (srv_line(fd, line, sizeof(line)) && !v->bad[0])
+                    snprintf(v->bad, sizeof(v->bad),
+                             "the refused connection was used again: \"%.200s\"", line);
+                close(fd);
+                if (v->bad[0]) return NULL;
+            }
+            continue;
+        }
+        srv_say(fd, "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n");
+        if (!srv_expect(v, fd, "get_maxes")) goto out;
+        srv_say(fd, "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024\n");
+        if (!srv_expect(v, fd, "get_my_kvsname")) goto out;
+        srv_say(fd, "cmd=my_kvsname kvsname=kvs_7_0 rc=0\n");
+        if (!srv_expect(v, fd, "barrier_in")) goto out;
+        srv_say(fd, "cmd=barrier_out\n");
+        if (!srv_expect(v, fd, "get")) goto out;
+        char val[2 * sizeof(v->id) + 1];
+        for (size_t i = 0; i < sizeof(v->id); i++)
+            snprintf(val + 2 * i, 3, "%02x", v->id[i]);
+        char reply[sizeof(val) + 64];
+        snprintf(reply, sizeof(reply), "cmd=get_result rc=0 value=%s\n", val);
+        srv_say(fd, reply);
+    out:
+        if (v->lfd >= 0) close(fd);
+        return NULL;
+    }
+    return NULL;
+}
+
+/* Two rendezvous through the server: the first fails naming the refusal, the second succeeds
+ * with the server's id. */
+static void pmi1_twice(pmi1_srv_t *v, int loom_fd)
+{
+    for (size_t i = 0; i < sizeof(v->id); i++)
+        v->id[i] = (unsigned char)(i * 7 + 3);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, pmi1_srv_main, v), 0);
+    launch_env_t e = {.found = true,
+                      .name = "MPICH/Hydra",
+                      .vars = "PMI_RANK/PMI_SIZE",
+                      .rank = 1,
+                      .nranks = 2,
+                      .local_rank = -1,
+                      .meet = LAUNCH_MEET_PMI1};
+    loomUniqueId id;
+    int n = 0;
+    base_clear_error();
+    ck_assert_int_ne(launch_pmi1_meet(&e, &id, &n), loomSuccess);
+    const char *err = base_last_error();
+    ck_assert_msg(strstr(err, "answered cmd=init") && strstr(err, "version_not_supported"),
+                  "first attempt: %s", err);
+    if (loom_fd >= 0) ck_assert_msg(fcntl(loom_fd, F_GETFD) != -1, "PMI_FD closed by loom");
+    memset(&id, 0, sizeof(id));
+    loomResult_t r = launch_pmi1_meet(&e, &id, &n);
+    const char *err2 = r == loomSuccess ? "" : base_last_error();
+    pthread_join(t, NULL);
+    ck_assert_msg(r == loomSuccess && !v->bad[0], "second attempt: %s (the server saw: %s; %s)",
+                  r == loomSuccess ? "succeeded" : err2, v->got, v->bad[0] ? v->bad : "no error");
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(memcmp(&id, v->id, sizeof(id)), 0);
+}
+
+START_TEST(pmi1_port_after_refusal)
+{
+    clear_launch_env();
+    pmi1_srv_t *v = calloc(1, sizeof(*v));
+    v->fd = -1;
+    v->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    ck_assert_int_eq(bind(v->lfd, (struct sockaddr *)&a, al), 0);
+    ck_assert_int_eq(listen(v->lfd, 4), 0);
+    ck_assert_int_eq(getsockname(v->lfd, (struct sockaddr *)&a, &al), 0);
+    char port[64];
+    snprintf(port, sizeof(port), "127.0.0.1:%d", ntohs(a.sin_port));
+    setenv("PMI_PORT", port, 1);
+    setenv("PMI_ID", "1", 1);
+    pmi1_twice(v, -1);
+    ck_assert_str_eq(v->got, "initack init | initack init get_maxes get_my_kvsname barrier_in get");
+    close(v->lfd);
+    free(v);
+}
+END_TEST
+
+START_TEST(pmi1_fd_after_refusal)
+{
+    clear_launch_env();
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pmi1_srv_t *v = calloc(1, sizeof(*v));
+    v->lfd = -1;
+    v->fd = sv[0];
+    char fds[16];
+    snprintf(fds, sizeof(fds), "%d", sv[1]);
+    setenv("PMI_FD", fds, 1);
+    pmi1_twice(v, sv[1]);
+    ck_assert_str_eq(v->got, "init | init get_maxes get_my_kvsname barrier_in get");
+    close(sv[0]);
+    free(v);
+}
+END_TEST
+
 static Suite *launch_suite(void)
 {
     Suite *s = suite_create("launch");
@@ -487,6 +681,11 @@ static Suite *launch_suite(void)
     tcase_add_test(j, job_errors);
     tcase_add_test(j, job_other_secret);
     suite_add_tcase(s, j);
+    TCase *p = tcase_create("pmi1");
+    tcase_set_timeout(p, 60);
+    tcase_add_test(p, pmi1_port_after_refusal);
+    tcase_add_test(p, pmi1_fd_after_refusal);
+    suite_add_tcase(s, p);
     return s;
 }
 

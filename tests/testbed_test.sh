@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # meson test 'testbed': the multi-node grid (scripts/testbed.sh grid) with this build's loom-perf;
-# further arguments go to the grid (testbed-ucx: --transport ucx --algos "...").
+# further arguments go to the grid (testbed-ucx: --transport ucx --algos "..."; testbed-mpi:
+# --transport mpi --mpi-prog PATH).
 # Needs root, `ip netns` and `tc`; without them it exits 77, which meson counts as skipped.
 set -euo pipefail
 perf=${1:?usage: tests/testbed_test.sh PATH/TO/loom-perf [grid arguments]}

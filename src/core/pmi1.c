@@ -238,6 +238,20 @@ static loomResult_t pmi1_open(pmi1_ctx_t *c, char *line)
     return loomSuccess;
 }
 
+/* Forgets the connection and everything its server said, so that the next attempt starts from
+ * the beginning (and the exit handler says nothing on it) after an open that failed half way: a
+ * connection loom made (PMI_PORT) is closed; the launcher's descriptor (PMI_FD) stays open, as
+ * the launcher left it, for whatever speaks to the server after loom. */
+static void pmi1_forget(bool ours)
+{
+    if (ours && pmi1_fd >= 0) close(pmi1_fd);
+    pmi1_fd = -1;
+    pmi1_pid = 0;
+    pmi1_kvs[0] = '\0';
+    pmi1_vallen = 256;
+    pmi1_size = pmi1_rank = -1;
+}
+
 static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, int *nranks)
 {
     char how[300], *line = malloc(PMI1_LINE);
@@ -253,8 +267,10 @@ static loomResult_t pmi1_meet_locked(const launch_env_t *e, loomUniqueId *id, in
                     .deadline_ns = t > 0 ? base_now_ns() + (uint64_t)(t * 4e9) : UINT64_MAX / 2};
     loomResult_t r = loomSuccess;
     if (pmi1_fd < 0 || pmi1_pid != getpid()) {
-        pmi1_fd = -1;
+        /* (a forked child's inherited descriptor is its parent's: not closed here) */
+        pmi1_forget(false);
         r = pmi1_open(&c, line);
+        if (r != loomSuccess) pmi1_forget(fds == NULL);
     }
     int size = e->nranks;
     if (r == loomSuccess && pmi1_size > 0) {

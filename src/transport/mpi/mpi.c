@@ -806,36 +806,104 @@ static void mpi_abort(transport_ctx_t *ctx, const char *reason)
     transport_abort_grace(abort_grace_step, ctx);
 }
 
+/* How long a destroy waits for the requests MPI still holds. */
+#define MT_FINI_WAIT_NS 1000000000ull
+
+/* Tests one request that fini waits for: true once MPI is done with it (MPI_REQUEST_NULL). */
+static bool fini_done(MPI_Request *q)
+{
+    if (*q == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    if (MPI_Test(q, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        /* a failed request (the peer died): MPI has given it up */
+        if (*q != MPI_REQUEST_NULL) MPI_Request_free(q);
+        *q = MPI_REQUEST_NULL;
+        return true;
+    }
+    return flag != 0;
+}
+
+/* Whether every request of c (its own and its transfers') is done; tests each once. */
+static bool fini_conn_done(transport_conn_t *c)
+{
+    bool done = fini_done(&c->ctrl_rreq);
+    done = fini_done(&c->ping_sreq) && done;
+    done = fini_done(&c->abort_sreq) && done;
+    for (transport_req_t *r = c->reqs; r; r = r->next)
+        for (int k = 0; k < 2; k++)
+            done = fini_done(&r->mreq[k]) && done;
+    return done;
+}
+
+/*
+ * The communicator goes away with requests outstanding (it failed or was abandoned): their
+ * buffers (the caller's, the executor's, the headers inside the requests) are freed right after.
+ * Receives nothing has matched are cancelled; the others, and every send, are waited for, up to
+ * MT_FINI_WAIT_NS: MPI would otherwise write a message that arrives late into freed memory, or
+ * read a send's freed buffer when the peer's receive matches it (a stalled rank continued after
+ * its peers gave up: their sends match its receives while it destroys). Whatever MPI still holds
+ * at the bound is left to it (MPI_Request_free) and its connection's memory is not freed.
+ */
 static void mpi_fini(transport_ctx_t *ctx)
 {
     if (ctx == NULL) return;
     bool may_call = mpi_lib_running() && thread_may_call();
-    if (may_call) mpi_lib_lock();
+    int kept = 0;
+    if (may_call) {
+        mpi_lib_lock();
+        for (int i = 0; i < ctx->nactive; i++) {
+            transport_conn_t *c = ctx->active[i];
+            if (c->ctrl_rreq != MPI_REQUEST_NULL) MPI_Cancel(&c->ctrl_rreq);
+            for (transport_req_t *r = c->reqs; r; r = r->next)
+                for (int k = 0; k < 2 && !r->send; k++)
+                    if (r->mreq[k] != MPI_REQUEST_NULL) MPI_Cancel(&r->mreq[k]);
+        }
+        uint64_t end = base_now_ns() + MT_FINI_WAIT_NS;
+        for (;;) {
+            bool all = true;
+            for (int i = 0; i < ctx->nactive; i++)
+                all = fini_conn_done(ctx->active[i]) && all;
+            if (all || base_now_ns() >= end) break;
+            mpi_lib_unlock();
+            usleep(1000);
+            mpi_lib_lock();
+        }
+        for (int i = 0; i < ctx->nactive; i++) {
+            transport_conn_t *c = ctx->active[i];
+            if (fini_conn_done(c)) continue;
+            int ns = 0, nr = 0;
+            MPI_Request *qs[3] = {&c->ctrl_rreq, &c->ping_sreq, &c->abort_sreq};
+            for (int k = 0; k < 3; k++)
+                if (*qs[k] != MPI_REQUEST_NULL) {
+                    MPI_Request_free(qs[k]);
+                    *(k ? &ns : &nr) += 1;
+                }
+            for (transport_req_t *r = c->reqs; r; r = r->next)
+                for (int k = 0; k < 2; k++)
+                    if (r->mreq[k] != MPI_REQUEST_NULL) {
+                        MPI_Request_free(&r->mreq[k]);
+                        *(r->send ? &ns : &nr) += 1;
+                    }
+            /* after a failure, usually sends the peer will never receive (it gave up too) */
+            INFO(LOG_NET,
+                 "mpi: %d sends and %d receives with %s still in MPI's hands %.1f s after the "
+                 "communicator was destroyed: left to MPI",
+                 ns, nr, c->head.name, MT_FINI_WAIT_NS / 1e9);
+            ctx->active[i] = NULL; /* MPI may still write its header and control buffers */
+            kept++;
+        }
+        mpi_lib_unlock();
+    }
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (may_call) {
-            cancel_recv(&c->ctrl_rreq);
-            /* Sends still in flight finish (or not) without us: their buffers are the
-             * caller's, who abandoned them with the communicator. */
-            if (c->ping_sreq != MPI_REQUEST_NULL) MPI_Request_free(&c->ping_sreq);
-            if (c->abort_sreq != MPI_REQUEST_NULL) MPI_Request_free(&c->abort_sreq);
-        }
+        if (c == NULL) continue;
         for (transport_req_t *r = c->reqs, *n; r; r = n) {
             n = r->next;
-            if (may_call) {
-                if (r->send) {
-                    for (int k = 0; k < 2; k++)
-                        if (r->mreq[k] != MPI_REQUEST_NULL) MPI_Request_free(&r->mreq[k]);
-                } else {
-                    cancel_recv(&r->mreq[0]);
-                    cancel_recv(&r->mreq[1]);
-                }
-            }
             free(r);
         }
         free(c);
     }
-    if (may_call) mpi_lib_unlock();
+    if (kept) TRACE(LOG_NET, "mpi: %d connections' memory kept for MPI", kept);
     free(ctx->conns);
     free(ctx->active);
     free(ctx);
