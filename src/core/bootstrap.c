@@ -150,6 +150,26 @@ static bool root_fd_add(int fd)
 }
 
 /* Forgets and closes fd under the lock, so a fork never sees a number that is already reused. */
+static void root_close(int fd);
+
+/* Reads more of a rank's address message into the part of it that lies between the message's
+ * bytes base and end (its fixed part, its addresses, its tag), c->got being how far it came:
+ * 1 when that part is complete, 0 when more is to come, -1 when the rank left (closed here). */
+static int root_recv_part(boot_client_t *c, uint8_t *dst, size_t base, size_t end, const char *as)
+{
+    if (c->got >= end) return 1;
+    ssize_t n = recv(c->hs.fd, dst + (c->got - base), end - c->got, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address", as,
+             c->hs.hello.from_rank);
+        root_close(c->hs.fd);
+        c->state = 3;
+        return -1;
+    }
+    if (n > 0) c->got += (size_t)n;
+    return c->got >= end ? 1 : 0;
+}
+
 static void root_close(int fd)
 {
     pthread_mutex_lock(&root_fd_lock);
@@ -337,18 +357,7 @@ static void *root_main(void *arg)
                 c->state = 1;
             }
             if (c->state == 1) {
-                ssize_t n = 1;
-                if (c->got < sizeof(c->info))
-                    n = recv(c->hs.fd, (uint8_t *)&c->info + c->got, sizeof(c->info) - c->got, 0);
-                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                    WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address", as,
-                         c->hs.hello.from_rank);
-                    root_close(c->hs.fd);
-                    c->state = 3;
-                    continue;
-                }
-                if (n > 0 && c->got < sizeof(c->info)) c->got += (size_t)n;
-                if (c->got < sizeof(c->info)) continue;
+                if (root_recv_part(c, (uint8_t *)&c->info, 0, sizeof(c->info), as) <= 0) continue;
                 if (c->info.addr_bytes > BOOT_ADDR_MAX) {
                     WARN(LOG_BOOT, "bootstrap root %s: rank %d announced %u bytes of addresses", as,
                          c->hs.hello.from_rank, c->info.addr_bytes);
@@ -360,30 +369,9 @@ static void *root_main(void *arg)
                 if (c->info.addr_bytes && c->addr == NULL &&
                     (c->addr = malloc(c->info.addr_bytes)) == NULL)
                     goto out;
-                if (c->got < want) {
-                    n = recv(c->hs.fd, c->addr + (c->got - sizeof(c->info)), want - c->got, 0);
-                    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                        WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
-                             as, c->hs.hello.from_rank);
-                        root_close(c->hs.fd);
-                        c->state = 3;
-                        continue;
-                    }
-                    if (n > 0) c->got += (size_t)n;
-                    if (c->got < want) continue;
-                }
-                if (c->got < want + SOCK_AUTH_TAG) {
-                    n = recv(c->hs.fd, c->tag + (c->got - want), want + SOCK_AUTH_TAG - c->got, 0);
-                    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                        WARN(LOG_BOOT, "bootstrap root %s: rank %d left before sending its address",
-                             as, c->hs.hello.from_rank);
-                        root_close(c->hs.fd);
-                        c->state = 3;
-                        continue;
-                    }
-                    if (n > 0) c->got += (size_t)n;
-                    if (c->got < want + SOCK_AUTH_TAG) continue;
-                }
+                if (root_recv_part(c, c->addr, sizeof(c->info), want, as) <= 0 ||
+                    root_recv_part(c, c->tag, want, want + SOCK_AUTH_TAG, as) <= 0)
+                    continue;
                 if (!sock_auth_check(&c->au, &c->info, sizeof(c->info), c->addr, c->info.addr_bytes,
                                      c->tag)) {
                     char text[400], ps[SOCK_ADDR_STRLEN];
