@@ -137,6 +137,8 @@ struct loomFusion {
     float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
     size_t acc_cap, ecap, mcap, etcap, mtcap;
     loomStats_t cs0;
+    uint64_t t_bucket;     /* when the compressed bucket started */
+    double tm_enc, tm_red; /* its encode and reduce seconds, added to st when it ends */
 };
 
 /* ---- completion and failure ---- */
@@ -513,6 +515,7 @@ static loomResult_t start_bucket(struct loomFusion *f)
     LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
     LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
+    f->t_bucket = base_now_ns();
     pack(f, f->stage);
     float *x = (float *)(void *)f->stage;
     for (int j = 0; j < p; j++) {
@@ -520,6 +523,7 @@ static loomResult_t start_bucket(struct loomFusion *f)
         size_t nj = lo >= f->bk_elems ? 0 : LOOM_MIN(f->shard, f->bk_elems - lo);
         fuse_encode(f->cfg.wire, x + lo, nj, f->shard, NULL, f->wsend + (size_t)j * wb);
     }
+    f->tm_enc = (double)(base_now_ns() - f->t_bucket) * 1e-9;
     o.kind = OPK_ALLTOALL;
     o.send = f->wsend;
     o.recv = f->wrecv;
@@ -536,6 +540,7 @@ static loomResult_t z_reduce(struct loomFusion *f)
     int p = f->nranks;
     size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
     float *e = f->e_tmp, *m = f->m_tmp;
+    uint64_t t0 = base_now_ns();
     for (size_t c = 0; c < nch; c++)
         f->e_in[c] = f->m_in[c] = 0;
     for (int r = 0; r < p; r++) {
@@ -560,6 +565,7 @@ static loomResult_t z_reduce(struct loomFusion *f)
         double bound = (f->e_in[c] / div + fuse_chunk_err(out, c) + p * 0x1p-24 * scale);
         fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
     }
+    f->tm_red = (double)(base_now_ns() - t0) * 1e-9;
     coll_op_t o = {.comm = f->comm,
                    .kind = OPK_ALLGATHER,
                    .send = out,
@@ -579,6 +585,7 @@ static void bucket_done(struct loomFusion *f)
     double relmax = 0, relsum = 0;
     uint64_t reln = 0;
     if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
+    uint64_t t0 = base_now_ns();
     if (f->state == ST_Z_GATHER) {
         size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
         float *x = (float *)(void *)f->stage, *e = f->e_tmp;
@@ -608,6 +615,11 @@ static void bucket_done(struct loomFusion *f)
     else
         f->st.timerCuts++;
     if (f->state == ST_Z_GATHER) {
+        uint64_t t1 = base_now_ns();
+        f->st.decodeSeconds += (double)(t1 - t0) * 1e-9;
+        f->st.compressedSeconds += (double)(t1 - f->t_bucket) * 1e-9;
+        f->st.encodeSeconds += f->tm_enc;
+        f->st.reduceSeconds += f->tm_red;
         f->st.compressedBuckets++;
         f->st.maxRelError = LOOM_MAX(f->st.maxRelError, relmax);
         f->rel_sum += relsum;
