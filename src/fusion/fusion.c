@@ -88,7 +88,7 @@ typedef struct {
     uint64_t first_pos;   /* that segment's tensor position in the step */
 } fz_rec_t;
 
-enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_SCATTER, ST_Z_GATHER };
+enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_PIPE };
 
 struct loomFusion {
     loomComm_t comm;
@@ -126,19 +126,30 @@ struct loomFusion {
     fz_seg_t *bk; /* the bucket's segments (copies) */
     size_t nbk, bkcap;
     fuse_segdesc_t *diag; /* nbk mine, then nranks * nbk gathered */
-    size_t bk_elems, shard;
+    size_t bk_elems;
     loomDataType_t bk_type;
     loomRedOp_t bk_op;
     bool bk_inplace; /* its segments are contiguous in memory */
     uint8_t *stage;
     size_t stage_cap;
-    uint8_t *wsend, *wrecv;
-    size_t wscap, wrcap;
-    float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
-    size_t acc_cap, ecap, mcap, etcap, mtcap;
     loomStats_t cs0;
-    uint64_t t_bucket;     /* when the compressed bucket started */
-    double tm_enc, tm_red; /* its encode and reduce seconds, added to st when it ends */
+    /* the compressed pipeline (z_*, below) */
+    int zS, znslot;       /* network stages per piece (2 flat, 4 by node), buffer slots */
+    int zL, zM, zl, zn;   /* ranks per node, nodes, my local index, my node index */
+    int *zlocal, *zcross; /* ranks of my node by local index; of my local index by node */
+    struct zslot *zs;     /* [znslot] */
+    size_t zsh, zP, zcap; /* values per shard, per piece; the shard size the slots hold */
+    uint64_t zK;          /* pieces in the bucket */
+    int64_t zu;           /* the group running */
+    int zi, zsub;         /* its CPU work done so far: stage, sub-step */
+    coll_op_t *zops;      /* its operations */
+    size_t zopcap;
+    int znops;
+    size_t *bkoff, bkoffcap; /* each bucket segment's offset in the bucket */
+    double z_relmax, z_relsum;
+    uint64_t z_reln;
+    uint64_t t_bucket;             /* when the compressed bucket started */
+    double tm_enc, tm_red, tm_dec; /* its codec seconds, added to st when it ends */
 };
 
 /* ---- completion and failure ---- */
@@ -456,6 +467,467 @@ static uint8_t *seg_ptr(const fz_seg_t *s, size_t es)
     return (uint8_t *)s->t->buf + s->d.off * es;
 }
 
+static void bucket_done(struct loomFusion *f);
+
+/* ---- the compressed pipeline (docs/fusion.md, "Compressed wire") ----
+ *
+ * A compressed bucket travels in pieces of L*M*sh values: L ranks per node (1 when the nodes
+ * are uneven or the communicator is one node: then every rank is a "node" of its own, M = p),
+ * M nodes, shards of sh values. Piece t's part l (M*sh values) belongs to local rank l, and
+ * shard m of that part to the rank of local index l on node m. Per piece:
+ *   C PACK     copy the piece's values out of the tensors (flat: and encode its M shards)
+ *   N RS_I     hier: local rank j receives every local peer's part j, float32 (shm)
+ *   C SUMENC   hier: sum the node's L parts in float32, local-rank order, and encode the shards
+ *   N A2A      shard m goes to node m's rank of my local index, 16-bit
+ *   C REDUCE   decode the M encoded shards of my node index, sum in node order, re-encode
+ *   N AG_X     the encoded sums go to the same M-1 peers
+ *   C DECODE   decode the M sums into my part (flat: and unpack them into the tensors)
+ *   N AG_I     hier: my part (float32) and its chunks' error figures go to the local peers
+ *   C UNPACK   hier: copy the piece back into the tensors
+ * Network stage i of piece t runs in group t + 2i (one group of point-to-point operations, all
+ * stages of that group concurrent); the CPU stage before it runs while group t + 2i - 1 is on
+ * the wire, driven by the progress thread one shard at a time between advances of that group.
+ * So the codec of piece t+1 and t-1 overlaps the transfers of piece t, and a piece's buffers
+ * live for 2S+1 groups (S network stages): that many slots, reused round robin. Every rank
+ * builds the same groups from the bucket's size and the layout alone, so the point-to-point
+ * operations match in order. */
+
+enum { Z_RS_I, Z_A2A, Z_AG_X, Z_AG_I };
+enum { Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK };
+
+typedef struct zslot {
+    float *rin;                 /* hier: the local peers' parts, [L-1][M*sh] */
+    uint8_t *xs, *xr;           /* encoded shards to send, received: [M][wb] */
+    uint8_t *gr;                /* encoded sums, gathered: [M][wb] (mine at my node index) */
+    float *acc;                 /* [sh] */
+    float *err;                 /* the piece's chunk error figures, [L][M*nch] */
+    float *e_in, *m_in, *e, *m; /* per chunk of a shard, [nch] each */
+} zslot_t;
+
+static size_t z_wb(const struct loomFusion *f)
+{
+    return fuse_wire_bytes(f->zsh);
+}
+
+static zslot_t *z_slot(struct loomFusion *f, uint64_t t)
+{
+    return &f->zs[t % (uint64_t)f->znslot];
+}
+
+/* The layout's roles, once per context. */
+static loomResult_t z_init(struct loomFusion *f)
+{
+    if (f->zS) return loomSuccess;
+    const int *node_of, *node_start, *node_ranks;
+    int nn = coll_layout(f->comm, &node_of, &node_start, &node_ranks), p = f->nranks;
+    int L = nn > 0 ? node_start[1] - node_start[0] : 1;
+    bool even = nn > 1 && L > 1;
+    for (int n = 1; n < nn && even; n++)
+        even = node_start[n + 1] - node_start[n] == L;
+    f->zlocal = malloc((size_t)p * sizeof(int));
+    f->zcross = malloc((size_t)p * sizeof(int));
+    if (!f->zlocal || !f->zcross)
+        return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory (pipeline)");
+    if (even) {
+        int me = node_of[f->rank];
+        f->zL = L, f->zM = nn, f->zn = me;
+        for (int j = 0; j < L; j++) {
+            f->zlocal[j] = node_ranks[node_start[me] + j];
+            if (f->zlocal[j] == f->rank) f->zl = j;
+        }
+        for (int m = 0; m < nn; m++)
+            f->zcross[m] = node_ranks[node_start[m] + f->zl];
+        f->zS = 4;
+    } else {
+        f->zL = 1, f->zM = p, f->zl = 0, f->zn = f->rank;
+        f->zlocal[0] = f->rank;
+        for (int m = 0; m < p; m++)
+            f->zcross[m] = m;
+        f->zS = 2;
+    }
+    f->znslot = 2 * f->zS + 1;
+    f->zs = calloc((size_t)f->znslot, sizeof(zslot_t));
+    if (f->zs == NULL)
+        return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory (pipeline)");
+    INFO(LOG_COLL, "fusion %p: compressed pipeline %s, %d local x %d nodes, local index %d",
+         (void *)f, even ? "by node" : "flat", f->zL, f->zM, f->zl);
+    return loomSuccess;
+}
+
+/* Buffers for shards of f->zsh values (kept between buckets; they only grow). */
+static loomResult_t z_buffers(struct loomFusion *f)
+{
+    size_t L = (size_t)f->zL, M = (size_t)f->zM, sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK;
+    if (sh <= f->zcap) return loomSuccess;
+    for (int s = 0; s < f->znslot; s++) {
+        zslot_t *z = &f->zs[s];
+        void **bufs[] = {(void **)&z->rin, (void **)&z->xs,  (void **)&z->xr,   (void **)&z->gr,
+                         (void **)&z->acc, (void **)&z->err, (void **)&z->e_in, (void **)&z->m_in,
+                         (void **)&z->e,   (void **)&z->m};
+        size_t sizes[] = {(L - 1) * M * sh * sizeof(float) + 1,
+                          M * wb,
+                          M * wb,
+                          M * wb,
+                          sh * sizeof(float),
+                          L * M * nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float)};
+        for (size_t k = 0; k < LOOM_ARRAY_SIZE(bufs); k++) {
+            free(*bufs[k]);
+            *bufs[k] = malloc(sizes[k]);
+            if (*bufs[k] == NULL)
+                return base_error(loomSystemError, LOG_COLL,
+                                  "loomFusion: out of memory (pipeline, %zu bytes)", sizes[k]);
+        }
+    }
+    f->zcap = sh;
+    return loomSuccess;
+}
+
+static void z_free(struct loomFusion *f)
+{
+    for (int s = 0; s < f->znslot && f->zs; s++) {
+        zslot_t *z = &f->zs[s];
+        free(z->rin), free(z->xs), free(z->xr), free(z->gr), free(z->acc), free(z->err);
+        free(z->e_in), free(z->m_in), free(z->e), free(z->m);
+    }
+    free(f->zs);
+    free(f->zlocal);
+    free(f->zcross);
+    free(f->bkoff);
+}
+
+/* Copies bucket positions [a, b) between the tensors and the staging buffer (to_stage: pack);
+ * positions from bk_elems on are zeros in the stage. */
+static void z_copy(struct loomFusion *f, size_t a, size_t b, bool to_stage)
+{
+    float *x = (float *)(void *)f->stage;
+    if (to_stage && b > f->bk_elems) {
+        size_t z0 = LOOM_MAX(a, f->bk_elems);
+        memset(x + z0, 0, (b - z0) * sizeof(float));
+    }
+    b = LOOM_MIN(b, f->bk_elems);
+    if (a >= b) return;
+    /* the segment holding a: bkoff is increasing, bkoff[0] = 0 */
+    size_t lo = 0, hi = f->nbk;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (f->bkoff[mid] <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    for (size_t k = lo; k < f->nbk && f->bkoff[k] < b; k++) {
+        const fz_seg_t *s = &f->bk[k];
+        size_t s0 = LOOM_MAX(a, f->bkoff[k]), s1 = LOOM_MIN(b, f->bkoff[k] + s->d.len);
+        float *t = (float *)s->t->buf + s->d.off + (s0 - f->bkoff[k]);
+        if (to_stage)
+            memcpy(x + s0, t, (s1 - s0) * sizeof(float));
+        else
+            memcpy(t, x + s0, (s1 - s0) * sizeof(float));
+    }
+}
+
+static void z_stats(struct loomFusion *f, size_t pos, const float *err, size_t nch)
+{
+    for (size_t c = 0; c < nch && pos + c * FUSE_CHUNK < f->bk_elems; c++) {
+        f->z_relmax = LOOM_MAX(f->z_relmax, (double)err[c]);
+        f->z_relsum += err[c];
+        f->z_reln++;
+    }
+}
+
+/* Bucket position of piece t, part l, shard m. */
+static size_t z_pos(const struct loomFusion *f, uint64_t t, int l, int m)
+{
+    return (size_t)t * f->zP + ((size_t)l * (size_t)f->zM + (size_t)m) * f->zsh;
+}
+
+static int z_cpu_kind(const struct loomFusion *f, int i)
+{
+    static const int flat[] = {Z_PACK, Z_REDUCE, Z_DECODE};
+    static const int hier[] = {Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK};
+    return f->zS == 4 ? hier[i] : flat[i];
+}
+
+static int z_net_kind(const struct loomFusion *f, int i)
+{
+    static const int flat[] = {Z_A2A, Z_AG_X};
+    static const int hier[] = {Z_RS_I, Z_A2A, Z_AG_X, Z_AG_I};
+    return f->zS == 4 ? hier[i] : flat[i];
+}
+
+static int z_substeps(const struct loomFusion *f, int kind)
+{
+    int L = f->zL, M = f->zM;
+    switch (kind) {
+    case Z_PACK: return f->zS == 4 ? L * M : M;
+    case Z_REDUCE: return M + 1;
+    case Z_UNPACK: return L * M;
+    default: return M; /* SUMENC, DECODE */
+    }
+}
+
+/* One sub-step (about one shard's work) of CPU stage `kind` of piece t. */
+static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
+{
+    zslot_t *z = z_slot(f, t);
+    int L = f->zL, M = f->zM, l = f->zl, n = f->zn, wire = f->cfg.wire;
+    size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
+    float *x = (float *)(void *)f->stage;
+    uint64_t t0 = base_now_ns();
+    double *tm = &f->tm_enc;
+    switch (kind) {
+    case Z_PACK: {
+        size_t a = (size_t)t * f->zP + (size_t)s * sh;
+        z_copy(f, a, a + sh, true);
+        if (f->zS == 2) fuse_encode(wire, x + a, sh, sh, NULL, z->xs + (size_t)s * wb);
+        break;
+    }
+    case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
+        float *acc = z->acc, *own = x + z_pos(f, t, l, s), *magsum = z->m;
+        for (size_t c = 0; c < nch; c++)
+            magsum[c] = 0;
+        for (int j = 0; j < L; j++) {
+            const float *in = j == l ? own : z->rin + (size_t)(j < l ? j : j - 1) * part + s * sh;
+            for (size_t c = 0; c < nch; c++) {
+                const float *v = in + c * FUSE_CHUNK;
+                float *d = acc + c * FUSE_CHUNK;
+                uint32_t mb = 0;
+                for (size_t i = 0; i < FUSE_CHUNK; i++) {
+                    uint32_t b;
+                    memcpy(&b, &v[i], sizeof(b));
+                    b &= 0x7fffffffu;
+                    mb = b > mb ? b : mb;
+                }
+                float mx;
+                memcpy(&mx, &mb, sizeof(mx));
+                magsum[c] += mx;
+                if (j == 0)
+                    memcpy(d, v, FUSE_CHUNK * sizeof(float));
+                else
+                    for (size_t i = 0; i < FUSE_CHUNK; i++)
+                        d[i] += v[i];
+            }
+        }
+        uint8_t *out = z->xs + (size_t)s * wb;
+        fuse_encode(wire, acc, sh, sh, NULL, out);
+        /* the float32 sum of L values rounds L-1 times, each at most 2^-24 of the running
+         * magnitude: travels with the encoding's own error, in the chunk's header */
+        for (size_t c = 0; c < nch; c++)
+            fuse_set_chunk_err(out, c, fuse_chunk_err(out, c) + (float)L * 0x1p-24f * magsum[c]);
+        break;
+    }
+    case Z_REDUCE: {
+        tm = &f->tm_red;
+        if (s < M) { /* decode node s's shard (mine from what I sent) into the sum */
+            const uint8_t *in = (s == n ? z->xs : z->xr) + (size_t)s * wb;
+            fuse_decode(wire, in, sh, z->acc, s > 0, z->e, z->m);
+            for (size_t c = 0; c < nch; c++) {
+                z->e_in[c] = (s > 0 ? z->e_in[c] : 0) + z->e[c];
+                z->m_in[c] = (s > 0 ? z->m_in[c] : 0) + z->m[c];
+            }
+            break;
+        }
+        float div = f->bk_op == loomAvg ? (float)f->nranks : 1.0f;
+        if (f->bk_op == loomAvg)
+            for (size_t i = 0; i < sh; i++)
+                z->acc[i] /= div;
+        uint8_t *out = z->gr + (size_t)n * wb;
+        fuse_encode(wire, z->acc, sh, sh, NULL, out);
+        /* The chunk's relative error bound: what the inputs' encodings lost (each sender
+         * measured its own, node sums with their float32 rounding), what the sum's encoding
+         * lost, and float32 accumulation (M roundings of at most 2^-24 of the running
+         * magnitude), over the chunk's magnitude scale, the sum of the inputs' largest
+         * magnitudes (docs/fusion.md). */
+        for (size_t c = 0; c < nch; c++) {
+            double scale = z->m_in[c] / div;
+            double bound = z->e_in[c] / div + fuse_chunk_err(out, c) + M * 0x1p-24 * scale;
+            fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
+        }
+        break;
+    }
+    case Z_DECODE: { /* node s's sum: shard s of my part, final */
+        tm = &f->tm_dec;
+        size_t a = z_pos(f, t, l, s);
+        float *err = z->err + (size_t)l * M * nch + (size_t)s * nch;
+        fuse_decode(wire, z->gr + (size_t)s * wb, sh, x + a, false, err, NULL);
+        if (f->zS == 2) {
+            z_copy(f, a, a + sh, false);
+            z_stats(f, a, err, nch);
+        }
+        break;
+    }
+    case Z_UNPACK: {
+        tm = &f->tm_dec;
+        size_t a = (size_t)t * f->zP + (size_t)s * sh;
+        z_copy(f, a, a + sh, false);
+        z_stats(f, a, z->err + (size_t)s * nch, nch);
+        break;
+    }
+    }
+    *tm += (double)(base_now_ns() - t0) * 1e-9;
+}
+
+static void z_op(struct loomFusion *f, int kind, int peer, void *buf, size_t bytes)
+{
+    f->zops[f->znops++] = (coll_op_t){.comm = f->comm,
+                                      .kind = kind,
+                                      .send = buf,
+                                      .recv = buf,
+                                      .count = bytes,
+                                      .type = loomUint8,
+                                      .op = loomSum,
+                                      .root = peer};
+}
+
+/* Network stage `kind` of piece t: its point-to-point operations, appended to f->zops. */
+static void z_net(struct loomFusion *f, uint64_t t, int kind)
+{
+    zslot_t *z = z_slot(f, t);
+    int L = f->zL, M = f->zM, l = f->zl, n = f->zn;
+    size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
+    float *x = (float *)(void *)f->stage;
+    switch (kind) {
+    case Z_RS_I:
+        for (int j = 0; j < L; j++) {
+            if (j == l) continue;
+            z_op(f, OPK_SEND, f->zlocal[j], x + z_pos(f, t, j, 0), part * sizeof(float));
+            z_op(f, OPK_RECV, f->zlocal[j], z->rin + (size_t)(j < l ? j : j - 1) * part,
+                 part * sizeof(float));
+        }
+        break;
+    case Z_A2A:
+    case Z_AG_X:
+        for (int m = 0; m < M; m++) {
+            if (m == n) continue;
+            if (kind == Z_A2A) {
+                z_op(f, OPK_SEND, f->zcross[m], z->xs + (size_t)m * wb, wb);
+                z_op(f, OPK_RECV, f->zcross[m], z->xr + (size_t)m * wb, wb);
+            } else {
+                z_op(f, OPK_SEND, f->zcross[m], z->gr + (size_t)n * wb, wb);
+                z_op(f, OPK_RECV, f->zcross[m], z->gr + (size_t)m * wb, wb);
+            }
+        }
+        break;
+    case Z_AG_I:
+        for (int j = 0; j < L; j++) {
+            if (j == l) continue;
+            z_op(f, OPK_SEND, f->zlocal[j], x + z_pos(f, t, l, 0), part * sizeof(float));
+            z_op(f, OPK_SEND, f->zlocal[j], z->err + (size_t)l * M * nch, M * nch * sizeof(float));
+            z_op(f, OPK_RECV, f->zlocal[j], x + z_pos(f, t, j, 0), part * sizeof(float));
+            z_op(f, OPK_RECV, f->zlocal[j], z->err + (size_t)j * M * nch, M * nch * sizeof(float));
+        }
+        break;
+    }
+}
+
+/* Group u: starts its network stages and sets up its CPU stages. */
+static loomResult_t z_group(struct loomFusion *f)
+{
+    int64_t u = f->zu, K = (int64_t)f->zK;
+    f->znops = 0;
+    for (int i = 0; i < f->zS; i++) {
+        int64_t t = u - 2 * i;
+        if (t >= 0 && t < K) z_net(f, (uint64_t)t, z_net_kind(f, i));
+    }
+    f->zi = 0;
+    f->zsub = 0;
+    if (f->znops == 0) return loomSuccess;
+    return start_ops(f, f->zops, f->znops);
+}
+
+/* The next CPU sub-step of group u, if any is left (false: all done). */
+static bool z_cpu_next(struct loomFusion *f)
+{
+    int64_t K = (int64_t)f->zK;
+    for (; f->zi <= f->zS; f->zi++, f->zsub = 0) {
+        int64_t t = f->zu - 2 * f->zi + 1;
+        if (t < 0 || t >= K) continue;
+        int kind = z_cpu_kind(f, f->zi);
+        if (f->zsub < z_substeps(f, kind)) {
+            z_cpu(f, (uint64_t)t, kind, f->zsub++);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Compressed bucket agreed: cut it into pieces and start the pipeline. */
+static loomResult_t z_start(struct loomFusion *f)
+{
+    LOOM_CHECK(z_init(f));
+    size_t LM = (size_t)f->zL * (size_t)f->zM;
+    size_t piece = LOOM_MAX(param_size(PARAM_FUSION_WIRE_PIECE) / FUSE_CHUNK, 1) * FUSE_CHUNK;
+    size_t per = (f->bk_elems + LM - 1) / LM;
+    f->zsh = LOOM_MIN(piece, (per + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK);
+    f->zP = LM * f->zsh;
+    f->zK = (f->bk_elems + f->zP - 1) / f->zP;
+    LOOM_CHECK(z_buffers(f));
+    LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, f->zK * f->zP * sizeof(float), 1));
+    LOOM_CHECK(grow((void **)&f->bkoff, &f->bkoffcap, f->nbk, sizeof(*f->bkoff)));
+    LOOM_CHECK(grow((void **)&f->zops, &f->zopcap, (size_t)f->zS * 4 * LOOM_MAX(f->zL, f->zM),
+                    sizeof(*f->zops)));
+    size_t off = 0;
+    for (size_t k = 0; k < f->nbk; k++) {
+        f->bkoff[k] = off;
+        off += f->bk[k].d.len;
+    }
+    f->z_relmax = f->z_relsum = 0;
+    f->z_reln = 0;
+    f->tm_enc = f->tm_red = f->tm_dec = 0;
+    f->t_bucket = base_now_ns();
+    f->zu = -1;
+    f->state = ST_Z_PIPE;
+    return z_group(f);
+}
+
+/* The progress thread's turn while a compressed bucket runs. */
+static uint64_t z_poll(struct loomFusion *f, bool *progressed)
+{
+    if (f->g) {
+        bool done = false, moved = false;
+        loomResult_t r = coll_advance(f->g, &done, &moved);
+        *progressed |= moved;
+        if (done) {
+            f->g = NULL;
+            *progressed = true;
+            if (r != loomSuccess) {
+                char text[FZ_TEXT];
+                snprintf(text, sizeof(text),
+                         "loomFusion: bucket %llu (the compressed pipeline, group %lld of %llu) "
+                         "failed: %s",
+                         (unsigned long long)f->st.buckets, (long long)f->zu,
+                         (unsigned long long)(f->zK + 2 * (uint64_t)f->zS - 1), base_last_error());
+                f->state = ST_IDLE;
+                fz_fail(f, r, text);
+                return UINT64_MAX;
+            }
+        }
+    }
+    if (z_cpu_next(f)) {
+        *progressed = true;
+        return 0;
+    }
+    if (f->g) return 0;
+    /* group u is through, on the wire and in the codec */
+    f->zu++;
+    *progressed = true;
+    if (f->zu > (int64_t)f->zK + 2 * f->zS - 2) {
+        bucket_done(f);
+        return 0;
+    }
+    loomResult_t r = z_group(f);
+    if (r != loomSuccess) {
+        f->state = ST_IDLE;
+        fz_fail(f, r, base_last_error());
+        return UINT64_MAX;
+    }
+    return 0;
+}
+
 /* Bucket [start, cut) agreed and verified: copy its segments out and start it. */
 static loomResult_t start_bucket(struct loomFusion *f)
 {
@@ -498,109 +970,14 @@ static loomResult_t start_bucket(struct loomFusion *f)
         f->state = ST_DATA;
         return start_ops(f, &o, 1);
     }
-    /* Compressed: each rank encodes its bucket in p shards; the all-to-all brings rank j every
-     * rank's shard j, which it decodes and sums in float32 in rank order; the allgather of the
-     * re-encoded sums gives every rank every shard (the owner too uses the decoded value, so
-     * all ranks end bit-identical). Each shard crosses the wire twice as 16-bit values: half
-     * the bytes of the exact ring's reduce-scatter and allgather. */
-    int p = f->nranks;
-    size_t per = (f->bk_elems + (size_t)p - 1) / (size_t)p;
-    f->shard = (per + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK;
-    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, (size_t)p * f->shard * sizeof(float), 1));
-    LOOM_CHECK(grow((void **)&f->wsend, &f->wscap, (size_t)p * wb, 1));
-    LOOM_CHECK(grow((void **)&f->wrecv, &f->wrcap, (size_t)p * wb, 1));
-    LOOM_CHECK(grow((void **)&f->acc, &f->acc_cap, f->shard, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->e_in, &f->ecap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
-    f->t_bucket = base_now_ns();
-    pack(f, f->stage);
-    float *x = (float *)(void *)f->stage;
-    for (int j = 0; j < p; j++) {
-        size_t lo = (size_t)j * f->shard;
-        size_t nj = lo >= f->bk_elems ? 0 : LOOM_MIN(f->shard, f->bk_elems - lo);
-        fuse_encode(f->cfg.wire, x + lo, nj, f->shard, NULL, f->wsend + (size_t)j * wb);
-    }
-    f->tm_enc = (double)(base_now_ns() - f->t_bucket) * 1e-9;
-    o.kind = OPK_ALLTOALL;
-    o.send = f->wsend;
-    o.recv = f->wrecv;
-    o.count = wb;
-    o.type = loomUint8;
-    o.op = loomSum;
-    f->state = ST_Z_SCATTER;
-    return start_ops(f, &o, 1);
-}
-
-/* All-to-all done: decode and sum this rank's shard, re-encode it with its error bound. */
-static loomResult_t z_reduce(struct loomFusion *f)
-{
-    int p = f->nranks;
-    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    float *e = f->e_tmp, *m = f->m_tmp;
-    uint64_t t0 = base_now_ns();
-    for (size_t c = 0; c < nch; c++)
-        f->e_in[c] = f->m_in[c] = 0;
-    for (int r = 0; r < p; r++) {
-        fuse_decode(f->cfg.wire, f->wrecv + (size_t)r * wb, f->shard, f->acc, r > 0, e, m);
-        for (size_t c = 0; c < nch; c++) {
-            f->e_in[c] += e[c];
-            f->m_in[c] += m[c];
-        }
-    }
-    float div = f->bk_op == loomAvg ? (float)p : 1.0f;
-    if (f->bk_op == loomAvg)
-        for (size_t i = 0; i < f->shard; i++)
-            f->acc[i] /= div;
-    uint8_t *out = f->wsend;
-    fuse_encode(f->cfg.wire, f->acc, f->shard, f->shard, NULL, out);
-    /* The chunk's relative error bound: what the inputs' encodings lost (each rank measured
-     * its own), what the sum's encoding lost, and float32 accumulation (p roundings of at most
-     * 2^-24 of the running magnitude), over the chunk's magnitude scale, the sum of the
-     * inputs' largest magnitudes (docs/fusion.md). */
-    for (size_t c = 0; c < nch; c++) {
-        double scale = f->m_in[c] / div;
-        double bound = (f->e_in[c] / div + fuse_chunk_err(out, c) + p * 0x1p-24 * scale);
-        fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
-    }
-    f->tm_red = (double)(base_now_ns() - t0) * 1e-9;
-    coll_op_t o = {.comm = f->comm,
-                   .kind = OPK_ALLGATHER,
-                   .send = out,
-                   .recv = f->wrecv,
-                   .count = wb,
-                   .type = loomUint8,
-                   .op = loomSum,
-                   .root = -1};
-    f->state = ST_Z_GATHER;
-    return start_ops(f, &o, 1);
+    return z_start(f);
 }
 
 /* The bucket's values are in place (exact) or gathered (compressed): finish its tensors. */
 static void bucket_done(struct loomFusion *f)
 {
     size_t es = red_type_size(f->bk_type);
-    double relmax = 0, relsum = 0;
-    uint64_t reln = 0;
     if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
-    uint64_t t0 = base_now_ns();
-    if (f->state == ST_Z_GATHER) {
-        size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-        float *x = (float *)(void *)f->stage, *e = f->e_tmp;
-        for (int j = 0; j < f->nranks; j++) {
-            fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
-                        false, e, NULL);
-            for (size_t c = 0; c < nch; c++) {
-                if (((size_t)j * f->shard + c * FUSE_CHUNK) >= f->bk_elems) break;
-                relmax = LOOM_MAX(relmax, (double)e[c]);
-                relsum += e[c];
-                reln++;
-            }
-        }
-        unpack(f, f->stage);
-    }
     loomStats_t cs = f->cs0;
     (void)loomCommGetStats(f->comm, &cs);
     pthread_mutex_lock(&f->lock);
@@ -614,16 +991,15 @@ static void bucket_done(struct loomFusion *f)
         f->st.flushCuts++;
     else
         f->st.timerCuts++;
-    if (f->state == ST_Z_GATHER) {
-        uint64_t t1 = base_now_ns();
-        f->st.decodeSeconds += (double)(t1 - t0) * 1e-9;
-        f->st.compressedSeconds += (double)(t1 - f->t_bucket) * 1e-9;
+    if (f->state == ST_Z_PIPE) {
+        f->st.compressedSeconds += (double)(base_now_ns() - f->t_bucket) * 1e-9;
         f->st.encodeSeconds += f->tm_enc;
         f->st.reduceSeconds += f->tm_red;
+        f->st.decodeSeconds += f->tm_dec;
         f->st.compressedBuckets++;
-        f->st.maxRelError = LOOM_MAX(f->st.maxRelError, relmax);
-        f->rel_sum += relsum;
-        f->rel_n += reln;
+        f->st.maxRelError = LOOM_MAX(f->st.maxRelError, f->z_relmax);
+        f->rel_sum += f->z_relsum;
+        f->rel_n += f->z_reln;
         f->st.meanRelError = f->rel_n ? f->rel_sum / (double)f->rel_n : 0;
     }
     for (size_t k = 0; k < f->nbk; k++) {
@@ -643,9 +1019,7 @@ static loomResult_t advance_state(struct loomFusion *f)
     case ST_ROUND:
     case ST_VERIFY: return after_round(f);
     case ST_DIAG: return after_diag(f);
-    case ST_Z_SCATTER: return z_reduce(f);
-    case ST_DATA:
-    case ST_Z_GATHER: bucket_done(f); return loomSuccess;
+    case ST_DATA: bucket_done(f); return loomSuccess;
     default: return loomSuccess;
     }
 }
@@ -654,6 +1028,11 @@ static uint64_t fz_poll(void *arg, bool *progressed)
 {
     struct loomFusion *f = arg;
     log_set_rank(f->rank);
+    if (f->state == ST_Z_PIPE) {
+        uint64_t sleep = z_poll(f, progressed);
+        if (f->state != ST_IDLE || sleep == UINT64_MAX) return sleep;
+        return maybe_round(f, progressed);
+    }
     if (f->g) {
         bool done = false, moved = false;
         loomResult_t r = coll_advance(f->g, &done, &moved);
@@ -668,8 +1047,7 @@ static uint64_t fz_poll(void *arg, bool *progressed)
                                                "the digest round",
                                                "the mismatch report",
                                                "the allreduce",
-                                               "the compressed all-to-all",
-                                               "the compressed allgather"};
+                                               "the compressed pipeline"};
             char text[FZ_TEXT];
             snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
                      (unsigned long long)f->st.buckets, what[f->state], base_last_error());
@@ -988,13 +1366,8 @@ LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
     free(f->bk);
     free(f->diag);
     free(f->stage);
-    free(f->wsend);
-    free(f->wrecv);
-    free(f->acc);
-    free(f->e_in);
-    free(f->m_in);
-    free(f->e_tmp);
-    free(f->m_tmp);
+    z_free(f);
+    free(f->zops);
     free(f);
     return loomSuccess;
 }
