@@ -146,6 +146,9 @@ struct loomFusion {
     size_t zopcap;
     int znops;
     size_t *bkoff, bkoffcap; /* each bucket segment's offset in the bucket */
+    struct z_range *zr;      /* z_ranges' answer */
+    size_t zrcap;
+    bool zr_fail;
     double z_relmax, z_relsum;
     uint64_t z_reln;
     uint64_t t_bucket;             /* when the compressed bucket started */
@@ -493,6 +496,11 @@ static void bucket_done(struct loomFusion *f);
  * operations match in order. */
 
 enum { Z_RS_I, Z_A2A, Z_AG_X, Z_AG_I };
+
+typedef struct z_range {
+    float *ptr;      /* tensor memory */
+    size_t pos, len; /* bucket position, values */
+} z_range_t;
 enum { Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK };
 
 typedef struct zslot {
@@ -500,6 +508,8 @@ typedef struct zslot {
     uint8_t *xs, *xr;           /* encoded shards to send, received: [M][wb] */
     uint8_t *gr;                /* encoded sums, gathered: [M][wb] (mine at my node index) */
     float *acc;                 /* [sh] */
+    float *own;                 /* my shard of the piece, gathered from the tensors [sh] */
+    float *part;                /* hier: my part's final values, [M*sh] */
     float *err;                 /* the piece's chunk error figures, [L][M*nch] */
     float *e_in, *m_in, *e, *m; /* per chunk of a shard, [nch] each */
 } zslot_t;
@@ -563,7 +573,7 @@ static loomResult_t z_buffers(struct loomFusion *f)
         zslot_t *z = &f->zs[s];
         void **bufs[] = {(void **)&z->rin, (void **)&z->xs,  (void **)&z->xr,   (void **)&z->gr,
                          (void **)&z->acc, (void **)&z->err, (void **)&z->e_in, (void **)&z->m_in,
-                         (void **)&z->e,   (void **)&z->m};
+                         (void **)&z->e,   (void **)&z->m,   (void **)&z->own,  (void **)&z->part};
         size_t sizes[] = {(L - 1) * M * sh * sizeof(float) + 1,
                           M * wb,
                           M * wb,
@@ -573,7 +583,9 @@ static loomResult_t z_buffers(struct loomFusion *f)
                           nch * sizeof(float),
                           nch * sizeof(float),
                           nch * sizeof(float),
-                          nch * sizeof(float)};
+                          nch * sizeof(float),
+                          sh * sizeof(float),
+                          M * sh * sizeof(float)};
         for (size_t k = 0; k < LOOM_ARRAY_SIZE(bufs); k++) {
             free(*bufs[k]);
             *bufs[k] = malloc(sizes[k]);
@@ -591,27 +603,23 @@ static void z_free(struct loomFusion *f)
     for (int s = 0; s < f->znslot && f->zs; s++) {
         zslot_t *z = &f->zs[s];
         free(z->rin), free(z->xs), free(z->xr), free(z->gr), free(z->acc), free(z->err);
-        free(z->e_in), free(z->m_in), free(z->e), free(z->m);
+        free(z->e_in), free(z->m_in), free(z->e), free(z->m), free(z->own), free(z->part);
     }
     free(f->zs);
     free(f->zlocal);
     free(f->zcross);
     free(f->bkoff);
+    free(f->zr);
 }
 
-/* Copies bucket positions [a, b) between the tensors and the staging buffer (to_stage: pack);
- * positions from bk_elems on are zeros in the stage. */
-static void z_copy(struct loomFusion *f, size_t a, size_t b, bool to_stage)
+/* The tensor memory of bucket positions [a, min(b, bk_elems)): fills f->zr, returns how many
+ * ranges (0 on allocation failure: then f->zr_fail). */
+static size_t z_ranges(struct loomFusion *f, size_t a, size_t b)
 {
-    float *x = (float *)(void *)f->stage;
-    if (to_stage && b > f->bk_elems) {
-        size_t z0 = LOOM_MAX(a, f->bk_elems);
-        memset(x + z0, 0, (b - z0) * sizeof(float));
-    }
     b = LOOM_MIN(b, f->bk_elems);
-    if (a >= b) return;
+    if (a >= b) return 0;
     /* the segment holding a: bkoff is increasing, bkoff[0] = 0 */
-    size_t lo = 0, hi = f->nbk;
+    size_t lo = 0, hi = f->nbk, n = 0;
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
         if (f->bkoff[mid] <= a)
@@ -622,11 +630,30 @@ static void z_copy(struct loomFusion *f, size_t a, size_t b, bool to_stage)
     for (size_t k = lo; k < f->nbk && f->bkoff[k] < b; k++) {
         const fz_seg_t *s = &f->bk[k];
         size_t s0 = LOOM_MAX(a, f->bkoff[k]), s1 = LOOM_MIN(b, f->bkoff[k] + s->d.len);
-        float *t = (float *)s->t->buf + s->d.off + (s0 - f->bkoff[k]);
-        if (to_stage)
-            memcpy(x + s0, t, (s1 - s0) * sizeof(float));
+        if (grow((void **)&f->zr, &f->zrcap, n + 1, sizeof(*f->zr)) != loomSuccess) {
+            f->zr_fail = true;
+            return 0;
+        }
+        f->zr[n++] = (z_range_t){(float *)s->t->buf + s->d.off + (s0 - f->bkoff[k]), s0, s1 - s0};
+    }
+    return n;
+}
+
+/* Copies bucket positions [a, b) between the tensors and buf (buf[0] is position a): gather
+ * (positions from bk_elems on read as zeros) or scatter. */
+static void z_move(struct loomFusion *f, size_t a, size_t b, float *buf, bool gather)
+{
+    if (gather && b > f->bk_elems) {
+        size_t z0 = LOOM_MAX(a, f->bk_elems);
+        memset(buf + (z0 - a), 0, (b - z0) * sizeof(float));
+    }
+    size_t n = z_ranges(f, a, b);
+    for (size_t k = 0; k < n; k++) {
+        const z_range_t *r = &f->zr[k];
+        if (gather)
+            memcpy(buf + (r->pos - a), r->ptr, r->len * sizeof(float));
         else
-            memcpy(t, x + s0, (s1 - s0) * sizeof(float));
+            memcpy(r->ptr, buf + (r->pos - a), r->len * sizeof(float));
     }
 }
 
@@ -663,9 +690,9 @@ static int z_substeps(const struct loomFusion *f, int kind)
 {
     int L = f->zL, M = f->zM;
     switch (kind) {
-    case Z_PACK: return f->zS == 4 ? L * M : M;
+    case Z_PACK: return M;
     case Z_REDUCE: return M + 1;
-    case Z_UNPACK: return L * M;
+    case Z_UNPACK: return L;
     default: return M; /* SUMENC, DECODE */
     }
 }
@@ -676,18 +703,18 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
     zslot_t *z = z_slot(f, t);
     int L = f->zL, M = f->zM, l = f->zl, n = f->zn, wire = f->cfg.wire;
     size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
-    float *x = (float *)(void *)f->stage;
     uint64_t t0 = base_now_ns();
     double *tm = &f->tm_enc;
     switch (kind) {
-    case Z_PACK: {
+    case Z_PACK: { /* flat: shard s, gathered and encoded */
         size_t a = (size_t)t * f->zP + (size_t)s * sh;
-        z_copy(f, a, a + sh, true);
-        if (f->zS == 2) fuse_encode(wire, x + a, sh, sh, NULL, z->xs + (size_t)s * wb);
+        z_move(f, a, a + sh, z->own, true);
+        fuse_encode(wire, z->own, sh, sh, NULL, z->xs + (size_t)s * wb);
         break;
     }
     case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
-        float *acc = z->acc, *own = x + z_pos(f, t, l, s), *magsum = z->m;
+        float *acc = z->acc, *own = z->own, *magsum = z->m;
+        z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, own, true);
         for (size_t c = 0; c < nch; c++)
             magsum[c] = 0;
         for (int j = 0; j < L; j++) {
@@ -749,30 +776,31 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
         }
         break;
     }
-    case Z_DECODE: { /* node s's sum: shard s of my part, final */
+    case Z_DECODE: { /* node s's sum: shard s of my part, final, into the tensors */
         tm = &f->tm_dec;
         size_t a = z_pos(f, t, l, s);
         float *err = z->err + (size_t)l * M * nch + (size_t)s * nch;
-        fuse_decode(wire, z->gr + (size_t)s * wb, sh, x + a, false, err, NULL);
-        if (f->zS == 2) {
-            z_copy(f, a, a + sh, false);
-            z_stats(f, a, err, nch);
-        }
+        float *v = f->zS == 4 ? z->part + (size_t)s * sh : z->own;
+        fuse_decode(wire, z->gr + (size_t)s * wb, sh, v, false, err, NULL);
+        z_move(f, a, a + sh, v, false);
+        if (f->zS == 2) z_stats(f, a, err, nch);
         break;
     }
-    case Z_UNPACK: {
+    case Z_UNPACK: /* hier: the local peers' parts are in the tensors; their error figures */
         tm = &f->tm_dec;
-        size_t a = (size_t)t * f->zP + (size_t)s * sh;
-        z_copy(f, a, a + sh, false);
-        z_stats(f, a, z->err + (size_t)s * nch, nch);
+        z_stats(f, z_pos(f, t, s, 0), z->err + (size_t)s * M * nch, (size_t)M * nch);
         break;
-    }
     }
     *tm += (double)(base_now_ns() - t0) * 1e-9;
 }
 
 static void z_op(struct loomFusion *f, int kind, int peer, void *buf, size_t bytes)
 {
+    if (grow((void **)&f->zops, &f->zopcap, (size_t)f->znops + 1, sizeof(*f->zops)) !=
+        loomSuccess) {
+        f->zr_fail = true;
+        return;
+    }
     f->zops[f->znops++] = (coll_op_t){.comm = f->comm,
                                       .kind = kind,
                                       .send = buf,
@@ -789,16 +817,28 @@ static void z_net(struct loomFusion *f, uint64_t t, int kind)
     zslot_t *z = z_slot(f, t);
     int L = f->zL, M = f->zM, l = f->zl, n = f->zn;
     size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
-    float *x = (float *)(void *)f->stage;
     switch (kind) {
-    case Z_RS_I:
+    case Z_RS_I: {
+        /* straight from and to the tensors' memory: one message per tensor range, split alike
+         * on both sides (every rank holds the same bucket); padding is not sent */
+        size_t mine = z_pos(f, t, l, 0);
         for (int j = 0; j < L; j++) {
             if (j == l) continue;
-            z_op(f, OPK_SEND, f->zlocal[j], x + z_pos(f, t, j, 0), part * sizeof(float));
-            z_op(f, OPK_RECV, f->zlocal[j], z->rin + (size_t)(j < l ? j : j - 1) * part,
-                 part * sizeof(float));
+            size_t n = z_ranges(f, z_pos(f, t, j, 0), z_pos(f, t, j, 0) + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_SEND, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
+            float *in = z->rin + (size_t)(j < l ? j : j - 1) * part;
+            if (mine + part > f->bk_elems) {
+                size_t z0 = LOOM_MAX(mine, f->bk_elems);
+                memset(in + (z0 - mine), 0, (mine + part - z0) * sizeof(float));
+            }
+            n = z_ranges(f, mine, mine + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_RECV, f->zlocal[j], in + (f->zr[k].pos - mine),
+                     f->zr[k].len * sizeof(float));
         }
         break;
+    }
     case Z_A2A:
     case Z_AG_X:
         for (int m = 0; m < M; m++) {
@@ -812,15 +852,23 @@ static void z_net(struct loomFusion *f, uint64_t t, int kind)
             }
         }
         break;
-    case Z_AG_I:
+    case Z_AG_I: {
+        /* my part's values from z->part, the peers' straight into the tensors */
+        size_t mine = z_pos(f, t, l, 0);
         for (int j = 0; j < L; j++) {
             if (j == l) continue;
-            z_op(f, OPK_SEND, f->zlocal[j], x + z_pos(f, t, l, 0), part * sizeof(float));
+            size_t n = z_ranges(f, mine, mine + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_SEND, f->zlocal[j], z->part + (f->zr[k].pos - mine),
+                     f->zr[k].len * sizeof(float));
             z_op(f, OPK_SEND, f->zlocal[j], z->err + (size_t)l * M * nch, M * nch * sizeof(float));
-            z_op(f, OPK_RECV, f->zlocal[j], x + z_pos(f, t, j, 0), part * sizeof(float));
+            n = z_ranges(f, z_pos(f, t, j, 0), z_pos(f, t, j, 0) + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_RECV, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
             z_op(f, OPK_RECV, f->zlocal[j], z->err + (size_t)j * M * nch, M * nch * sizeof(float));
         }
         break;
+    }
     }
 }
 
@@ -835,6 +883,10 @@ static loomResult_t z_group(struct loomFusion *f)
     }
     f->zi = 0;
     f->zsub = 0;
+    if (f->zr_fail)
+        return base_error(loomSystemError, LOG_COLL,
+                          "loomFusion: out of memory (bucket %llu, compressed pipeline)",
+                          (unsigned long long)f->st.buckets);
     if (f->znops == 0) return loomSuccess;
     return start_ops(f, f->zops, f->znops);
 }
@@ -866,7 +918,7 @@ static loomResult_t z_start(struct loomFusion *f)
     f->zP = LM * f->zsh;
     f->zK = (f->bk_elems + f->zP - 1) / f->zP;
     LOOM_CHECK(z_buffers(f));
-    LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, f->zK * f->zP * sizeof(float), 1));
+    f->zr_fail = false;
     LOOM_CHECK(grow((void **)&f->bkoff, &f->bkoffcap, f->nbk, sizeof(*f->bkoff)));
     LOOM_CHECK(grow((void **)&f->zops, &f->zopcap, (size_t)f->zS * 4 * LOOM_MAX(f->zL, f->zM),
                     sizeof(*f->zops)));
