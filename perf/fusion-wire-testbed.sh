@@ -26,10 +26,13 @@ bench=${BENCH:-build/loom-fusion-bench}
 [[ -x $bench ]] || { echo "build first: $bench missing"; exit 2; }
 read -ra nodes <<<"$LAYOUT"
 out=$(mktemp -d)
-trap 'scripts/testbed.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
+trap 'rm -rf "$out"' EXIT
+# The bed is one per machine: `up` refuses when one exists (someone else's run), and only a bed
+# this script brought up is taken down.
 rc=0
 scripts/testbed.sh up "${#nodes[@]}" --rate "$RATE" || rc=$?
 ((rc == 0)) || exit "$rc"
+trap 'scripts/testbed.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
 echo "# fusion-wire-testbed: model $M, layout \"$LAYOUT\", links $RATE, $R rounds," \
     "$(date -u +%FT%TZ), $(nproc) cores, LOOM_FUSION_WIRE_PIECE=${LOOM_FUSION_WIRE_PIECE:-default}"
 for r in $(seq 1 "$R"); do
