@@ -510,6 +510,8 @@ typedef struct zslot {
     float *acc;                 /* [sh] */
     float *own;                 /* my shard of the piece, gathered from the tensors [sh] */
     float *part;                /* hier: my part's final values, [M*sh] */
+    float *mine;                /* the shard I reduce myself, float32 (never encoded) [sh] */
+    float *mine_err, *mine_mag; /* its error so far (hier: the node sum's) and magnitude [nch] */
     float *err;                 /* the piece's chunk error figures, [L][M*nch] */
     float *e_in, *m_in, *e, *m; /* per chunk of a shard, [nch] each */
 } zslot_t;
@@ -571,9 +573,11 @@ static loomResult_t z_buffers(struct loomFusion *f)
     if (sh <= f->zcap) return loomSuccess;
     for (int s = 0; s < f->znslot; s++) {
         zslot_t *z = &f->zs[s];
-        void **bufs[] = {(void **)&z->rin, (void **)&z->xs,  (void **)&z->xr,   (void **)&z->gr,
-                         (void **)&z->acc, (void **)&z->err, (void **)&z->e_in, (void **)&z->m_in,
-                         (void **)&z->e,   (void **)&z->m,   (void **)&z->own,  (void **)&z->part};
+        void **bufs[] = {(void **)&z->rin,  (void **)&z->xs,       (void **)&z->xr,
+                         (void **)&z->gr,   (void **)&z->acc,      (void **)&z->err,
+                         (void **)&z->e_in, (void **)&z->m_in,     (void **)&z->e,
+                         (void **)&z->m,    (void **)&z->own,      (void **)&z->part,
+                         (void **)&z->mine, (void **)&z->mine_err, (void **)&z->mine_mag};
         size_t sizes[] = {(L - 1) * M * sh * sizeof(float) + 1,
                           M * wb,
                           M * wb,
@@ -585,7 +589,10 @@ static loomResult_t z_buffers(struct loomFusion *f)
                           nch * sizeof(float),
                           nch * sizeof(float),
                           sh * sizeof(float),
-                          M * sh * sizeof(float)};
+                          M * sh * sizeof(float),
+                          sh * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float)};
         for (size_t k = 0; k < LOOM_ARRAY_SIZE(bufs); k++) {
             free(*bufs[k]);
             *bufs[k] = malloc(sizes[k]);
@@ -604,6 +611,7 @@ static void z_free(struct loomFusion *f)
         zslot_t *z = &f->zs[s];
         free(z->rin), free(z->xs), free(z->xr), free(z->gr), free(z->acc), free(z->err);
         free(z->e_in), free(z->m_in), free(z->e), free(z->m), free(z->own), free(z->part);
+        free(z->mine), free(z->mine_err), free(z->mine_mag);
     }
     free(f->zs);
     free(f->zlocal);
@@ -697,6 +705,22 @@ static int z_substeps(const struct loomFusion *f, int kind)
     }
 }
 
+/* The largest magnitude of each chunk of v (NaN left out, as fuse_decode's). */
+static void chunk_maxabs(const float *v, size_t nch, float *out)
+{
+    for (size_t c = 0; c < nch; c++) {
+        uint32_t mb = 0;
+        for (size_t i = 0; i < FUSE_CHUNK; i++) {
+            uint32_t b;
+            memcpy(&b, &v[c * FUSE_CHUNK + i], sizeof(b));
+            b &= 0x7fffffffu;
+            b = b > 0x7f800000u ? 0 : b;
+            mb = b > mb ? b : mb;
+        }
+        memcpy(&out[c], &mb, sizeof(mb));
+    }
+}
+
 /* One sub-step (about one shard's work) of CPU stage `kind` of piece t. */
 static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
 {
@@ -706,8 +730,15 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
     uint64_t t0 = base_now_ns();
     double *tm = &f->tm_enc;
     switch (kind) {
-    case Z_PACK: { /* flat: shard s, gathered and encoded */
+    case Z_PACK: { /* flat: shard s, gathered and encoded (mine kept as it is) */
         size_t a = (size_t)t * f->zP + (size_t)s * sh;
+        if (s == n) {
+            z_move(f, a, a + sh, z->mine, true);
+            chunk_maxabs(z->mine, nch, z->mine_mag);
+            for (size_t c = 0; c < nch; c++)
+                z->mine_err[c] = 0;
+            break;
+        }
         z_move(f, a, a + sh, z->own, true);
         fuse_encode(wire, z->own, sh, sh, NULL, z->xs + (size_t)s * wb);
         break;
@@ -739,6 +770,13 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
                         d[i] += v[i];
             }
         }
+        if (s == n) { /* the node sum of the shard I reduce: kept in float32 */
+            memcpy(z->mine, acc, sh * sizeof(float));
+            chunk_maxabs(z->mine, nch, z->mine_mag);
+            for (size_t c = 0; c < nch; c++)
+                z->mine_err[c] = (float)L * 0x1p-24f * magsum[c];
+            break;
+        }
         uint8_t *out = z->xs + (size_t)s * wb;
         fuse_encode(wire, acc, sh, sh, NULL, out);
         /* the float32 sum of L values rounds L-1 times, each at most 2^-24 of the running
@@ -749,9 +787,18 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
     }
     case Z_REDUCE: {
         tm = &f->tm_red;
-        if (s < M) { /* decode node s's shard (mine from what I sent) into the sum */
-            const uint8_t *in = (s == n ? z->xs : z->xr) + (size_t)s * wb;
-            fuse_decode(wire, in, sh, z->acc, s > 0, z->e, z->m);
+        if (s < M) { /* node s's shard into the sum (my own node's as it is, float32) */
+            if (s == n) {
+                if (s == 0)
+                    memcpy(z->acc, z->mine, sh * sizeof(float));
+                else
+                    for (size_t i = 0; i < sh; i++)
+                        z->acc[i] += z->mine[i];
+                memcpy(z->e, z->mine_err, nch * sizeof(float));
+                memcpy(z->m, z->mine_mag, nch * sizeof(float));
+            } else {
+                fuse_decode(wire, z->xr + (size_t)s * wb, sh, z->acc, s > 0, z->e, z->m);
+            }
             for (size_t c = 0; c < nch; c++) {
                 z->e_in[c] = (s > 0 ? z->e_in[c] : 0) + z->e[c];
                 z->m_in[c] = (s > 0 ? z->m_in[c] : 0) + z->m[c];
