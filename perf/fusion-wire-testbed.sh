@@ -8,6 +8,7 @@
 #                                    [-- extra loom-fusion-bench args]
 # Needs root and ip/tc (else the test bed's skip, exit 77); builds nothing: build/ first.
 # LOOM_* variables (say LOOM_FUSION_WIRE_PIECE) reach the ranks. The bed is taken down on exit.
+# TESTBED=path: another copy of scripts/testbed.sh (its own names and subnet, for a second bed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=bert-base R=3 RATE=1gbit LAYOUT="2 2"
@@ -23,6 +24,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 bench=${BENCH:-build/loom-fusion-bench}
+tb=${TESTBED:-scripts/testbed.sh}
 [[ -x $bench ]] || { echo "build first: $bench missing"; exit 2; }
 read -ra nodes <<<"$LAYOUT"
 out=$(mktemp -d)
@@ -30,13 +32,13 @@ trap 'rm -rf "$out"' EXIT
 # The bed is one per machine: `up` refuses when one exists (someone else's run), and only a bed
 # this script brought up is taken down.
 rc=0
-scripts/testbed.sh up "${#nodes[@]}" --rate "$RATE" || rc=$?
+"$tb" up "${#nodes[@]}" --rate "$RATE" || rc=$?
 ((rc == 0)) || exit "$rc"
-trap 'scripts/testbed.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
+trap '"$tb" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
 echo "# fusion-wire-testbed: model $M, layout \"$LAYOUT\", links $RATE, $R rounds," \
     "$(date -u +%FT%TZ), $(nproc) cores, LOOM_FUSION_WIRE_PIECE=${LOOM_FUSION_WIRE_PIECE:-default}"
 for r in $(seq 1 "$R"); do
-    scripts/testbed.sh run "$LAYOUT" --timeout 600 -- "$bench" -m "$M" -n 1 -w 1 \
+    "$tb" run "$LAYOUT" --timeout 600 -- "$bench" -m "$M" -n 1 -w 1 \
         --modes fused,fused_bf16 "$@" | tee -a "$out/log" | grep '^fusion \|^# fused_bf16'
 done
 python3 - "$out/log" <<'PY'
