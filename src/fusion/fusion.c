@@ -504,12 +504,12 @@ typedef struct z_range {
 enum { Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK };
 
 typedef struct zslot {
-    float *rin;                 /* hier: the local peers' parts, [L-1][M*sh] */
-    uint8_t *xs, *xr;           /* encoded shards to send, received: [M][wb] */
-    uint8_t *gr;                /* encoded sums, gathered: [M][wb] (mine at my node index) */
-    float *acc;                 /* [sh] */
-    float *own;                 /* my shard of the piece, gathered from the tensors [sh] */
-    float *part;                /* hier: my part's final values, [M*sh] */
+    float *rin;       /* hier: the local peers' parts, [L-1][M*sh] */
+    uint8_t *xs, *xr; /* encoded shards to send, received: [M][wb] */
+    uint8_t *gr;      /* encoded sums, gathered: [M][wb] (mine at my node index) */
+    float *acc;       /* [sh] */
+    float *own;       /* my shard of the piece, gathered from the tensors [sh] */
+
     float *mine;                /* the shard I reduce myself, float32 (never encoded) [sh] */
     float *mine_err, *mine_mag; /* its error so far (hier: the node sum's) and magnitude [nch] */
     float *err;                 /* the piece's chunk error figures, [L][M*nch] */
@@ -573,11 +573,11 @@ static loomResult_t z_buffers(struct loomFusion *f)
     if (sh <= f->zcap) return loomSuccess;
     for (int s = 0; s < f->znslot; s++) {
         zslot_t *z = &f->zs[s];
-        void **bufs[] = {(void **)&z->rin,  (void **)&z->xs,       (void **)&z->xr,
-                         (void **)&z->gr,   (void **)&z->acc,      (void **)&z->err,
-                         (void **)&z->e_in, (void **)&z->m_in,     (void **)&z->e,
-                         (void **)&z->m,    (void **)&z->own,      (void **)&z->part,
-                         (void **)&z->mine, (void **)&z->mine_err, (void **)&z->mine_mag};
+        void **bufs[] = {(void **)&z->rin,      (void **)&z->xs,      (void **)&z->xr,
+                         (void **)&z->gr,       (void **)&z->acc,     (void **)&z->err,
+                         (void **)&z->e_in,     (void **)&z->m_in,    (void **)&z->e,
+                         (void **)&z->m,        (void **)&z->own,     (void **)&z->mine,
+                         (void **)&z->mine_err, (void **)&z->mine_mag};
         size_t sizes[] = {(L - 1) * M * sh * sizeof(float) + 1,
                           M * wb,
                           M * wb,
@@ -589,7 +589,6 @@ static loomResult_t z_buffers(struct loomFusion *f)
                           nch * sizeof(float),
                           nch * sizeof(float),
                           sh * sizeof(float),
-                          M * sh * sizeof(float),
                           sh * sizeof(float),
                           nch * sizeof(float),
                           nch * sizeof(float)};
@@ -610,7 +609,7 @@ static void z_free(struct loomFusion *f)
     for (int s = 0; s < f->znslot && f->zs; s++) {
         zslot_t *z = &f->zs[s];
         free(z->rin), free(z->xs), free(z->xr), free(z->gr), free(z->acc), free(z->err);
-        free(z->e_in), free(z->m_in), free(z->e), free(z->m), free(z->own), free(z->part);
+        free(z->e_in), free(z->m_in), free(z->e), free(z->m), free(z->own);
         free(z->mine), free(z->mine_err), free(z->mine_mag);
     }
     free(f->zs);
@@ -645,6 +644,14 @@ static size_t z_ranges(struct loomFusion *f, size_t a, size_t b)
         f->zr[n++] = (z_range_t){(float *)s->t->buf + s->d.off + (s0 - f->bkoff[k]), s0, s1 - s0};
     }
     return n;
+}
+
+/* The tensor memory of bucket positions [a, b) when they lie in one segment (no padding), else
+ * NULL: the codec then reads or writes it in place instead of through a copy. */
+static float *z_direct(struct loomFusion *f, size_t a, size_t b)
+{
+    if (b > f->bk_elems) return NULL;
+    return z_ranges(f, a, b) == 1 ? f->zr[0].ptr : NULL;
 }
 
 /* Copies bucket positions [a, b) between the tensors and buf (buf[0] is position a): gather
@@ -739,13 +746,16 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
                 z->mine_err[c] = 0;
             break;
         }
-        z_move(f, a, a + sh, z->own, true);
-        fuse_encode(wire, z->own, sh, sh, NULL, z->xs + (size_t)s * wb);
+        float *v = z_direct(f, a, a + sh);
+        if (v == NULL) z_move(f, a, a + sh, v = z->own, true);
+        fuse_encode(wire, v, sh, sh, NULL, z->xs + (size_t)s * wb);
         break;
     }
     case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
-        float *acc = z->acc, *own = z->own, *magsum = z->m;
-        z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, own, true);
+        float *acc = z->acc, *magsum = z->m;
+        const float *own = z_direct(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh);
+        if (own == NULL) z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, z->own, true);
+        if (own == NULL) own = z->own;
         for (size_t c = 0; c < nch; c++)
             magsum[c] = 0;
         for (int j = 0; j < L; j++) {
@@ -827,9 +837,9 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
         tm = &f->tm_dec;
         size_t a = z_pos(f, t, l, s);
         float *err = z->err + (size_t)l * M * nch + (size_t)s * nch;
-        float *v = f->zS == 4 ? z->part + (size_t)s * sh : z->own;
-        fuse_decode(wire, z->gr + (size_t)s * wb, sh, v, false, err, NULL);
-        z_move(f, a, a + sh, v, false);
+        float *v = z_direct(f, a, a + sh);
+        fuse_decode(wire, z->gr + (size_t)s * wb, sh, v ? v : z->own, false, err, NULL);
+        if (v == NULL) z_move(f, a, a + sh, z->own, false);
         if (f->zS == 2) z_stats(f, a, err, nch);
         break;
     }
@@ -900,14 +910,14 @@ static void z_net(struct loomFusion *f, uint64_t t, int kind)
         }
         break;
     case Z_AG_I: {
-        /* my part's values from z->part, the peers' straight into the tensors */
+        /* my part's final values (DECODE put them in the tensors), and the peers', straight
+         * from and into the tensors */
         size_t mine = z_pos(f, t, l, 0);
         for (int j = 0; j < L; j++) {
             if (j == l) continue;
             size_t n = z_ranges(f, mine, mine + part);
             for (size_t k = 0; k < n; k++)
-                z_op(f, OPK_SEND, f->zlocal[j], z->part + (f->zr[k].pos - mine),
-                     f->zr[k].len * sizeof(float));
+                z_op(f, OPK_SEND, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
             z_op(f, OPK_SEND, f->zlocal[j], z->err + (size_t)l * M * nch, M * nch * sizeof(float));
             n = z_ranges(f, z_pos(f, t, j, 0), z_pos(f, t, j, 0) + part);
             for (size_t k = 0; k < n; k++)
