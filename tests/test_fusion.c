@@ -521,6 +521,8 @@ END_TEST
 
 /* ---- abort with buckets in flight ---- */
 
+static int abort_wire = loomFusionWireExact; /* the contexts' wire (abort_compressed) */
+
 static int abort_rank(loomComm_t comm, int r, int p, void *arg)
 {
     (void)p;
@@ -529,6 +531,7 @@ static int abort_rank(loomComm_t comm, int r, int p, void *arg)
     float *buf[N];
     loomFusionConfig_t c;
     small_buckets(&c);
+    c.wire = abort_wire;
     loomFusion_t f;
     if (loomFusionCreate(&f, comm, &c) != loomSuccess) return 1;
     for (int k = 0; k < N; k++) {
@@ -554,6 +557,8 @@ static int abort_rank(loomComm_t comm, int r, int p, void *arg)
     if (e == loomSuccess) {
         fprintf(stderr, "rank %d: WaitAll succeeded although rank 0 aborted\n", r);
         bad++;
+    } else if (r == 1) {
+        printf("rank 1: %s\n", loomGetLastError(NULL));
     }
     if ((uint64_t)time(NULL) - t0 > 20) {
         fprintf(stderr, "rank %d: WaitAll took %llu s after the abort\n", r,
@@ -576,6 +581,24 @@ START_TEST(abort_threads)
 {
     size_t c = 1 << 16;
     int bad = h_run_threads(3, abort_rank, &c);
+    ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
+/* The same on the 16-bit wire, by node (2 pretend nodes of 2), pieces of 256 values: the abort
+ * lands while a bucket's pipeline has several groups of point-to-point transfers to go. */
+START_TEST(abort_compressed)
+{
+    size_t c = 1 << 16;
+    abort_wire = loomFusionWireBf16;
+    setenv("LOOM_FUSION_WIRE_PIECE", "256", 1);
+    setenv("LOOM_NODE_ID", "a,a,b,b", 1);
+    param_reset_cache();
+    int bad = h_run_threads(4, abort_rank, &c);
+    abort_wire = loomFusionWireExact;
+    unsetenv("LOOM_FUSION_WIRE_PIECE");
+    unsetenv("LOOM_NODE_ID");
+    param_reset_cache();
     ck_assert_int_eq(bad, 0);
 }
 END_TEST
@@ -1028,6 +1051,7 @@ int main(void)
         {"edges", edges, "lifetime", 60, 1},
         {"codec_bf16_reference", codec_bf16_reference, NULL, 60, 1},
         {"abort_threads", abort_threads, "lifetime", 120, 1},
+        {"abort_compressed", abort_compressed, "lifetime", 120, 1},
         {"step_latency", step_latency, NULL, 60, 1},
         {"mismatch_one", mismatch, "lifetime", 120, 1},
         {"lists_shm", lists_shm, NULL, 240, 4},
