@@ -149,8 +149,8 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         double steps = o->iters + o->warmup;
         if (st.compressedBuckets)
             printf("# fused_bf16 per step: buckets %.1f, wall %.1f us, encode %.1f us, reduce "
-                   "%.1f us, decode %.1f us (codec on the progress thread, overlapped with the "
-                   "transfers where the pipeline allows)\n",
+                   "%.1f us, decode %.1f us (the codec's CPU time on the progress thread, "
+                   "overlapped with the transfers where the pipeline allows)\n",
                    (double)st.compressedBuckets / steps, st.compressedSeconds / steps * 1e6,
                    st.encodeSeconds / steps * 1e6, st.reduceSeconds / steps * 1e6,
                    st.decodeSeconds / steps * 1e6);
