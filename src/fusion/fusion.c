@@ -762,7 +762,8 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
         break;
     }
     case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
-        float *acc = z->acc, *magsum = z->m;
+        /* the shard I reduce myself is summed straight into z->mine and stays float32 */
+        float *acc = s == n ? z->mine : z->acc, *magsum = z->m, *last = z->mine_mag;
         const float *own = z_direct(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh);
         if (own == NULL) z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, z->own, true);
         if (own == NULL) own = z->own;
@@ -770,39 +771,41 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
             magsum[c] = 0;
         for (int j = 0; j < L; j++) {
             const float *in = j == l ? own : z->rin + (size_t)(j < l ? j : j - 1) * part + s * sh;
+            if (j == 0) {
+                memcpy(acc, in, sh * sizeof(float));
+                continue;
+            }
+            /* each addition rounds by at most 2^-24 of its result: the largest partial sum of
+             * each chunk, taken in the same pass (on the bits, NaN left out) */
             for (size_t c = 0; c < nch; c++) {
                 const float *v = in + c * FUSE_CHUNK;
                 float *d = acc + c * FUSE_CHUNK;
                 uint32_t mb = 0;
                 for (size_t i = 0; i < FUSE_CHUNK; i++) {
+                    d[i] += v[i];
                     uint32_t b;
-                    memcpy(&b, &v[i], sizeof(b));
+                    memcpy(&b, &d[i], sizeof(b));
                     b &= 0x7fffffffu;
+                    b = b > 0x7f800000u ? 0 : b;
                     mb = b > mb ? b : mb;
                 }
                 float mx;
                 memcpy(&mx, &mb, sizeof(mx));
                 magsum[c] += mx;
-                if (j == 0)
-                    memcpy(d, v, FUSE_CHUNK * sizeof(float));
-                else
-                    for (size_t i = 0; i < FUSE_CHUNK; i++)
-                        d[i] += v[i];
+                last[c] = mx;
             }
         }
-        if (s == n) { /* the node sum of the shard I reduce: kept in float32 */
-            memcpy(z->mine, acc, sh * sizeof(float));
-            chunk_maxabs(z->mine, nch, z->mine_mag);
+        /* the float32 sum's rounding, 2^-23 of the partial sums' largest magnitudes (2^-24 of
+         * the exact ones), travels with the encoding's own error */
+        if (s == n) { /* kept in float32: its magnitude is the last partial sum's */
             for (size_t c = 0; c < nch; c++)
-                z->mine_err[c] = (float)L * 0x1p-24f * magsum[c];
+                z->mine_err[c] = 0x1p-23f * magsum[c];
             break;
         }
         uint8_t *out = z->xs + (size_t)s * wb;
         fuse_encode(wire, acc, sh, sh, NULL, out);
-        /* the float32 sum of L values rounds L-1 times, each at most 2^-24 of the running
-         * magnitude: travels with the encoding's own error, in the chunk's header */
         for (size_t c = 0; c < nch; c++)
-            fuse_set_chunk_err(out, c, fuse_chunk_err(out, c) + (float)L * 0x1p-24f * magsum[c]);
+            fuse_set_chunk_err(out, c, fuse_chunk_err(out, c) + 0x1p-23f * magsum[c]);
         break;
     }
     case Z_REDUCE: {
