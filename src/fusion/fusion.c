@@ -706,7 +706,7 @@ static int z_substeps(const struct loomFusion *f, int kind)
 {
     int L = f->zL, M = f->zM;
     switch (kind) {
-    case Z_PACK: return M;
+    case Z_PACK: return f->zS == 4 ? 0 : M; /* by node, RS_I reads the tensors itself */
     case Z_REDUCE: return M + 1;
     case Z_UNPACK: return L;
     default: return M; /* SUMENC, DECODE */
@@ -763,7 +763,8 @@ static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
     }
     case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
         /* the shard I reduce myself is summed straight into z->mine and stays float32 */
-        float *acc = s == n ? z->mine : z->acc, *magsum = z->m, *last = z->mine_mag;
+        float *acc = s == n ? z->mine : z->acc, *magsum = z->m;
+        float *last = s == n ? z->mine_mag : z->e; /* the sum's magnitude: only mine's is kept */
         const float *own = z_direct(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh);
         if (own == NULL) z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, z->own, true);
         if (own == NULL) own = z->own;
