@@ -1,8 +1,9 @@
 /*
  * The fusion context (loom.h's loomFusion*, docs/fusion.md): tensors enqueued in order are cut
  * into segments, segments are packed into buckets, and each bucket is one in-place allreduce
- * (or, for compressed float32 sums, an all-to-all and an allgather of encoded chunks), run by
- * core's progress thread through coll_start/coll_test. The caller's thread only queues and, in
+ * (or, for compressed float32 sums, a pipeline of pieces: node sums, an all-to-all and an
+ * allgather of encoded shards, in groups of point-to-point transfers; z_* below), run by core's
+ * progress thread through coll_start/coll_test. The caller's thread only queues and, in
  * loomFusionWait*, waits on a condition variable.
  *
  * Why every rank forms the same buckets (the determinism argument). A bucket is a range
