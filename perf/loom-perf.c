@@ -26,7 +26,10 @@
  * synchronised, the ranks meet (a one-element allreduce on the same stream), then `iters` calls
  * are enqueued back to back and the stream is synchronised once; the time is host wall time
  * (CLOCK_MONOTONIC) from before the first call to the return of cuStreamSynchronize, divided by
- * iters. No CUDA events are used.
+ * iters. No CUDA events are used. With -G N (nccl-tests' --cudagraph), the timed loop's calls are
+ * captured once into a CUDA graph (thread-local capture), instantiated, the ranks meet, and the
+ * clock covers N launches of the graph and the synchronize: the time per call is divided by
+ * N x iters x agg, as nccl-tests divides it.
  *
  * Device checking uses the host scheme (exact inputs, every element compared), outside the timed
  * loop: inputs are copied in from a host pattern (the inputs are periodic in the element index,
@@ -1195,6 +1198,10 @@ static int header(ctx_t *x, jw_t *jw)
             printf("# check: outputs over %zu MiB per rank are checked on %d windows of %zu MiB "
                    "spread over the buffer\n",
                    CHECK_FULL_BYTES >> 20, CHECK_WINDOWS, CHECK_WINDOW_BYTES >> 20);
+        if (o->graphs > 0)
+            printf("# graphs: each size's %d x %d timed calls captured in one CUDA graph, "
+                   "launched %d times; time per call = total / (%d launches x %d calls)\n",
+                   o->iters, o->agg, o->graphs, o->graphs, o->iters * o->agg);
 #ifdef LOOM_HAVE_CUDA
         if (x->nccl_skip_inplace)
             printf("# in-place alltoall is not valid NCCL usage: not run (N/A in its columns)\n");
@@ -1363,6 +1370,31 @@ static void dereg_buf(ctx_t *x, void *h)
         loomCommDeregister(x->comm, h);
 }
 
+#ifdef LOOM_HAVE_CUDA
+/* -G: the timed loop's iters x agg calls captured into one CUDA graph on the rank's stream
+ * (thread-local capture, as nccl-tests does), instantiated; then the ranks meet, so that no rank
+ * times its launches while another still captures. The caller launches it -G times. */
+static CUgraphExec capture_loop(ctx_t *x, const void *s, void *r, size_t count, int type, int op)
+{
+    const opts_t *o = x->o;
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    CU(x, "cuStreamBeginCapture (-G)",
+       x->d->cuStreamBeginCapture(x->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    for (int i = 0; i < o->iters; i++) {
+        if (o->agg > 1) xgroup_start(x);
+        for (int a = 0; a < o->agg; a++)
+            run_coll(x, o->coll, s, r, count, type, op);
+        if (o->agg > 1) xgroup_end(x);
+    }
+    CU(x, "cuStreamEndCapture (-G)", x->d->cuStreamEndCapture(x->stream, &g));
+    CU(x, "cuGraphInstantiateWithFlags (-G)", x->d->cuGraphInstantiateWithFlags(&ge, g, 0));
+    CU(x, "cuGraphDestroy (-G)", x->d->cuGraphDestroy(g)); /* the instance keeps what it needs */
+    meet(x); /* as nccl-tests' barrier between instantiating and starting the clock */
+    return ge;
+}
+#endif
+
 static int run_rank(ctx_t *x)
 {
     const opts_t *o = x->o;
@@ -1414,7 +1446,7 @@ static int run_rank(ctx_t *x)
     long failed = 0; /* results (size, placement) with wrong elements */
     double bw_sum = 0;
     int nbw = 0;
-    double per_call = (double)o->iters * (double)o->agg;
+    double per_call = (double)o->iters * (double)o->agg * (o->graphs > 0 ? o->graphs : 1);
     for (int ti = 0; ti < o->ntypes; ti++) {
         int type = o->types[ti];
         size_t es = perf_type_sizes[type];
@@ -1466,11 +1498,19 @@ static int run_rank(ctx_t *x)
                         meet(x);
                         timeout_disarm(x);
                         timeout_arm(x, "timed loop", sizeb, type);
+#ifdef LOOM_HAVE_CUDA
+                        /* -G N: the timed loop's calls captured once, then N launches of
+                         * the graph are timed (nccl-tests' -G) */
+                        CUgraphExec gexec =
+                            o->graphs > 0 ? capture_loop(x, s, r, count, type, op) : NULL;
+#endif
                         double t0 = now_us(), ts = t0;
 #ifdef LOOM_HAVE_CUDA
                         if (x->gate) gate_shut(x);
+                        for (int l = 0; gexec && l < o->graphs; l++)
+                            CU(x, "cuGraphLaunch", x->d->cuGraphLaunch(gexec, x->stream));
 #endif
-                        for (int i = 0; i < o->iters; i++) {
+                        for (int i = 0; o->graphs == 0 && i < o->iters; i++) {
                             if (o->agg > 1) xgroup_start(x);
                             for (int a = 0; a < o->agg; a++)
                                 run_coll(x, o->coll, s, r, count, type, op);
@@ -1484,6 +1524,9 @@ static int run_rank(ctx_t *x)
                         stream_sync(x);
                         double tend = now_us();
                         timeout_disarm(x);
+#ifdef LOOM_HAVE_CUDA
+                        if (gexec) CU(x, "cuGraphExecDestroy", x->d->cuGraphExecDestroy(gexec));
+#endif
                         t[ip] = ((o->cputime ? tq : tend) - t0) / per_call;
                         /* where the host, not the GPU, bounds a size, this is close to t */
                         if (o->host_time && o->mem_device)

@@ -143,7 +143,8 @@ static void usage(void)
         "has no stream)\n"
         "  -T, --timeout SECONDS   a wait for completion longer than this ends the run (0: "
         "none) [0]\n"
-        "  -G, --cudagraph N       CUDA graph launches: not supported by loom-perf (0 only)\n"
+        "  -G, --cudagraph N       capture the timed loop's calls in a CUDA graph and time N\n"
+        "                          launches of it (device memory; 0: no graph) [0]\n"
         "  -C, --report_cputime 0|1  report the host's time to issue the calls, not to "
         "complete them [0]\n"
         "  -a, --average 0|1|2|3   the time shown: rank 0's, mean, min or max over ranks [1]\n"
@@ -441,11 +442,7 @@ void perf_parse(int argc, char **argv, opts_t *o)
         case 'z': o->blocking = (int)parse_int(optarg, 0, 1, "0 or 1"); break;
         case 'y': o->stream_null = (int)parse_int(optarg, 0, 1, "0 or 1"); break;
         case 'T': o->timeout_s = (int)parse_int(optarg, 0, 1 << 30, "seconds, 0 for none"); break;
-        case 'G':
-            o->graphs = (int)parse_int(optarg, 0, INT_MAX, "graph launches");
-            if (o->graphs > 0)
-                bad(optarg, "CUDA graph launches are not supported by loom-perf (0 only)");
-            break;
+        case 'G': o->graphs = (int)parse_int(optarg, 0, INT_MAX, "graph launches"); break;
         case 'C': o->cputime = (int)parse_int(optarg, 0, 1, "0 or 1"); break;
         case 'a':
             o->average = (average_t)parse_int(optarg, 0, 3, "0 rank 0, 1 mean, 2 min, 3 max");
@@ -544,6 +541,17 @@ void perf_parse(int argc, char **argv, opts_t *o)
         snprintf(g_flag, sizeof(g_flag), "-R");
         bad(o->local_register == 2 ? "2" : "1",
             "registration is for device buffers (--mem device); host buffers need none");
+    }
+    if (o->graphs > 0 && !o->mem_device) {
+        snprintf(g_flag, sizeof(g_flag), "-G");
+        char v[32];
+        snprintf(v, sizeof(v), "%d", o->graphs);
+        bad(v, "a CUDA graph captures work on a stream: it needs device buffers (--mem device)");
+    }
+    if (o->graphs > 0 && o->blocking) {
+        snprintf(g_flag, sizeof(g_flag), "-z");
+        bad("1", "a blocking loop waits for each call on the host, which a captured CUDA graph "
+                 "(-G) cannot do");
     }
     if (o->stream_null && o->mem_device) {
         snprintf(g_flag, sizeof(g_flag), "-y");

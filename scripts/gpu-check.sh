@@ -11,7 +11,9 @@
 # run scripts/gpu-deps.sh where the tree comes from and carry .gpu-deps with it.
 #
 # (tests/gpu/windows.sh is the registered windows' check: two ranks on one GPU, gpu_coll's "win"
-# group and loom-perf -R 2; on a machine of one GPU gpu_coll itself skips that group.)
+# group and loom-perf -R 2; on a machine of one GPU gpu_coll itself skips that group.
+# tests/gpu/graphs.sh is the CUDA graphs' check, the same way: gpu_coll's "graphs" group and
+# loom-perf -G.)
 #
 # Prints the GPUs and their topology, then runs, each with its output tee'd into $OUT/<name>.txt
 # ($OUT defaults to /tmp/loom-gpu): DIR/tests/gpu_guard, DIR/tests/gpu_coll, and every executable

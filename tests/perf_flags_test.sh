@@ -65,7 +65,11 @@ refuse "$p: -t 2: loom-perf runs one rank per process and thread: only 1 (use -P
 ranks, or a launcher)" -t 2
 refuse "$p: -g 2: loom-perf drives one GPU per rank process: only 1 (use -P K, or a launcher, \
 for K GPUs)" -g 2
-refuse "$p: -G 1: CUDA graph launches are not supported by loom-perf (0 only)" -G 1
+refuse "$p: -G 1: a CUDA graph captures work on a stream: it needs device buffers (--mem device)" \
+    -G 1
+refuse "$p: -G 5: a CUDA graph captures work on a stream: it needs device buffers (--mem device)" \
+    --cudagraph 5 -m 2
+refuse "$p: -G -1: out of range (graph launches: 0 to 2147483647)" -G -1
 refuse "$p: -u 0xff: a CU mask (RCCL's --cumask) has no meaning for loom, which launches no \
 kernels onto chosen compute units" -u 0xff
 refuse "$p: -x 1: the CTA policy is NCCL's (ncclConfig_t.CTAPolicy); loom has none" -x 1

@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1023,6 +1024,107 @@ START_TEST(test_shm_send_at_once)
 }
 END_TEST
 
+/* The ring of small messages and the descriptors of large ones carry one sequence: a mix of
+ * sizes on one connection, more small messages than the ring holds at once (the sender waits
+ * for room, the receiver wakes it), in place and out of order of posting sizes, arrives whole
+ * and in order. */
+#define MIX_N 96
+static size_t mix_count(int i)
+{
+    static const size_t sizes[] = {0, 1, 7, 1024, 8192 - 1, 8192, 8193, 300000, 16, 65536};
+    return sizes[i % (int)(sizeof(sizes) / sizeof(sizes[0]))];
+}
+
+static int shm_mix_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    (void)p;
+    int32_t *bufs[MIX_N];
+    for (int i = 0; i < MIX_N; i++) {
+        bufs[i] = calloc(mix_count(i) + 1, sizeof(int32_t));
+        for (size_t j = 0; rank == 0 && j < mix_count(i); j++)
+            bufs[i][j] = (int32_t)(i * 100003 + (int)j);
+    }
+    if (rank == 1) usleep(100000); /* the sender fills the ring first */
+    loomGroupStart();
+    for (int i = 0; i < MIX_N; i++) {
+        if (rank == 0)
+            loomSend(bufs[i], mix_count(i), loomInt32, 1, comm, NULL);
+        else
+            loomRecv(bufs[i], mix_count(i), loomInt32, 0, comm, NULL);
+    }
+    int rc = loomGroupEnd() == loomSuccess ? 0 : 1;
+    if (rc) fprintf(stderr, "rank %d: %s\n", rank, loomGetLastError(comm));
+    for (int i = 0; i < MIX_N; i++) {
+        for (size_t j = 0; rank == 1 && rc == 0 && j < mix_count(i); j++)
+            if (bufs[i][j] != (int32_t)(i * 100003 + (int)j)) {
+                fprintf(stderr, "message %d (%zu values): value %zu is %d\n", i, mix_count(i), j,
+                        bufs[i][j]);
+                rc = 1;
+            }
+        free(bufs[i]);
+    }
+    return rc;
+}
+
+START_TEST(test_shm_ring_mix)
+{
+    set_param("LOOM_TRANSPORT", "shm");
+    for (int mode = 0; mode < 2; mode++) {
+        set_param("LOOM_SHM_CMA", mode == 0 ? NULL : "0");
+        ck_assert_msg(h_run_threads(2, shm_mix_rank, NULL) == 0,
+                      "small and large messages on one shm connection (%s)",
+                      mode == 0 ? "cross-memory attach" : "bounce segments");
+    }
+    set_param("LOOM_SHM_CMA", NULL);
+    set_param("LOOM_TRANSPORT", NULL);
+}
+END_TEST
+
+/* A small send is complete once it is in the ring: its sender may destroy its communicator (or
+ * exit) before the receiver looked, and the receiver still gets it, as tcp's bytes in flight
+ * arrive before the peer's close; the next receive, which nothing can satisfy, fails naming the
+ * closed connection. (An abort is a job-wide error instead: the job-state service fails every
+ * rank's communicator, whatever is in flight.) */
+static int shm_leave_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    atomic_int *sent = p;
+    int32_t v[4] = {rank, 0, 0, 0};
+    if (loomAllReduce(v, v, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    if (rank == 1) {
+        int32_t x[4] = {11, 22, 33, 44};
+        if (loomSend(x, 4, loomInt32, 0, comm, NULL) != loomSuccess) return 2;
+        atomic_store(sent, 1);
+        return 0; /* the harness destroys the communicator */
+    }
+    while (!atomic_load(sent))
+        usleep(1000);
+    usleep(200000); /* the close has reached this rank's socket */
+    int32_t y[4] = {0};
+    if (loomRecv(y, 4, loomInt32, 1, comm, NULL) != loomSuccess) {
+        fprintf(stderr, "rank 0: the message sent before the close: %s\n", loomGetLastError(comm));
+        return 4;
+    }
+    if (y[0] != 11 || y[3] != 44) return 5;
+    if (loomRecv(y, 4, loomInt32, 1, comm, NULL) == loomSuccess) return 6;
+    if (!strstr(loomGetLastError(comm), "rank 1")) {
+        fprintf(stderr, "rank 0: the receive after the close: %s\n", loomGetLastError(comm));
+        return 7;
+    }
+    return 0;
+}
+
+START_TEST(test_shm_send_then_leave)
+{
+    set_param("LOOM_TRANSPORT", "shm");
+    atomic_int sent = 0;
+    ck_assert_msg(h_run_threads(2, shm_leave_rank, &sent) == 0,
+                  "a small message sent before the sender left was lost");
+    set_param("LOOM_TRANSPORT", NULL);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static Suite *net_suite(void)
@@ -1043,6 +1145,8 @@ static Suite *net_suite(void)
         {.name = "many_sockets", .test = test_many_sockets},
         {.name = "shm_modes", .test = test_shm_modes},
         {.name = "shm_send_at_once", .test = test_shm_send_at_once},
+        {.name = "shm_ring_mix", .test = test_shm_ring_mix},
+        {.name = "shm_send_then_leave", .test = test_shm_send_then_leave},
     };
     h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;

@@ -488,6 +488,10 @@ static int rs_member(restart_t *m, int k)
     if (k % 2 == 0)
         for (;;)
             pause(); /* the test kills it */
+    /* Not before every rank finished the call: an abort is a job-wide error, which would fail a
+     * survivor still finishing it (its last small message from here may be waiting for it in
+     * shared memory, already complete on this side). */
+    if (!wait_at_least(&m->ready[k], RS_N)) return 11;
     loomCommAbort(c);
     return 0;
 }

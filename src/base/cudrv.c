@@ -35,6 +35,16 @@ static void load(void)
     }
     CUDRV_FUNCS(CUDRV_LOAD)
 #undef CUDRV_LOAD
+    {
+        CUdriverProcAddressQueryResult st;
+        if (gpa("cuStreamGetCaptureInfo", (void **)&table.cuStreamGetCaptureInfo3, 12030,
+                CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS ||
+            table.cuStreamGetCaptureInfo3 == NULL) {
+            snprintf(why_not, sizeof(why_not),
+                     "the CUDA driver lacks cuStreamGetCaptureInfo (CUDA 12.3's)");
+            return;
+        }
+    }
     CUresult r = table.cuInit(0);
     if (r != CUDA_SUCCESS) {
         const char *s = NULL;

@@ -79,6 +79,11 @@
     X(cuGraphLaunch)                                                                               \
     X(cuGraphExecDestroy)                                                                          \
     X(cuGraphDestroy)                                                                              \
+    X(cuGraphNodeGetType)                                                                          \
+    X(cuGraphRetainUserObject)                                                                     \
+    X(cuUserObjectCreate)                                                                          \
+    X(cuUserObjectRelease)                                                                         \
+    X(cuThreadExchangeStreamCaptureMode)                                                           \
     X(cuEventCreate)                                                                               \
     X(cuEventRecord)                                                                               \
     X(cuEventQuery)                                                                                \
@@ -97,6 +102,10 @@ typedef struct {
 #define CUDRV_MEMBER(n) __typeof__(n) *n;
     CUDRV_FUNCS(CUDRV_MEMBER)
 #undef CUDRV_MEMBER
+    /* cuStreamGetCaptureInfo in its CUDA 12.3 form (with the edge data; cuda.h names it _v3):
+     * resolved as that version, not as 12.0's, whose arguments differ */
+    CUresult (*cuStreamGetCaptureInfo3)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                        const CUgraphNode **, const CUgraphEdgeData **, size_t *);
     int driver_version;
     int ndev;
 } cudrv_t;

@@ -50,6 +50,9 @@ struct exec {
     uint64_t start_ns;
     uint64_t last_step_ns; /* when a step last finished */
     bool dirty;            /* a step finished since the last scan: more may be issuable */
+    /* the per-step and per-peer arrays above, in one allocation (one calloc per call, not five:
+     * small calls are a few microseconds) */
+    void *arrays;
 };
 
 /* Metadata as carried in messages: point to point looks the same from both ends. */
@@ -107,12 +110,17 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, lo
     e->esize = red_type_size(type);
     e->type = type;
     e->op = op;
-    e->state = calloc(n + 1, 1);
-    e->reqs = calloc(n + 1, sizeof(*e->reqs));
-    e->slot = calloc(n + 1, sizeof(*e->slot));
-    e->inflight = calloc(EXEC_MAX_INFLIGHT, sizeof(*e->inflight));
-    e->stamp = calloc((size_t)h->nranks * 2, sizeof(*e->stamp));
-    if (!e->state || !e->reqs || !e->slot || !e->inflight || !e->stamp) goto oom;
+    /* reqs (8-byte entries) first, then the 4-byte arrays, the bytes last: each aligned */
+    size_t o_slot = (n + 1) * sizeof(*e->reqs), o_infl = o_slot + (n + 1) * sizeof(*e->slot);
+    size_t o_stamp = o_infl + EXEC_MAX_INFLIGHT * sizeof(*e->inflight);
+    size_t o_state = o_stamp + (size_t)h->nranks * 2 * sizeof(*e->stamp);
+    uint8_t *a = e->arrays = calloc(1, o_state + n + 1);
+    if (a == NULL) goto oom;
+    e->reqs = (transport_req_t **)(void *)a;
+    e->slot = (int32_t *)(void *)(a + o_slot);
+    e->inflight = (uint32_t *)(void *)(a + o_infl);
+    e->stamp = (uint32_t *)(void *)(a + o_stamp);
+    e->state = a + o_state;
     uint64_t max_rr = 0;
     for (size_t i = 0; i < n; i++)
         if (s->steps[i].kind == STEP_RECV_REDUCE) max_rr = LOOM_MAX(max_rr, s->steps[i].count);
@@ -170,11 +178,7 @@ void exec_free(exec_t *e)
     }
     exec_host_unlock(h);
     if (atomic_fetch_sub(&h->running, 1) == 1) atomic_store(&h->call_state, TRANSPORT_CALL_NONE);
-    free(e->state);
-    free(e->reqs);
-    free(e->slot);
-    free(e->inflight);
-    free(e->stamp);
+    free(e->arrays);
     free(e->free_slots);
     free(e);
 }

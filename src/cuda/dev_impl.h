@@ -30,6 +30,22 @@
 #define DEV_IPC_CACHE 32  /* mapped user allocations per peer (LRU) */
 #define DEV_TEXT_MAX 1024 /* error texts */
 
+/* Peers' allocations that a captured CUDA graph reads through (the direct path's buffers, mapped
+ * at capture time): pinned in the IPC cache from the capture until CUDA lets go of the graph and
+ * of every instance of it. A user object retained by the graph drops the graph's reference when
+ * that happens (its destructor runs on a CUDA thread and touches nothing else); the
+ * communicator's side unpins the mappings at its next look (dev_ipc_sweep). */
+typedef struct dev_hold {
+    struct dev_hold *next;
+    atomic_int refs; /* 2: the communicator's and the graph's; 1: the graph is gone */
+    uint64_t seq;    /* the captured call's device operation (for the log) */
+    int npin;
+    struct dev_hold_pin {
+        int j;
+        uint64_t id;
+    } pin[2 * DEV_MAX_LOCAL];
+} dev_hold_t;
+
 typedef struct stage_job {
     struct stage_job *next;
     uint32_t val;
@@ -98,8 +114,9 @@ struct dev_state {
         struct dev_ipc_in {
             uint64_t id, use;
             CUdeviceptr base;
-            int pin; /* windows holding the mapping (never evicted while > 0) */
+            int pin; /* windows and graphs holding the mapping (never evicted while > 0) */
         } in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
+        dev_hold_t *holds; /* captured graphs' mappings, newest first */
     } ipc;
     /* registered windows (dev_win.c), in registration order; seq numbers them the same way on
      * every rank (registration is collective) */
@@ -179,6 +196,13 @@ loomResult_t dev_ipc_import(dev_state_t *s, int j, uint64_t id, const CUipcMemHa
                             CUdeviceptr *base, bool pin);
 void dev_ipc_unpin(dev_state_t *s, int j, uint64_t id);
 void dev_ipc_close_all(dev_state_t *s);
+/* A graph being captured reads rank pin[k].j's allocation pin[k].id (each imported with pin):
+ * they stay mapped until CUDA destroys the graph and its instances. On failure they are unpinned.
+ */
+loomResult_t dev_ipc_hold(dev_state_t *s, CUgraph g, uint64_t seq, const struct dev_hold_pin *pin,
+                          int npin);
+/* Unpins what graphs that are gone held. */
+void dev_ipc_sweep(dev_state_t *s);
 
 /* dev_win.c */
 /* A same-node collective on buffers inside symmetric windows, read and written where they are

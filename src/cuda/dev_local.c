@@ -21,6 +21,33 @@ static bool capturing(dev_state_t *s, CUstream st)
     return cs != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Under capture, whether a launch on st may be a programmatic dependent of what precedes it in
+ * the graph: only when every node it will depend on is a kernel (the programmatic edge is one
+ * between kernels; the first node of a graph, or one after a copy, launches plainly). */
+static bool capture_pdl_ok(dev_state_t *s, CUstream st)
+{
+    const cudrv_t *d = s->drv.d;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *edges = NULL;
+    size_t nd = 0;
+    bool ok = false;
+    /* queries only; relaxed, so that nothing here can end a global-mode capture */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    d->cuThreadExchangeStreamCaptureMode(&mode);
+    if (d->cuStreamGetCaptureInfo3(st, &cs, NULL, NULL, &deps, &edges, &nd) == CUDA_SUCCESS &&
+        cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && nd > 0 && deps != NULL) {
+        ok = true;
+        for (size_t i = 0; i < nd && ok; i++) {
+            CUgraphNodeType t;
+            ok = d->cuGraphNodeGetType(deps[i], &t) == CUDA_SUCCESS &&
+                 t == CU_GRAPH_NODE_TYPE_KERNEL;
+        }
+    }
+    d->cuThreadExchangeStreamCaptureMode(&mode);
+    return ok;
+}
+
 /* Orders work of this communicator on `st` after its previous work on another stream: the
  * lane counters in device memory must see one kernel at a time. A stream handle may be
  * destroyed by its owner after the call, so nothing is ever recorded on an earlier stream: the
@@ -256,7 +283,7 @@ static bool direct_export(dev_state_t *s, const void *p, size_t len, uint64_t *w
 
 /* Rank j's buffer of a direct call, mapped here: through its window, or its handle. */
 static loomResult_t direct_import(dev_state_t *s, int j, uint64_t win, uint64_t id, uint64_t off,
-                                  const CUipcMemHandle *h, CUdeviceptr *p)
+                                  const CUipcMemHandle *h, bool pin, CUdeviceptr *p)
 {
     if (win) {
         for (dev_win_t *w = s->win.list; w; w = w->next)
@@ -269,17 +296,37 @@ static loomResult_t direct_import(dev_state_t *s, int j, uint64_t win, uint64_t 
                           s->h->rank, s->lay.lrank[j], (unsigned long long)(win - 1));
     }
     CUdeviceptr base = 0;
-    LOOM_CHECK(dev_ipc_import(s, j, id, h, &base, false));
+    LOOM_CHECK(dev_ipc_import(s, j, id, h, &base, pin));
     *p = base + off;
     return loomSuccess;
 }
 
 /* A large allreduce or reduce-scatter reading the peers' inputs where they are (DEV_DIRECT).
- * Every rank enters on the same conditions; what only a rank knows (its buffers exportable,
- * its stream not being captured) travels in the exchange, and all go direct only if all can.
- * An allreduce writes each reduced segment into every rank's output; a reduce-scatter's
- * segment is the rank's own output, so only the inputs are mapped. */
+ * Every rank enters on the same conditions; what only a rank knows (its buffers exportable)
+ * travels in the exchange, and all go direct only if all can. An allreduce writes each reduced
+ * segment into every rank's output; a reduce-scatter's segment is the rank's own output, so
+ * only the inputs are mapped.
+ * Under capture (every rank captures its call, as it makes every call) the exchange happens
+ * once, now, on the host; the kernel captured carries the peers' addresses, and the peers'
+ * allocations stay mapped (pinned in the IPC cache) for as long as CUDA keeps the graph or an
+ * instance of it (dev_ipc_hold): a replay does no host work. As with NCCL, the buffers a graph
+ * captured must stay allocated while it may be replayed. */
+static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
+                                    bool *done);
 static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap, bool *done)
+{
+    if (!cap) return direct_exchange(s, o, st, cap, done);
+    /* opening IPC handles (and evicting from the cache) is not allowed under a global-mode
+     * capture unless this thread captures relaxed, as NCCL does for its own setup */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    s->drv.d->cuThreadExchangeStreamCaptureMode(&mode);
+    loomResult_t res = direct_exchange(s, o, st, cap, done);
+    s->drv.d->cuThreadExchangeStreamCaptureMode(&mode);
+    return res;
+}
+
+static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
+                                    bool *done)
 {
     const bool rs = o->kind == OPK_REDUCESCATTER;
     size_t es = red_type_size(o->type), S = o->count * es, total = rs ? S * (size_t)s->lay.n : S;
@@ -290,7 +337,19 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     if (!s->ipc.direct_ok || total < (rs ? 4 : 1) * s->ipc.direct_min ||
         base_premul_index(o->op) >= 0 || s->lay.n < 2)
         return loomSuccess;
-    direct_rec_t mine = {.ok = !cap}, *all = calloc((size_t)s->h->nranks, sizeof(*all));
+    CUgraph graph = NULL;
+    if (cap) {
+        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+        const CUgraphNode *deps = NULL;
+        const CUgraphEdgeData *edges = NULL;
+        size_t nd = 0;
+        if (s->drv.d->cuStreamGetCaptureInfo3(st, &cs, NULL, &graph, &deps, &edges, &nd) !=
+                CUDA_SUCCESS ||
+            cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            graph = NULL; /* no graph to tie the mappings to: the slots, on every rank */
+    }
+    direct_rec_t mine = {.ok = !cap || graph != NULL},
+                 *all = calloc((size_t)s->h->nranks, sizeof(*all));
     if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
     loomResult_t xres = loomSuccess;
     if (mine.ok)
@@ -309,6 +368,9 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
     for (int j = 0; j < s->lay.n && ok; j++)
         ok = all[s->lay.lrank[j]].ok;
     dev_args_t a;
+    /* under capture: the handles opened for the graph, held until it is gone */
+    struct dev_hold_pin pins[2 * DEV_MAX_LOCAL];
+    int npin = 0;
     if (ok) {
         dev_args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
         dev_set_reduction(&a, o, o->op);
@@ -317,16 +379,27 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
             if (j == s->lay.me) continue;
             const direct_rec_t *r = &all[s->lay.lrank[j]];
             CUdeviceptr sp = 0, rp = 0;
-            res = direct_import(s, j, r->swin, r->sid, r->soff, &r->sh, &sp);
-            if (res == loomSuccess && !rs)
-                res = direct_import(s, j, r->rwin, r->rid, r->roff, &r->rh, &rp);
+            res = direct_import(s, j, r->swin, r->sid, r->soff, &r->sh, cap, &sp);
+            if (res == loomSuccess && cap && !r->swin)
+                pins[npin++] = (struct dev_hold_pin){j, r->sid};
+            if (res == loomSuccess && !rs) {
+                res = direct_import(s, j, r->rwin, r->rid, r->roff, &r->rh, cap, &rp);
+                if (res == loomSuccess && cap && !r->rwin)
+                    pins[npin++] = (struct dev_hold_pin){j, r->rid};
+            }
             a.peer_send[j] = (const char *)(uintptr_t)sp;
             a.peer_recv[j] = rs ? NULL : (char *)(uintptr_t)rp;
         }
     }
     free(all);
-    LOOM_CHECK(res);
+    if (res != loomSuccess) {
+        for (int i = 0; i < npin; i++)
+            dev_ipc_unpin(s, pins[i].j, pins[i].id);
+        return res;
+    }
     if (!ok) return loomSuccess;
+    /* (a buffer in a window is the window's to keep mapped: deregistering it ends the replays) */
+    if (cap && npin) LOOM_CHECK(dev_ipc_hold(s, graph, a.seq, pins, npin));
     if (rs) {
         a.self_src = (size_t)s->lay.me * S;
         a.self_dst = 0;
@@ -363,7 +436,9 @@ static loomResult_t run_lla(dev_state_t *s, const dev_op_t *o, CUstream st, bool
     a.lla_count = a.lla_step && S <= s->run.counted_max;
     unsigned grid, threads;
     dev_lla_launch(S, s->lay.nblocks, &grid, &threads);
-    LOOM_CHECK(go(s, &a, grid, threads, st, s->lla.pdl && !cap, "low-latency words"));
+    /* captured: a programmatic edge from the kernel before, kept by every replay */
+    bool pdl = s->lla.pdl && (!cap || capture_pdl_ok(s, st));
+    LOOM_CHECK(go(s, &a, grid, threads, st, pdl, "low-latency words"));
     if (a.lla_count) { /* the kernel counts its blocks (kernels.h) */
         s->run.ldone_want += grid;
         s->run.counted = true;

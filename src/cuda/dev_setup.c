@@ -247,7 +247,23 @@ static loomResult_t gather_recs(setup_t *u, int k)
     return r;
 }
 
+static loomResult_t setup_all(dev_host_t *const *hs, int k);
+
+/* The first device call may be made while the caller's stream is being captured (nccl-tests'
+ * -G with no warm-up, a framework capturing its first step): the setup allocates and maps
+ * memory, which a global or thread-local capture forbids this thread unless it captures
+ * relaxed for the while, as NCCL does for its own setup. */
 loomResult_t dev_setup(dev_host_t *const *hs, int k)
+{
+    const cudrv_t *d = cudrv_get(NULL);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (d) d->cuThreadExchangeStreamCaptureMode(&mode);
+    loomResult_t res = setup_all(hs, k);
+    if (d) d->cuThreadExchangeStreamCaptureMode(&mode);
+    return res;
+}
+
+static loomResult_t setup_all(dev_host_t *const *hs, int k)
 {
     setup_t *u = calloc((size_t)k, sizeof(*u));
     if (u == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");

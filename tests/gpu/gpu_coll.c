@@ -31,6 +31,11 @@
  *              symmetric windows (float32/bfloat16, in/out of place, 4 B to 16 MiB), misuse
  *              refused, deregistration after queued calls, non-symmetric windows, window calls
  *              captured in a graph and replayed, windows on VMM memory (plain paths)
+ *   graphs     every same-node path (latency path, slots, direct, p2p, symmetric and plain
+ *              windows) captured in one CUDA graph and replayed 100 times with fresh inputs,
+ *              an eager call between replays; 40 graphs of direct calls on fresh allocations,
+ *              each destroyed (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
+ *              tests/gpu/graphs.sh runs it)
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path) and once at 4 KiB (latency path)
@@ -2011,6 +2016,375 @@ static void grp_win(ctx_t *c)
     reg_free(c, &B);
 }
 
+/* ---- graphs: every same-node path captured, replayed many times ------------------------- */
+
+/* One captured call of grp_graphs: its kind, buffers (each its own allocation; in a window or
+ * not) and the path it is meant to take on two ranks with the defaults. */
+enum { GK_AR, GK_RS, GK_AG, GK_BC, GK_RD, GK_A2A, GK_SR };
+static const char *const GKN[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                  "reduce",    "alltoall",      "sendrecv"};
+typedef struct {
+    int kind, t, op;
+    size_t count;
+    int ip, root;
+    int win; /* 0: plain memory; 1: symmetric windows; 2: windows without the flag */
+    const char *path;
+    reg_t S, R;
+    loomWindow_t ws, wr;
+} gcall_t;
+
+/* designated, so that the buffers (zero) need no initializer */
+#define GC(k, ty, o, n, inplace, rt, w, p)                                                         \
+    {                                                                                              \
+        .kind = k, .t = ty, .op = o, .count = n, .ip = inplace, .root = rt, .win = w, .path = p    \
+    }
+static gcall_t gcalls[] = {
+    GC(GK_AR, F32, K_SUM, 1, 0, 0, 0, "latency path"),
+    GC(GK_AR, BF16, K_SUM, 4099, 1, 0, 0, "latency path"),
+    GC(GK_AR, I32, K_MAX, 65537, 0, 0, 0, "latency path"),
+    GC(GK_RS, F32, K_SUM, 1023, 0, 0, 0, "latency path"),
+    GC(GK_AR, F32, K_SUM, 786433, 0, 0, 0, "slots, one shot"),
+    GC(GK_AR, F32, K_SUM, 1048579, 0, 0, 0, "direct"),
+    GC(GK_AR, F32, K_SUM, 1048579, 1, 0, 0, "direct"),
+    GC(GK_RS, F32, K_SUM, 2097157, 0, 0, 0, "direct"),
+    GC(GK_AG, I8, K_COPY, 3001, 0, 0, 0, "slots"),
+    GC(GK_BC, I32, K_COPY, 262147, 1, -1, 0, "slots"),
+    GC(GK_RD, F32, K_SUM, 4099, 0, 0, 0, "slots"),
+    GC(GK_A2A, I32, K_COPY, 1023, 0, 0, 0, "slots"),
+    GC(GK_SR, I8, K_COPY, 5000, 0, 0, 0, "slots"),
+    GC(GK_AR, F32, K_SUM, 4099, 0, 0, 1, "latency path (windows with LOOM_CUDA_LL=0)"),
+    GC(GK_AR, F32, K_SUM, 786433, 0, 0, 1, "one shot on windows"),
+    GC(GK_AR, F32, K_SUM, 1048579, 1, 0, 1, "two shots on windows"),
+    GC(GK_RS, F32, K_SUM, 65537, 0, 0, 1, "latency path (windows with LOOM_CUDA_LL=0)"),
+    GC(GK_AG, F32, K_COPY, 65537, 1, 0, 1, "allgather on windows"),
+    GC(GK_BC, F32, K_COPY, 65537, 0, 0, 1, "broadcast on windows"),
+    GC(GK_AR, F32, K_SUM, 1048579, 0, 0, 2, "direct through non-symmetric windows"),
+    GC(GK_AR, F32, K_SUM, 7, 1, 0, 0, "latency path"),
+};
+#define NGCALLS ((int)(sizeof(gcalls) / sizeof(gcalls[0])))
+
+/* Elements of the send and receive buffers of a call on n ranks. */
+static size_t gc_in(const gcall_t *g, int n)
+{
+    return g->kind == GK_RS || g->kind == GK_A2A ? (size_t)n * g->count : g->count;
+}
+static size_t gc_out(const gcall_t *g, int n)
+{
+    return g->kind == GK_AG || g->kind == GK_A2A ? (size_t)n * g->count : g->count;
+}
+
+static void gc_alloc(ctx_t *c, gcall_t *g)
+{
+    int n = c->nranks;
+    size_t es = TS[g->t];
+    if (g->root < 0) g->root = n - 1;
+    reg_alloc(c, &g->S, gc_in(g, n) * es + 2 * GUARD);
+    reg_alloc(c, &g->R, gc_out(g, n) * es + 2 * GUARD);
+    if (g->win) {
+        int fl = g->win == 1 ? LOOM_WIN_COLL_SYMMETRIC : LOOM_WIN_DEFAULT;
+        win_reg(c, g->S.base, g->S.cap, fl, &g->ws);
+        win_reg(c, g->R.base, g->R.cap, fl, &g->wr);
+    }
+}
+
+static void gc_free(ctx_t *c, gcall_t *g)
+{
+    win_dereg(c, &g->ws);
+    win_dereg(c, &g->wr);
+    reg_free(c, &g->S);
+    reg_free(c, &g->R);
+}
+
+/* Where the call reads and writes (device addresses). */
+static void gc_ptrs(const ctx_t *c, const gcall_t *g, CUdeviceptr *sp, CUdeviceptr *rp)
+{
+    size_t bytes = g->count * TS[g->t];
+    *sp = g->S.base + GUARD;
+    *rp = g->R.base + GUARD;
+    if (!g->ip) return;
+    switch (g->kind) {
+    case GK_AR:
+    case GK_BC: *rp = *sp; break;
+    case GK_RS: *rp = *sp + (size_t)c->rank * bytes; break;
+    case GK_AG: *sp = *rp + (size_t)c->rank * bytes; break;
+    default: break;
+    }
+}
+
+/* Fresh inputs from salt on the stream, outputs poisoned, the images expected after the call. */
+static void gc_prepare(ctx_t *c, gcall_t *g, uint64_t salt, uint8_t *h, uint8_t *e)
+{
+    int n = c->nranks, me = c->rank, t = g->t, o = g->op;
+    size_t es = TS[t], cnt = g->count, bytes = cnt * es;
+    size_t ib = gc_in(g, n) * es, ob = gc_out(g, n) * es;
+    reg_t *S = &g->S, *R = &g->R;
+    reg_poison(c, S, ib + 2 * GUARD);
+    reg_poison(c, R, ob + 2 * GUARD);
+    int prev = (me + n - 1) % n;
+    switch (g->kind) {
+    case GK_AR:
+        gen_fill(o, t, salt, me, n, 0, cnt, h);
+        reg_put(c, S, GUARD, h, bytes);
+        ref_fill(o, o, t, salt, n, 0, cnt, e);
+        reg_expect(g->ip ? S : R, GUARD, e, bytes);
+        break;
+    case GK_RS:
+        gen_fill(o, t, salt, me, n, 0, (size_t)n * cnt, h);
+        reg_put(c, S, GUARD, h, (size_t)n * bytes);
+        ref_fill(o, o, t, salt, n, (size_t)me * cnt, cnt, e);
+        if (g->ip) { /* only this rank's slice is defined afterwards */
+            reg_dontcare(c, S, GUARD, (size_t)n * bytes);
+            memset(S->dc + GUARD + (size_t)me * bytes, 0, bytes);
+            reg_expect(S, GUARD + (size_t)me * bytes, e, bytes);
+        } else {
+            reg_expect(R, GUARD, e, bytes);
+        }
+        break;
+    case GK_AG:
+        gen_fill(K_COPY, t, salt, me, n, 0, cnt, h);
+        reg_put(c, g->ip ? R : S, GUARD + (g->ip ? (size_t)me * bytes : 0), h, bytes);
+        for (int r = 0; r < n; r++)
+            gen_fill(K_COPY, t, salt, r, n, 0, cnt, e + (size_t)r * bytes);
+        reg_expect(R, GUARD, e, (size_t)n * bytes);
+        break;
+    case GK_BC:
+        gen_fill(K_COPY, t, salt, me, n, 0, cnt, h);
+        reg_put(c, S, GUARD, h, bytes);
+        gen_fill(K_COPY, t, salt, g->root, n, 0, cnt, e);
+        reg_expect(g->ip ? S : R, GUARD, e, bytes);
+        break;
+    case GK_RD:
+        gen_fill(o, t, salt, me, n, 0, cnt, h);
+        reg_put(c, S, GUARD, h, bytes);
+        ref_fill(o, o, t, salt, n, 0, cnt, e);
+        if (me == g->root)
+            reg_expect(R, GUARD, e, bytes);
+        else /* NCCL's contract: only the root's recvbuff is meant */
+            reg_dontcare(c, R, GUARD, bytes);
+        break;
+    case GK_A2A:
+        gen_fill(K_COPY, t, salt, me, n, 0, (size_t)n * cnt, h);
+        reg_put(c, S, GUARD, h, (size_t)n * bytes);
+        for (int r = 0; r < n; r++)
+            gen_fill(K_COPY, t, salt, r, n, (size_t)me * cnt, cnt, e + (size_t)r * bytes);
+        reg_expect(R, GUARD, e, (size_t)n * bytes);
+        break;
+    default: /* GK_SR: a ring, to the next rank, from the previous */
+        gen_fill(K_COPY, t, salt, me, n, 0, cnt, h);
+        reg_put(c, S, GUARD, h, bytes);
+        gen_fill(K_COPY, t, salt, prev, n, 0, cnt, e);
+        reg_expect(R, GUARD, e, bytes);
+        break;
+    }
+}
+
+static loomResult_t gc_issue(ctx_t *c, const gcall_t *g)
+{
+    int n = c->nranks, me = c->rank;
+    CUdeviceptr sp, rp;
+    gc_ptrs(c, g, &sp, &rp);
+    loomDataType_t dt = (loomDataType_t)g->t;
+    loomRedOp_t op = (loomRedOp_t)g->op;
+    switch (g->kind) {
+    case GK_AR: return loomAllReduce(P(sp), P(rp), g->count, dt, op, c->comm, c->s);
+    case GK_RS: return loomReduceScatter(P(sp), P(rp), g->count, dt, op, c->comm, c->s);
+    case GK_AG: return loomAllGather(P(sp), P(rp), g->count, dt, c->comm, c->s);
+    case GK_BC: return loomBroadcast(P(sp), P(rp), g->count, dt, g->root, c->comm, c->s);
+    case GK_RD: return loomReduce(P(sp), P(rp), g->count, dt, op, g->root, c->comm, c->s);
+    case GK_A2A: return loomAlltoAll(P(sp), P(rp), g->count, dt, c->comm, c->s);
+    default: {
+        loomResult_t r = loomGroupStart();
+        if (r == loomSuccess) r = loomSend(P(sp), g->count, dt, (me + 1) % n, c->comm, c->s);
+        if (r == loomSuccess) r = loomRecv(P(rp), g->count, dt, (me + n - 1) % n, c->comm, c->s);
+        loomResult_t e = loomGroupEnd();
+        return r == loomSuccess ? e : r;
+    }
+    }
+}
+
+/* Both regions of the call against their images (the stream synchronised first). */
+static void gc_check(ctx_t *c, gcall_t *g, int i)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "call %d (%s %s n=%zu, %s) sendbuff", i, GKN[g->kind], TN[g->t],
+             g->count, g->path);
+    size_t es = TS[g->t];
+    reg_check(c, &g->S, GUARD, gc_in(g, c->nranks) * es, g->t, what);
+    snprintf(what, sizeof(what), "call %d (%s %s n=%zu, %s) recvbuff", i, GKN[g->kind], TN[g->t],
+             g->count, g->path);
+    reg_check(c, &g->R, GUARD, gc_out(g, c->nranks) * es, g->t, what);
+}
+
+/* The first failure of a replay names the replay. */
+static void name_replay(ctx_t *c, bool was, int rep)
+{
+    if (was || !c->failed) return;
+    char first[232];
+    memcpy(first, c->msg, sizeof(first));
+    snprintf(c->msg, sizeof(c->msg), "replay %d: %.200s", rep, first);
+}
+
+static void grp_graphs(ctx_t *c)
+{
+    const cudrv_t *d = c->d;
+    int n = c->nranks, me = c->rank;
+    size_t hmax = 0;
+    for (int i = 0; i < NGCALLS; i++) {
+        size_t a = gc_in(&gcalls[i], n), b = gc_out(&gcalls[i], n);
+        size_t m = (a > b ? a : b) * TS[gcalls[i].t];
+        if (m > hmax) hmax = m;
+    }
+    uint8_t *h = halloc(c, hmax), *e = halloc(c, hmax);
+    case_begin(c, n, "graphs: %d calls' buffers, windows registered (symmetric and not)", NGCALLS);
+    for (int i = 0; i < NGCALLS; i++)
+        gc_alloc(c, &gcalls[i]);
+    if (!case_end(c)) fatal(c, "cannot go on without the buffers");
+
+    /* one graph: every path, back to back (consecutive latency-path calls keep their
+     * programmatic dependent launches as programmatic edges) */
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    case_begin(c, n, "graphs: capture (relaxed) %d calls of every same-node path; instantiate",
+               NGCALLS);
+    if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_RELAXED))) {
+        for (int i = 0; i < NGCALLS; i++) {
+            char what[96];
+            snprintf(what, sizeof(what), "call %d (%s n=%zu, %s), captured", i, GKN[gcalls[i].kind],
+                     gcalls[i].count, gcalls[i].path);
+            lok(c, gc_issue(c, &gcalls[i]), c->comm, what);
+        }
+        if (CU(d->cuStreamEndCapture(c->s, &g)) && g) CU(d->cuGraphInstantiate(&ge, g, 0));
+    }
+    bool have = case_end(c) && ge != NULL;
+
+    /* replays with fresh inputs; between them an eager latency-path call (the lanes count their
+     * own steps since the capture) and an eager direct one (the IPC cache serves it) */
+    enum { REPS = 100 };
+    reg_t EA, EB;
+    const size_t ec = 1023;
+    reg_alloc(c, &EA, ec * 4 + 2 * GUARD);
+    reg_alloc(c, &EB, ec * 4 + 2 * GUARD);
+    uint8_t *eh = halloc(c, ec * 4), *ee = halloc(c, ec * 4);
+    case_begin(c, n,
+               "graphs: %d replays, fresh inputs each, bit for bit; eager allreduces (latency "
+               "path, direct) between replays",
+               REPS);
+    /* every rank goes through every replay, failed or not, so that none waits for a peer that
+     * stopped */
+    for (int rep = 0; have && rep < REPS; rep++) {
+        bool was = c->failed;
+        for (int i = 0; i < NGCALLS; i++)
+            gc_prepare(c, &gcalls[i], mix(0x9a9ull + (uint64_t)rep * 131 + (uint64_t)i), h, e);
+        CU(d->cuGraphLaunch(ge, c->s));
+        sync_ok(c, c->s, c->comm);
+        for (int i = 0; i < NGCALLS && !c->failed; i++)
+            gc_check(c, &gcalls[i], i);
+        name_replay(c, was, rep);
+        /* eager */
+        uint64_t salt = mix(0xea9ull + (uint64_t)rep);
+        gen_fill(K_SUM, F32, salt, me, n, 0, ec, eh);
+        ref_fill(K_SUM, K_SUM, F32, salt, n, 0, ec, ee);
+        reg_poison(c, &EA, ec * 4 + 2 * GUARD);
+        reg_put(c, &EA, GUARD, eh, ec * 4);
+        reg_poison(c, &EB, ec * 4 + 2 * GUARD);
+        reg_expect(&EB, GUARD, ee, ec * 4);
+        was = c->failed;
+        lok(c,
+            loomAllReduce(P(EA.base + GUARD), P(EB.base + GUARD), ec, loomFloat32, loomSum, c->comm,
+                          c->s),
+            c->comm, "loomAllReduce (eager, between replays)");
+        sync_ok(c, c->s, c->comm);
+        reg_check(c, &EB, GUARD, ec * 4, F32, "eager allreduce recvbuff");
+        name_replay(c, was, rep);
+        /* an eager direct call on a graph's buffers: the mappings the graph holds serve it */
+        was = c->failed;
+        gc_prepare(c, &gcalls[5], mix(0xeadull + (uint64_t)rep), h, e);
+        lok(c, gc_issue(c, &gcalls[5]), c->comm, "loomAllReduce (eager direct, between replays)");
+        sync_ok(c, c->s, c->comm);
+        gc_check(c, &gcalls[5], 5);
+        name_replay(c, was, rep);
+    }
+    if (!have) case_fail(c, "no graph to replay");
+    if (have && !c->failed) case_info(c, "%d replays of %d calls checked", REPS, NGCALLS);
+    case_end(c);
+    if (ge) d->cuGraphExecDestroy(ge);
+    if (g) d->cuGraphDestroy(g);
+    free(eh);
+    free(ee);
+    reg_free(c, &EA);
+    reg_free(c, &EB);
+    /* the strictest capture mode (PyTorch's default): any call of any thread that CUDA deems
+     * unsafe would end the capture; a latency-path call, a direct one (IPC handles opened at
+     * capture time), two on windows */
+    static const int strict[] = {0, 5, 15, 19, 3};
+    const int nstrict = (int)(sizeof(strict) / sizeof(strict[0]));
+    case_begin(c, n,
+               "graphs: capture in global mode (latency path, direct, windows two shots, direct "
+               "on plain windows, latency reduce-scatter), 5 replays");
+    g = NULL;
+    ge = NULL;
+    if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_GLOBAL))) {
+        for (int k = 0; k < nstrict; k++)
+            lok(c, gc_issue(c, &gcalls[strict[k]]), c->comm, "captured in global mode");
+        if (CU(d->cuStreamEndCapture(c->s, &g)) && g) CU(d->cuGraphInstantiate(&ge, g, 0));
+    }
+    for (int rep = 0; ge && rep < 5; rep++) {
+        bool was = c->failed;
+        for (int k = 0; k < nstrict; k++)
+            gc_prepare(c, &gcalls[strict[k]], mix(0x610ull + (uint64_t)rep * 17 + (uint64_t)k), h,
+                       e);
+        CU(d->cuGraphLaunch(ge, c->s));
+        sync_ok(c, c->s, c->comm);
+        for (int k = 0; k < nstrict && !c->failed; k++)
+            gc_check(c, &gcalls[strict[k]], strict[k]);
+        name_replay(c, was, rep);
+    }
+    if (ge == NULL && !c->failed) case_fail(c, "no graph to replay");
+    if (ge) d->cuGraphExecDestroy(ge);
+    if (g) d->cuGraphDestroy(g);
+    case_end(c);
+
+    /* the graphs are gone: their windows may go */
+    case_begin(c, n, "graphs: windows deregistered after the graph was destroyed");
+    for (int i = 0; i < NGCALLS; i++)
+        gc_free(c, &gcalls[i]);
+    case_end(c);
+
+    /* a graph holds the peers' mappings of its direct calls for its life only: 40 graphs on
+     * fresh allocations (2 mapped per graph and peer, more than the 32 the cache keeps), each
+     * destroyed after its replays, so later captures must find their mappings let go */
+    enum { ROUNDS = 40 };
+    case_begin(c, n,
+               "graphs: %d graphs of a direct allreduce on fresh allocations, 2 replays each, "
+               "then destroyed (the graph's mappings are let go)",
+               ROUNDS);
+    for (int k = 0; k < ROUNDS; k++) {
+        gcall_t one = GC(GK_AR, F32, K_SUM, 1048579, 0, 0, 0, "direct");
+        gc_alloc(c, &one);
+        CUgraph g1 = NULL;
+        CUgraphExec ge1 = NULL;
+        if (CU(d->cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))) {
+            lok(c, gc_issue(c, &one), c->comm, "loomAllReduce (captured, fresh buffers)");
+            if (CU(d->cuStreamEndCapture(c->s, &g1)) && g1) CU(d->cuGraphInstantiate(&ge1, g1, 0));
+        }
+        if (g1) d->cuGraphDestroy(g1); /* the instance keeps what the graph held */
+        for (int rep = 0; ge1 && rep < 2; rep++) {
+            bool was = c->failed;
+            gc_prepare(c, &one, mix(0x40ull + (uint64_t)k * 7 + (uint64_t)rep), h, e);
+            CU(d->cuGraphLaunch(ge1, c->s));
+            sync_ok(c, c->s, c->comm);
+            gc_check(c, &one, k);
+            name_replay(c, was, rep);
+        }
+        if (ge1 == NULL && !c->failed) case_fail(c, "round %d: no graph", k);
+        if (ge1) d->cuGraphExecDestroy(ge1);
+        gc_free(c, &one);
+    }
+    case_end(c);
+    free(h);
+    free(e);
+}
+
 /* ---- two ranks on one GPU --------------------------------------------------------------- */
 
 static void grp_samegpu(ctx_t *c)
@@ -2189,6 +2563,9 @@ static const group_t groups[] = {
     {"win", grp_win, M_WIN, 1, 420, 1,
      "registered windows: 4 collectives on them, misuse, deregistration order (2 ranks; on one "
      "GPU with LOOM_CUDA_SHARE_GPU=1)"},
+    {"graphs", grp_graphs, M_WIN, 1, 420, 1,
+     "every same-node path captured in one CUDA graph, 100 replays; graphs' mappings let go (2 "
+     "ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
 };
 #define NGROUPS ((int)(sizeof(groups) / sizeof(groups[0])))
 
@@ -2602,8 +2979,8 @@ int main(int argc, char **argv)
         if (g->mode == M_WIN && ngpu < 2) {
             const char *sh = getenv("LOOM_CUDA_SHARE_GPU");
             if (!sh || strcmp(sh, "1") != 0) {
-                printf("skip %s: one GPU: run with LOOM_CUDA_SHARE_GPU=1 (tests/gpu/windows.sh)\n",
-                       g->name);
+                printf("skip %s: one GPU: run with LOOM_CUDA_SHARE_GPU=1 (tests/gpu/%s.sh)\n",
+                       g->name, strcmp(g->name, "win") ? g->name : "windows");
                 skipped++;
                 continue;
             }

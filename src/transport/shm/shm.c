@@ -17,8 +17,20 @@
  * Control messages are read eagerly (they are small), so acknowledgements never wait behind
  * data the receiver has not asked for yet. The peer's pid comes from SO_PEERCRED, not from the
  * peer's word.
+ *
+ * Small messages (up to SHM_EAGER_MAX) take neither the socket nor a cross-memory read: each
+ * side's segment begins with a ring of records that only it writes (a header with the message's
+ * sequence number, length and metadata, then the payload) and that the peer, which maps the
+ * segment, reads in place; a send is complete once its record is in the ring, a receive once
+ * it copied the payload out. Each side publishes in its own segment how far it wrote (head) and
+ * how far it read the peer's ring (tail), so no word is written by both. A side about to sleep
+ * in poll() says so (an odd `armed` count, then a second look at the peer's words); the peer,
+ * after publishing a record or consuming one, sends a one-message wake-up over the socket only
+ * then. Messages of both paths carry the connection's one sequence, and the receiver matches
+ * them in that order whichever path each took.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +52,47 @@
 #define SHM_MSG_ABORT 3
 #define SHM_MSG_MODE 4
 #define SHM_MSG_PING 5 /* "alive", slot: its TRANSPORT_CALL_* state; read eagerly like the rest */
+#define SHM_MSG_WAKE 6 /* "look at my segment": a record was published or consumed */
 #define SHM_ABORT_TEXT_MAX 1024
 #define SHM_BOUNCE_SLOTS 8
+
+/* A segment: the control words, the ring of small messages, then the bounce slots. */
+#define SHM_EAGER_MAX (32u << 10)
+#define SHM_RING_BYTES (512u << 10)
+#define SHM_CTRL_BYTES 256u
+#define SHM_REC_HDR 64u
+#define SHM_BOUNCE_OFF ((size_t)SHM_CTRL_BYTES + SHM_RING_BYTES)
+#define SHM_SEG_BYTES(slot_bytes) (SHM_BOUNCE_OFF + (size_t)(slot_bytes)*SHM_BOUNCE_SLOTS)
+
+/* The control words of a segment, each written by its owner only, on lines of their own. */
+typedef struct {
+    _Atomic uint64_t head; /* bytes the owner published in its ring */
+    uint8_t pad0[56];
+    _Atomic uint64_t tail; /* bytes of the peer's ring the owner consumed */
+    uint8_t pad1[56];
+    _Atomic uint64_t armed; /* odd: the owner is about to sleep in poll() */
+    uint8_t pad2[56];
+    _Atomic uint64_t sent; /* control messages the owner put on the socket */
+    uint8_t pad3[56];
+} shm_ctrl_t;
+
+/* Without news on the socket (the peer's `sent` count is what we read), a spinning rank does not
+ * call recvmsg() on every pass: only this often, which also finds a closed socket. */
+#define SHM_READ_EVERY_NS 1000000ull
+
+#define SHM_REC_MSG 1u
+#define SHM_REC_PAD 2u /* the ring's bytes from here to its end are unused */
+
+typedef struct {
+    uint64_t seq;
+    uint32_t len;
+    uint32_t kind;
+    uint8_t meta[TRANSPORT_META_BYTES];
+    uint8_t pad[SHM_REC_HDR - 16 - TRANSPORT_META_BYTES];
+} shm_rec_t;
+_Static_assert(sizeof(shm_rec_t) == SHM_REC_HDR, "ring record header");
+_Static_assert(sizeof(shm_ctrl_t) <= SHM_CTRL_BYTES, "segment control words");
+_Static_assert(SHM_RING_BYTES >= 4 * (SHM_EAGER_MAX + SHM_REC_HDR), "ring too small");
 
 typedef struct {
     uint32_t type;
@@ -115,6 +166,15 @@ struct transport_conn {
     int nout, outcap;
     uint64_t send_seq, recv_seq;
     uint64_t last_send_ns;
+    /* the ring: how far we wrote ours and read the peer's; the peer's armed count last woken */
+    uint64_t ring_head, ring_tail, woken;
+    uint64_t sock_sent, sock_read, last_read_ns; /* control messages: ours sent, the peer's read */
+    /* The peer closed its socket or aborted: what it left in its ring before that may still be
+     * received (its sends completed when they reached the ring, and it may have left since, as
+     * tcp's bytes in flight arrive before the peer's close); a receive nothing there can satisfy,
+     * or a send, fails the connection, with the peer's reason when it gave one. */
+    bool eof;
+    char *eof_why;
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -136,6 +196,33 @@ struct transport_ctx {
 };
 
 #define conn_fail(c, ...) transport_fail(&(c)->head.fail, __VA_ARGS__)
+
+static shm_ctrl_t *my_ctrl(transport_conn_t *c)
+{
+    return (shm_ctrl_t *)(void *)c->my_bounce;
+}
+
+static const shm_ctrl_t *peer_ctrl(const transport_conn_t *c)
+{
+    return (const shm_ctrl_t *)(const void *)c->peer_bounce;
+}
+
+/* One control message more on the socket, said in our segment for the peer's reads. */
+static void sent_one(transport_conn_t *c)
+{
+    c->sock_sent++;
+    if (c->my_bounce) atomic_store_explicit(&my_ctrl(c)->sent, c->sock_sent, memory_order_release);
+}
+
+/* Whether the socket may hold something for us: always until both segments are mapped, then
+ * when the peer's count says so or SHM_READ_EVERY_NS passed. */
+static bool sock_news(transport_conn_t *c, uint64_t now)
+{
+    if (c->state != CS_READY || c->peer_bounce == NULL) return true;
+    if (now - c->last_read_ns > SHM_READ_EVERY_NS) return true;
+    return atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->sent, memory_order_acquire) !=
+           c->sock_read;
+}
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
 static socklen_t shm_sockaddr(const char *name, size_t len, struct sockaddr_un *sa)
@@ -248,6 +335,16 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
     return loomSuccess;
 }
 
+/* A peer that left: its connection fails now (something of ours waits on it). */
+static void eof_fail(transport_conn_t *c)
+{
+    if (c->head.fail.failed) return;
+    if (c->eof_why)
+        conn_fail(c, loomRemoteError, "%s", c->eof_why);
+    else
+        transport_conn_recv_failed(&c->head, 0, 0);
+}
+
 static loomResult_t conn_check(transport_conn_t *c)
 {
     return transport_conn_check(&c->head, &c->ctx->abort);
@@ -293,10 +390,15 @@ static void out_flush(transport_conn_t *c, bool *progressed)
             int e = errno;
             bool ignored = false;
             read_control(c, &ignored);
+            if (c->eof) { /* it left: what it left in its ring decides (see eof) */
+                c->nout = 0;
+                return;
+            }
             transport_conn_send_failed(&c->head, e);
             return;
         }
         k++;
+        sent_one(c);
         *progressed = true;
         /* Only what the peer sends proves it alive: our own messages do not count. */
         c->last_send_ns = base_now_ns();
@@ -307,11 +409,128 @@ static void out_flush(transport_conn_t *c, bool *progressed)
     }
 }
 
-/* Sends that were waiting for the mode decision or a free bounce slot. */
+/* ---- the ring of small messages ---- */
+
+static size_t rec_bytes(size_t len)
+{
+    return SHM_REC_HDR + LOOM_ALIGN_UP(len, (size_t)64);
+}
+
+/* After publishing or consuming a record: a wake-up if the peer said it sleeps (once per
+ * sleep: its armed count changes each time). */
+static void ring_wake(transport_conn_t *c)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    uint64_t a =
+        atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->armed, memory_order_relaxed);
+    if (!(a & 1) || a == c->woken || c->eof) return;
+    c->woken = a;
+    /* Straight to the socket, whatever is queued there (a wake-up carries nothing to order);
+     * a full socket already wakes the peer, and a closed one is found by the reads. */
+    shm_msg_t m;
+    memset(&m, 0, sizeof(shm_desc_t));
+    m.type = SHM_MSG_WAKE;
+    if (send(c->fd, &m, msg_size(&m), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)msg_size(&m))
+        sent_one(c);
+}
+
+/* Whether our ring has room for a record of len payload bytes (and the padding before it). */
+static bool ring_room(const transport_conn_t *c, size_t len, size_t *pad)
+{
+    uint64_t tail =
+        atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->tail, memory_order_acquire);
+    size_t need = rec_bytes(len), off = (size_t)(c->ring_head % SHM_RING_BYTES);
+    *pad = off + need > SHM_RING_BYTES ? SHM_RING_BYTES - off : 0;
+    return c->ring_head + *pad + need - tail <= SHM_RING_BYTES;
+}
+
+/* Copies a send into our ring; false when it has no room yet. */
+static bool ring_put(transport_conn_t *c, const transport_req_t *r)
+{
+    size_t pad;
+    if (!ring_room(c, r->len, &pad)) return false;
+    uint8_t *ring = c->my_bounce + SHM_CTRL_BYTES;
+    if (pad) {
+        shm_rec_t *p = (shm_rec_t *)(void *)(ring + c->ring_head % SHM_RING_BYTES);
+        p->kind = SHM_REC_PAD;
+        p->len = 0;
+        c->ring_head += pad;
+    }
+    uint8_t *at = ring + c->ring_head % SHM_RING_BYTES;
+    shm_rec_t *h = (shm_rec_t *)(void *)at;
+    h->seq = r->seq;
+    h->len = (uint32_t)r->len;
+    h->kind = SHM_REC_MSG;
+    memcpy(h->meta, r->meta, TRANSPORT_META_BYTES);
+    if (r->len) memcpy(at + SHM_REC_HDR, r->buf, r->len);
+    c->ring_head += rec_bytes(r->len);
+    atomic_store_explicit(&my_ctrl(c)->head, c->ring_head, memory_order_release);
+    ring_wake(c);
+    return true;
+}
+
+/* The peer's next record, copied out of its segment (which the peer may rewrite: nothing is
+ * read twice); *payload points at its bytes there. Skips padding; a record that does not fit
+ * what the peer published fails the connection. */
+static bool ring_peek(transport_conn_t *c, shm_rec_t *rec, const uint8_t **payload)
+{
+    if (c->peer_bounce == NULL) return false;
+    uint64_t head =
+        atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->head, memory_order_acquire);
+    const uint8_t *ring = c->peer_bounce + SHM_CTRL_BYTES;
+    while (c->ring_tail != head) {
+        size_t off = (size_t)(c->ring_tail % SHM_RING_BYTES);
+        memcpy(rec, ring + off, sizeof(*rec));
+        if (rec->kind == SHM_REC_PAD && head - c->ring_tail >= SHM_RING_BYTES - off) {
+            c->ring_tail += SHM_RING_BYTES - off;
+            continue;
+        }
+        if (rec->kind != SHM_REC_MSG || rec->len > SHM_EAGER_MAX ||
+            off + rec_bytes(rec->len) > SHM_RING_BYTES ||
+            head - c->ring_tail < rec_bytes(rec->len) || head - c->ring_tail > SHM_RING_BYTES) {
+            conn_fail(c, loomRemoteError,
+                      "malformed ring record from %s at byte %llu (kind %u, %u bytes)",
+                      c->head.name, (unsigned long long)c->ring_tail, rec->kind, rec->len);
+            return false;
+        }
+        *payload = ring + off + SHM_REC_HDR;
+        return true;
+    }
+    return false;
+}
+
+static void ring_consume(transport_conn_t *c, const shm_rec_t *rec)
+{
+    c->ring_tail += rec_bytes(rec->len);
+    atomic_store_explicit(&my_ctrl(c)->tail, c->ring_tail, memory_order_release);
+    c->head.last_activity_ns = base_now_ns();
+    ring_wake(c); /* the peer may wait for room */
+}
+
+/* Whether the ring has something for us now: a record of the peer's, or room for the small
+ * send at the head of our queue. */
+static bool ring_ready(transport_conn_t *c)
+{
+    if (c->state != CS_READY || c->peer_bounce == NULL) return false;
+    uint64_t head =
+        atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->head, memory_order_acquire);
+    size_t pad;
+    return head != c->ring_tail || (c->wait.head && c->wait.head->len <= SHM_EAGER_MAX &&
+                                    ring_room(c, c->wait.head->len, &pad));
+}
+
+/* Sends that were waiting for the mode decision, ring room or a free bounce slot. */
 static void start_sends(transport_conn_t *c)
 {
     while (c->wait.head && c->state == CS_READY && !c->head.fail.failed) {
         transport_req_t *r = c->wait.head;
+        if (r->len <= SHM_EAGER_MAX) {
+            if (!ring_put(c, r)) return;
+            FIFO_DROP_HEAD(&c->wait);
+            r->complete = true;
+            c->head.pending--;
+            continue;
+        }
         shm_msg_t m;
         memset(&m, 0, sizeof(shm_desc_t));
         m.desc.type = SHM_MSG_DESC;
@@ -338,7 +557,7 @@ static void start_sends(transport_conn_t *c)
             }
             c->slot_busy[s] = true;
             r->slot = s;
-            memcpy(c->my_bounce + (size_t)s * c->ctx->slot_bytes, r->buf, r->len);
+            memcpy(c->my_bounce + SHM_BOUNCE_OFF + (size_t)s * c->ctx->slot_bytes, r->buf, r->len);
             m.desc.slot = (uint32_t)s;
         }
         FIFO_DROP_HEAD(&c->wait);
@@ -350,6 +569,7 @@ static void start_sends(transport_conn_t *c)
 static loomResult_t shm_isend(transport_conn_t *c, const void *buf, size_t len,
                               const uint8_t meta[TRANSPORT_META_BYTES], transport_req_t **out)
 {
+    if (c->eof) eof_fail(c);
     LOOM_CHECK(conn_check(c));
     transport_req_t *r = calloc(1, sizeof(*r));
     if (r == NULL) return base_error(loomSystemError, LOG_SHM, "out of memory (send request)");
@@ -430,12 +650,13 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
         }
     } else {
         if (d->slot >= SHM_BOUNCE_SLOTS || c->peer_bounce == NULL ||
-            (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
+            SHM_BOUNCE_OFF + (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
             conn_fail(c, loomRemoteError, "malformed descriptor from %s: slot %u", c->head.name,
                       d->slot);
             return;
         }
-        memcpy(r->buf, c->peer_bounce + (size_t)d->slot * c->peer_slot_bytes, r->len);
+        memcpy(r->buf, c->peer_bounce + SHM_BOUNCE_OFF + (size_t)d->slot * c->peer_slot_bytes,
+               r->len);
     }
     memcpy(r->meta, d->meta, TRANSPORT_META_BYTES);
     r->complete = true;
@@ -452,14 +673,53 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
     out_flush(c, &ignored);
 }
 
+/* A small message: straight out of the peer's ring. */
+static void deliver_rec(transport_conn_t *c, transport_req_t *r, const shm_rec_t *rec,
+                        const uint8_t *payload)
+{
+    memcpy(r->meta, rec->meta, TRANSPORT_META_BYTES);
+    if (rec->len != r->len) {
+        conn_fail(c, loomRemoteError,
+                  "%s sent a message of %u bytes where %zu were expected (message %llu): the "
+                  "ranks disagree on the operation",
+                  c->head.name, rec->len, r->len, (unsigned long long)rec->seq);
+        r->bad_len = true;
+    } else if (r->len) {
+        memcpy(r->buf, payload, r->len);
+    }
+    r->complete = true;
+    c->head.pending--;
+    ring_consume(c, rec);
+}
+
+/* Receives are matched in the connection's one order: the next message is in the ring or among
+ * the descriptors, whichever carries the sequence number the oldest receive has. */
 static void match_recvs(transport_conn_t *c)
 {
-    while (c->recv.head && c->desc.head && !c->head.fail.failed) {
+    while (c->recv.head && !c->head.fail.failed) {
+        uint64_t want = c->recv.head->seq;
+        shm_rec_t rec;
+        const uint8_t *payload;
+        bool in_ring = ring_peek(c, &rec, &payload);
+        if (c->head.fail.failed) return;
+        if (in_ring && rec.seq == want) {
+            deliver_rec(c, FIFO_POP(&c->recv), &rec, payload);
+            continue;
+        }
         shm_pending_desc_t *pd = c->desc.head;
-        transport_req_t *r = FIFO_POP(&c->recv);
-        FIFO_DROP_HEAD(&c->desc);
-        deliver(c, r, &pd->d);
-        free(pd);
+        if (pd && pd->d.seq == want) {
+            transport_req_t *r = FIFO_POP(&c->recv);
+            FIFO_DROP_HEAD(&c->desc);
+            deliver(c, r, &pd->d);
+            free(pd);
+            continue;
+        }
+        if ((in_ring && rec.seq < want) || (pd && pd->d.seq < want))
+            conn_fail(c, loomRemoteError, "%s sent message %llu out of order (expected %llu)",
+                      c->head.name,
+                      (unsigned long long)(in_ring && rec.seq < want ? rec.seq : pd->d.seq),
+                      (unsigned long long)want);
+        return;
     }
 }
 
@@ -470,8 +730,10 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
 {
     if (m->cma_ok == 0) {
         if (passed_fd >= 0) {
-            size_t len = (size_t)m->slot_bytes * SHM_BOUNCE_SLOTS;
-            void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, passed_fd, 0);
+            size_t len = SHM_SEG_BYTES(m->slot_bytes);
+            void *p = m->slot_bytes >= 4096 && m->slot_bytes <= (1ull << 40)
+                          ? mmap(NULL, len, PROT_READ, MAP_SHARED, passed_fd, 0)
+                          : MAP_FAILED;
             close(passed_fd);
             if (p == MAP_FAILED) {
                 conn_fail(c, loomSystemError, "mmap of %s's bounce segment failed: %s",
@@ -514,6 +776,7 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
 
 static void read_control(transport_conn_t *c, bool *progressed)
 {
+    c->last_read_ns = base_now_ns();
     for (;;) {
         shm_msg_t m;
         char cbuf[CMSG_SPACE(sizeof(int))];
@@ -523,10 +786,15 @@ static void read_control(transport_conn_t *c, bool *progressed)
         ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n == 0 && c->state == CS_READY) {
+            c->eof = true;
+            return;
+        }
         if (n <= 0) {
             transport_conn_recv_failed(&c->head, n, errno);
             return;
         }
+        c->sock_read++;
         int passed_fd = -1;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
@@ -574,8 +842,18 @@ static void read_control(transport_conn_t *c, bool *progressed)
             handle_mode(c, &m.mode, passed_fd);
             break;
         case SHM_MSG_PING: transport_peer_call_set(&c->head, m.desc.slot); break;
+        case SHM_MSG_WAKE: break; /* the ring is looked at after every read */
         case SHM_MSG_ABORT:
             ((char *)&m)[LOOM_MIN((size_t)n, sizeof(m) - 1)] = '\0';
+            if (c->state == CS_READY && !c->eof_why) {
+                size_t len = strlen(c->head.name) + strlen(m.abort.text) + 16;
+                c->eof_why = malloc(len);
+                if (c->eof_why) {
+                    snprintf(c->eof_why, len, "%s aborted: %s", c->head.name, m.abort.text);
+                    c->eof = true;
+                    return;
+                }
+            }
             conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, m.abort.text);
             return;
         default:
@@ -601,7 +879,7 @@ static void mode_start(transport_conn_t *c)
     char where[48];
     snprintf(where, sizeof(where), "pid %d, same node", (int)c->pid);
     transport_conn_name(&c->head, c->peer, where);
-    size_t len = c->ctx->slot_bytes * SHM_BOUNCE_SLOTS;
+    size_t len = SHM_SEG_BYTES(c->ctx->slot_bytes);
     /* The segment is cheap until touched (pages are allocated on first write), so both sides
      * offer one, whatever LOOM_SHM_CMA says: which of them copies is only known once both probed
      * cross-memory attach. */
@@ -641,6 +919,7 @@ static void mode_start(transport_conn_t *c)
                   strerror(errno));
         return;
     }
+    sent_one(c);
     c->mode_sent = true;
     c->state = CS_MODE;
 }
@@ -677,6 +956,7 @@ static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
 {
     if (ctx->abort.aborted) return loomSuccess;
+    uint64_t now = base_now_ns();
     /* Data first, then the listener (see tcp_progress). Two passes: first every connection's
      * control messages (descriptors and acknowledgements in and out, which cost microseconds),
      * then the copies (a slice each, hundreds of microseconds). In one pass, a rank that copies
@@ -688,12 +968,16 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
         transport_conn_t *c = ctx->active[i];
         if (c->state != CS_READY && !c->head.fail.failed) want_accept = true;
         if (c->head.fail.failed || c->fd < 0) continue;
+        if (c->my_bounce) { /* awake: the peer need not wake us (see shm_pollfds) */
+            uint64_t a = atomic_load_explicit(&my_ctrl(c)->armed, memory_order_relaxed);
+            if (a & 1) atomic_store_explicit(&my_ctrl(c)->armed, a + 1, memory_order_relaxed);
+        }
         if (c->state == CS_HANDSHAKE) {
             if (transport_conn_handshake(&c->head, &c->hs, progressed) <= 0) continue;
             mode_start(c);
         }
         if (c->head.fail.failed) continue;
-        read_control(c, progressed);
+        if (!c->eof && sock_news(c, now)) read_control(c, progressed);
         if (c->state == CS_READY) start_sends(c);
         if (c->nout) out_flush(c, progressed);
     }
@@ -702,7 +986,10 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
         if (c->head.fail.failed || c->fd < 0) continue;
         if (c->state == CS_READY) {
             match_recvs(c);
-            uint64_t now = base_now_ns();
+            if (c->eof) {
+                if (c->recv.head || c->wait.head || c->ack.head) eof_fail(c);
+                continue;
+            }
             if (c->nout == 0 && now - c->last_send_ns > ctx->ping_ns) {
                 shm_msg_t m;
                 memset(&m, 0, sizeof(shm_desc_t));
@@ -723,9 +1010,18 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
     if (ctx->abort.aborted) return 0;
     for (int i = 0; i < ctx->nactive && n < max; i++) {
         transport_conn_t *c = ctx->active[i];
-        if (c->head.fail.failed || c->fd < 0) continue;
+        if (c->head.fail.failed || c->fd < 0 || c->eof) continue;
         short ev = c->state == CS_HANDSHAKE ? hs_events(&c->hs) : POLLIN;
         if (c->nout) ev |= POLLOUT;
+        if (c->state == CS_READY && c->my_bounce) {
+            /* About to sleep: say so, then look at the ring once more (the peer publishes, then
+             * looks at our word: one of us sees the other). Something there already: ask for
+             * the socket's room, which poll() reports at once. */
+            uint64_t a = atomic_load_explicit(&my_ctrl(c)->armed, memory_order_relaxed);
+            if (!(a & 1)) atomic_store_explicit(&my_ctrl(c)->armed, a + 1, memory_order_seq_cst);
+            atomic_thread_fence(memory_order_seq_cst);
+            if (ring_ready(c)) ev |= POLLOUT;
+        }
         fds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
@@ -775,8 +1071,8 @@ static void shm_abort(transport_ctx_t *ctx, const char *reason)
             shm_msg_t m;
             m.abort.type = SHM_MSG_ABORT;
             snprintf(m.abort.text, sizeof(m.abort.text), "%s", reason);
-            ssize_t n = send(c->fd, &m, msg_size(&m), MSG_NOSIGNAL | MSG_DONTWAIT);
-            (void)n;
+            if (send(c->fd, &m, msg_size(&m), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)msg_size(&m))
+                sent_one(c);
         }
         shutdown(c->fd, SHUT_RDWR);
     }
@@ -810,6 +1106,7 @@ static void shm_fini(transport_ctx_t *ctx)
             free(d);
         }
         free(c->out);
+        free(c->eof_why);
         free(c);
     }
     hs_pending_free(&ctx->pend);
