@@ -165,7 +165,7 @@ static const param_desc_t params[PARAM_COUNT] = {
                            "fusion: how float32 sums travel: exact, bf16 or fp16 (a power-of-two "
                            "scale per 256 values, float32 accumulation)",
                            NAMES("exact|bf16|fp16", DEFAULT)},
-    [PARAM_FUSION_WIRE_PIECE] = {"FUSION_WIRE_PIECE", PARAM_T_SIZE, "256K", "values",
+    [PARAM_FUSION_WIRE_PIECE] = {"FUSION_WIRE_PIECE", PARAM_T_SIZE, "64K", "values",
                                  "fusion, 16-bit wire: values per shard of a pipeline piece (a "
                                  "bucket travels in pieces, each encoded, sent and decoded while "
                                  "the next is on the wire; rounded to 256)",
