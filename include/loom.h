@@ -436,6 +436,12 @@ typedef struct {
     uint64_t compressedBuckets;
     double maxRelError;  /* compressed buckets: largest per-chunk relative error bound */
     double meanRelError; /* ... mean over chunks (see docs/fusion.md for the definition) */
+    /* compressed buckets, where the time went (this rank; codec: CPU seconds of the thread that
+     * ran it, so preemption by other work does not count; docs/fusion.md): */
+    double encodeSeconds;     /* packing and encoding the bucket's float32 values */
+    double reduceSeconds;     /* decoding the received shards, summing, re-encoding the sums */
+    double decodeSeconds;     /* decoding the gathered sums and unpacking them */
+    double compressedSeconds; /* wall time from a compressed bucket's start to its end */
 } loomFusionStats_t;
 loomResult_t loomFusionGetStats(loomFusion_t fusion, loomFusionStats_t *stats);
 

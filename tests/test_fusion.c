@@ -521,6 +521,8 @@ END_TEST
 
 /* ---- abort with buckets in flight ---- */
 
+static int abort_wire = loomFusionWireExact; /* the contexts' wire (abort_compressed) */
+
 static int abort_rank(loomComm_t comm, int r, int p, void *arg)
 {
     (void)p;
@@ -529,6 +531,7 @@ static int abort_rank(loomComm_t comm, int r, int p, void *arg)
     float *buf[N];
     loomFusionConfig_t c;
     small_buckets(&c);
+    c.wire = abort_wire;
     loomFusion_t f;
     if (loomFusionCreate(&f, comm, &c) != loomSuccess) return 1;
     for (int k = 0; k < N; k++) {
@@ -554,6 +557,8 @@ static int abort_rank(loomComm_t comm, int r, int p, void *arg)
     if (e == loomSuccess) {
         fprintf(stderr, "rank %d: WaitAll succeeded although rank 0 aborted\n", r);
         bad++;
+    } else if (r == 1) {
+        printf("rank 1: %s\n", loomGetLastError(NULL));
     }
     if ((uint64_t)time(NULL) - t0 > 20) {
         fprintf(stderr, "rank %d: WaitAll took %llu s after the abort\n", r,
@@ -576,6 +581,24 @@ START_TEST(abort_threads)
 {
     size_t c = 1 << 16;
     int bad = h_run_threads(3, abort_rank, &c);
+    ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
+/* The same on the 16-bit wire, by node (2 pretend nodes of 2), pieces of 256 values: the abort
+ * lands while a bucket's pipeline has several groups of point-to-point transfers to go. */
+START_TEST(abort_compressed)
+{
+    size_t c = 1 << 16;
+    abort_wire = loomFusionWireBf16;
+    setenv("LOOM_FUSION_WIRE_PIECE", "256", 1);
+    setenv("LOOM_NODE_ID", "a,a,b,b", 1);
+    param_reset_cache();
+    int bad = h_run_threads(4, abort_rank, &c);
+    abort_wire = loomFusionWireExact;
+    unsetenv("LOOM_FUSION_WIRE_PIECE");
+    unsetenv("LOOM_NODE_ID");
+    param_reset_cache();
     ck_assert_int_eq(bad, 0);
 }
 END_TEST
@@ -641,6 +664,7 @@ END_TEST
 typedef struct {
     int wire;
     size_t n;
+    loomRedOp_t op;
     float *results; /* [nranks][n] */
     double *exact;  /* [n], filled by rank 0 */
     double *scale;  /* per chunk: sum over ranks of the inputs' largest magnitude */
@@ -669,9 +693,11 @@ static int z_rank(loomComm_t comm, int r, int p, void *arg)
     if (loomFusionCreate(&f, comm, &c) != loomSuccess) return 1;
     /* three tensors, so that buckets pack several and cross chunk borders */
     size_t cut1 = n / 3 + 5, cut2 = 2 * n / 3 + 77;
-    loomFusionEnqueue(f, x, cut1, loomFloat32, loomSum, 1, NULL, NULL, NULL, NULL);
-    loomFusionEnqueue(f, x + cut1, cut2 - cut1, loomFloat32, loomSum, 2, NULL, NULL, NULL, NULL);
-    loomFusionEnqueue(f, x + cut2, n - cut2, loomFloat32, loomSum, 3, NULL, NULL, NULL, NULL);
+    cut1 = cut1 > n ? n : cut1;
+    cut2 = cut2 > n ? n : cut2 < cut1 ? cut1 : cut2;
+    loomFusionEnqueue(f, x, cut1, loomFloat32, a->op, 1, NULL, NULL, NULL, NULL);
+    loomFusionEnqueue(f, x + cut1, cut2 - cut1, loomFloat32, a->op, 2, NULL, NULL, NULL, NULL);
+    loomFusionEnqueue(f, x + cut2, n - cut2, loomFloat32, a->op, 3, NULL, NULL, NULL, NULL);
     int bad = 0;
     if (loomFusionWaitAll(f) != loomSuccess) {
         fprintf(stderr, "rank %d: %s\n", r, loomGetLastError(NULL));
@@ -692,9 +718,9 @@ static int z_rank(loomComm_t comm, int r, int p, void *arg)
     return bad;
 }
 
-static void run_compressed(int p, int wire)
+static void run_compressed_n(int p, int wire, size_t n, loomRedOp_t op, const char *what)
 {
-    z_arg_t a = {.wire = wire, .n = 200003};
+    z_arg_t a = {.wire = wire, .n = n, .op = op};
     a.results = malloc((size_t)p * a.n * sizeof(float));
     int bad = h_run_threads(p, z_rank, &a);
     ck_assert_int_eq(bad, 0);
@@ -719,13 +745,13 @@ static void run_compressed(int p, int wire)
     double measured = 0;
     for (size_t i = 0; i < a.n; i++) {
         size_t b = i / 256;
-        double ex = 0, w = 0;
+        double ex = 0, w = 0, div = op == loomAvg ? p : 1;
         for (int r = 0; r < p; r++) {
-            ex += z_value(r, i);
+            ex += z_value(r, i) / div;
             double m = bmax[(size_t)r * nb + b];
             if (b > 0 && bmax[(size_t)r * nb + b - 1] > m) m = bmax[(size_t)r * nb + b - 1];
             if (b + 1 < nb && bmax[(size_t)r * nb + b + 1] > m) m = bmax[(size_t)r * nb + b + 1];
-            w += m;
+            w += m / div;
         }
         double err = fabs(a.results[i] - ex);
         ck_assert_msg(err <= B * w, "element %zu: error %g above the stated bound %g", i, err,
@@ -741,15 +767,50 @@ static void run_compressed(int p, int wire)
         ck_assert_msg(a.reported[r] == a.reported[0], "ranks report different errors");
         ck_assert_msg(a.reported[r] > 0, "no error reported");
     }
-    printf("compressed %s on %d ranks: reported max relative error %.3g (bound %.3g)\n",
-           wire == loomFusionWireBf16 ? "bf16" : "fp16", p, a.reported[0], B);
+    printf("compressed %s on %d ranks%s: reported max relative error %.3g (bound %.3g)\n",
+           wire == loomFusionWireBf16 ? "bf16" : "fp16", p, what, a.reported[0], B);
     free(a.results);
+}
+
+static void run_compressed(int p, int wire)
+{
+    run_compressed_n(p, wire, 200003, loomSum, "");
 }
 
 START_TEST(compressed)
 {
     static const int ranks[] = {1, 2, 3, 4};
     run_compressed(ranks[_i / 2], _i % 2 ? loomFusionWireFp16 : loomFusionWireBf16);
+}
+END_TEST
+
+/* The pipeline: pieces of 256 values a shard (LOOM_FUSION_WIRE_PIECE), so a bucket runs as
+ * dozens of pieces and every stage of the pipeline overlaps others; odd sizes (partial last
+ * pieces, padding), sum and avg, 1 to 8 ranks, one node (flat), pretend nodes of even size (by
+ * node: float32 node sums, 16-bit across) and uneven ones (flat again). */
+START_TEST(compressed_pipeline)
+{
+    static const struct {
+        int p;
+        const char *nodes;
+    } lay[] = {{1, "a"},         {2, "a,b"},         {3, "a,a,a"},         {4, "a,a,b,b"},
+               {5, "a,b,a,b,b"}, {6, "a,a,a,b,b,b"}, {7, "a,b,c,d,e,f,g"}, {8, "a,b,a,b,a,b,a,b"}};
+    int l = _i / 2;
+    int wire = _i % 2 ? loomFusionWireFp16 : loomFusionWireBf16;
+    setenv("LOOM_FUSION_WIRE_PIECE", "256", 1);
+    setenv("LOOM_NODE_ID", lay[l].nodes, 1);
+    param_reset_cache();
+    char what[96];
+    static const size_t sizes[] = {1, 257, 77777};
+    for (size_t k = 0; k < 3; k++) {
+        loomRedOp_t op = k == 1 ? loomAvg : loomSum;
+        snprintf(what, sizeof(what), ", nodes %s, %zu values, %s", lay[l].nodes, sizes[k],
+                 op == loomAvg ? "avg" : "sum");
+        run_compressed_n(lay[l].p, wire, sizes[k], op, what);
+    }
+    unsetenv("LOOM_FUSION_WIRE_PIECE");
+    unsetenv("LOOM_NODE_ID");
+    param_reset_cache();
 }
 END_TEST
 
@@ -990,6 +1051,7 @@ int main(void)
         {"edges", edges, "lifetime", 60, 1},
         {"codec_bf16_reference", codec_bf16_reference, NULL, 60, 1},
         {"abort_threads", abort_threads, "lifetime", 120, 1},
+        {"abort_compressed", abort_compressed, "lifetime", 120, 1},
         {"step_latency", step_latency, NULL, 60, 1},
         {"mismatch_one", mismatch, "lifetime", 120, 1},
         {"lists_shm", lists_shm, NULL, 240, 4},
@@ -1004,6 +1066,7 @@ int main(void)
         {"abort_in_flight", abort_in_flight, NULL, 120, 2},
         {"peer_gone", peer_gone, NULL, 60, 1},
         {"compressed", compressed, NULL, 240, 8},
+        {"compressed_pipeline", compressed_pipeline, NULL, 240, 16},
         {"tuned_sizes", tuned_sizes, NULL, 60, 1},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 120);

@@ -165,6 +165,11 @@ static const param_desc_t params[PARAM_COUNT] = {
                            "fusion: how float32 sums travel: exact, bf16 or fp16 (a power-of-two "
                            "scale per 256 values, float32 accumulation)",
                            NAMES("exact|bf16|fp16", DEFAULT)},
+    [PARAM_FUSION_WIRE_PIECE] = {"FUSION_WIRE_PIECE", PARAM_T_SIZE, "64K", "values",
+                                 "fusion, 16-bit wire: values per shard of a pipeline piece (a "
+                                 "bucket travels in pieces, each encoded, sent and decoded while "
+                                 "the next is on the wire; rounded to 256)",
+                                 NUM(256, 1 << 26, CLAMP)},
     [PARAM_FUSION_GROUP] = {"FUSION_GROUP", PARAM_T_SIZE, "256K", "bytes",
                             "allreduces of at most this size inside loomGroupStart/End (one "
                             "communicator, type and op, host memory) are fused into one; 0: never",

@@ -533,6 +533,15 @@ int coll_nranks(loomComm_t comm)
     return comm->nranks;
 }
 
+int coll_layout(loomComm_t comm, const int **node_of, const int **node_start,
+                const int **node_ranks)
+{
+    *node_of = comm->lay.node_of;
+    *node_start = comm->lay.node_start;
+    *node_ranks = comm->lay.node_ranks;
+    return comm->lay.nnodes;
+}
+
 loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, void *const *recv,
                                  size_t bytes, int k)
 {

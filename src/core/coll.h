@@ -79,6 +79,11 @@ int coll_nranks(loomComm_t comm);
  * the tuning file's (LOOM_TUNE_FILE, written by loom-tune --fusion), else the defaults. */
 void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment);
 
+/* The node layout of a held communicator (sched_topo_t's arrays, valid while it is held):
+ * returns the number of nodes. */
+int coll_layout(loomComm_t comm, const int **node_of, const int **node_start,
+                const int **node_ranks);
+
 /* Whether the communicator runs in deterministic mode (LOOM_DETERMINISTIC=1, read at init). */
 bool coll_deterministic(loomComm_t comm);
 

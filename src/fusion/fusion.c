@@ -1,8 +1,9 @@
 /*
  * The fusion context (loom.h's loomFusion*, docs/fusion.md): tensors enqueued in order are cut
  * into segments, segments are packed into buckets, and each bucket is one in-place allreduce
- * (or, for compressed float32 sums, an all-to-all and an allgather of encoded chunks), run by
- * core's progress thread through coll_start/coll_test. The caller's thread only queues and, in
+ * (or, for compressed float32 sums, a pipeline of pieces: node sums, an all-to-all and an
+ * allgather of encoded shards, in groups of point-to-point transfers; z_* below), run by core's
+ * progress thread through coll_start/coll_test. The caller's thread only queues and, in
  * loomFusionWait*, waits on a condition variable.
  *
  * Why every rank forms the same buckets (the determinism argument). A bucket is a range
@@ -40,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base.h"
 #include "coll.h"
@@ -88,7 +90,7 @@ typedef struct {
     uint64_t first_pos;   /* that segment's tensor position in the step */
 } fz_rec_t;
 
-enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_SCATTER, ST_Z_GATHER };
+enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_PIPE };
 
 struct loomFusion {
     loomComm_t comm;
@@ -126,17 +128,33 @@ struct loomFusion {
     fz_seg_t *bk; /* the bucket's segments (copies) */
     size_t nbk, bkcap;
     fuse_segdesc_t *diag; /* nbk mine, then nranks * nbk gathered */
-    size_t bk_elems, shard;
+    size_t bk_elems;
     loomDataType_t bk_type;
     loomRedOp_t bk_op;
     bool bk_inplace; /* its segments are contiguous in memory */
     uint8_t *stage;
     size_t stage_cap;
-    uint8_t *wsend, *wrecv;
-    size_t wscap, wrcap;
-    float *acc, *e_in, *m_in, *e_tmp, *m_tmp; /* per value; per chunk (four) */
-    size_t acc_cap, ecap, mcap, etcap, mtcap;
     loomStats_t cs0;
+    /* the compressed pipeline (z_*, below) */
+    int zS, znslot;       /* network stages per piece (2 flat, 4 by node), buffer slots */
+    int zL, zM, zl, zn;   /* ranks per node, nodes, my local index, my node index */
+    int *zlocal, *zcross; /* ranks of my node by local index; of my local index by node */
+    struct zslot *zs;     /* [znslot] */
+    size_t zsh, zP, zcap; /* values per shard, per piece; the shard size the slots hold */
+    uint64_t zK;          /* pieces in the bucket */
+    int64_t zu;           /* the group running */
+    int zi, zsub;         /* its CPU work done so far: stage, sub-step */
+    coll_op_t *zops;      /* its operations */
+    size_t zopcap;
+    int znops;
+    size_t *bkoff, bkoffcap; /* each bucket segment's offset in the bucket */
+    struct z_range *zr;      /* z_ranges' answer */
+    size_t zrcap;
+    bool zr_fail;
+    double z_relmax, z_relsum;
+    uint64_t z_reln;
+    uint64_t t_bucket;             /* when the compressed bucket started */
+    double tm_enc, tm_red, tm_dec; /* its codec seconds, added to st when it ends */
 };
 
 /* ---- completion and failure ---- */
@@ -454,6 +472,586 @@ static uint8_t *seg_ptr(const fz_seg_t *s, size_t es)
     return (uint8_t *)s->t->buf + s->d.off * es;
 }
 
+static void bucket_done(struct loomFusion *f);
+
+/* ---- the compressed pipeline (docs/fusion.md, "Compressed wire") ----
+ *
+ * A compressed bucket travels in pieces of L*M*sh values: L ranks per node (1 when the nodes
+ * are uneven or the communicator is one node: then every rank is a "node" of its own, M = p),
+ * M nodes, shards of sh values. Piece t's part l (M*sh values) belongs to local rank l, and
+ * shard m of that part to the rank of local index l on node m. Per piece:
+ *   C PACK     copy the piece's values out of the tensors (flat: and encode its M shards)
+ *   N RS_I     hier: local rank j receives every local peer's part j, float32 (shm)
+ *   C SUMENC   hier: sum the node's L parts in float32, local-rank order, and encode the shards
+ *   N A2A      shard m goes to node m's rank of my local index, 16-bit
+ *   C REDUCE   decode the M encoded shards of my node index, sum in node order, re-encode
+ *   N AG_X     the encoded sums go to the same M-1 peers
+ *   C DECODE   decode the M sums into my part (flat: and unpack them into the tensors)
+ *   N AG_I     hier: my part (float32) and its chunks' error figures go to the local peers
+ *   C UNPACK   hier: copy the piece back into the tensors
+ * Network stage i of piece t runs in group t + 2i (one group of point-to-point operations, all
+ * stages of that group concurrent); the CPU stage before it runs while group t + 2i - 1 is on
+ * the wire, driven by the progress thread one shard at a time between advances of that group.
+ * So the codec of piece t+1 and t-1 overlaps the transfers of piece t, and a piece's buffers
+ * live for 2S+1 groups (S network stages): that many slots, reused round robin. Every rank
+ * builds the same groups from the bucket's size and the layout alone, so the point-to-point
+ * operations match in order. */
+
+enum { Z_RS_I, Z_A2A, Z_AG_X, Z_AG_I };
+
+typedef struct z_range {
+    float *ptr;      /* tensor memory */
+    size_t pos, len; /* bucket position, values */
+} z_range_t;
+enum { Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK };
+
+typedef struct zslot {
+    float *rin;       /* hier: the local peers' parts, [L-1][M*sh] */
+    uint8_t *xs, *xr; /* encoded shards to send, received: [M][wb] */
+    uint8_t *gr;      /* encoded sums, gathered: [M][wb] (mine at my node index) */
+    float *acc;       /* [sh] */
+    float *own;       /* my shard of the piece, gathered from the tensors [sh] */
+
+    float *mine;                /* the shard I reduce myself, float32 (never encoded) [sh] */
+    float *mine_err, *mine_mag; /* its error so far (hier: the node sum's) and magnitude [nch] */
+    float *err;                 /* the piece's chunk error figures, [L][M*nch] */
+    float *e_in, *m_in, *e, *m; /* per chunk of a shard, [nch] each */
+} zslot_t;
+
+static size_t z_wb(const struct loomFusion *f)
+{
+    return fuse_wire_bytes(f->zsh);
+}
+
+static zslot_t *z_slot(struct loomFusion *f, uint64_t t)
+{
+    return &f->zs[t % (uint64_t)f->znslot];
+}
+
+/* The layout's roles, once per context. */
+static loomResult_t z_init(struct loomFusion *f)
+{
+    if (f->zS) return loomSuccess;
+    const int *node_of, *node_start, *node_ranks;
+    int nn = coll_layout(f->comm, &node_of, &node_start, &node_ranks), p = f->nranks;
+    int L = nn > 0 ? node_start[1] - node_start[0] : 1;
+    bool even = nn > 1 && L > 1;
+    for (int n = 1; n < nn && even; n++)
+        even = node_start[n + 1] - node_start[n] == L;
+    f->zlocal = malloc((size_t)p * sizeof(int));
+    f->zcross = malloc((size_t)p * sizeof(int));
+    if (!f->zlocal || !f->zcross)
+        return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory (pipeline)");
+    if (even) {
+        int me = node_of[f->rank];
+        f->zL = L, f->zM = nn, f->zn = me;
+        for (int j = 0; j < L; j++) {
+            f->zlocal[j] = node_ranks[node_start[me] + j];
+            if (f->zlocal[j] == f->rank) f->zl = j;
+        }
+        for (int m = 0; m < nn; m++)
+            f->zcross[m] = node_ranks[node_start[m] + f->zl];
+        f->zS = 4;
+    } else {
+        f->zL = 1, f->zM = p, f->zl = 0, f->zn = f->rank;
+        f->zlocal[0] = f->rank;
+        for (int m = 0; m < p; m++)
+            f->zcross[m] = m;
+        f->zS = 2;
+    }
+    f->znslot = 2 * f->zS + 1;
+    f->zs = calloc((size_t)f->znslot, sizeof(zslot_t));
+    if (f->zs == NULL)
+        return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory (pipeline)");
+    INFO(LOG_COLL, "fusion %p: compressed pipeline %s, %d local x %d nodes, local index %d",
+         (void *)f, even ? "by node" : "flat", f->zL, f->zM, f->zl);
+    return loomSuccess;
+}
+
+/* Buffers for shards of f->zsh values (kept between buckets; they only grow). */
+static loomResult_t z_buffers(struct loomFusion *f)
+{
+    size_t L = (size_t)f->zL, M = (size_t)f->zM, sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK;
+    if (sh <= f->zcap) return loomSuccess;
+    for (int s = 0; s < f->znslot; s++) {
+        zslot_t *z = &f->zs[s];
+        void **bufs[] = {(void **)&z->rin,      (void **)&z->xs,      (void **)&z->xr,
+                         (void **)&z->gr,       (void **)&z->acc,     (void **)&z->err,
+                         (void **)&z->e_in,     (void **)&z->m_in,    (void **)&z->e,
+                         (void **)&z->m,        (void **)&z->own,     (void **)&z->mine,
+                         (void **)&z->mine_err, (void **)&z->mine_mag};
+        size_t sizes[] = {(L - 1) * M * sh * sizeof(float) + 1,
+                          M * wb,
+                          M * wb,
+                          M * wb,
+                          sh * sizeof(float),
+                          L * M * nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float),
+                          sh * sizeof(float),
+                          sh * sizeof(float),
+                          nch * sizeof(float),
+                          nch * sizeof(float)};
+        for (size_t k = 0; k < LOOM_ARRAY_SIZE(bufs); k++) {
+            free(*bufs[k]);
+            *bufs[k] = malloc(sizes[k]);
+            if (*bufs[k] == NULL)
+                return base_error(loomSystemError, LOG_COLL,
+                                  "loomFusion: out of memory (pipeline, %zu bytes)", sizes[k]);
+        }
+    }
+    f->zcap = sh;
+    return loomSuccess;
+}
+
+static void z_free(struct loomFusion *f)
+{
+    for (int s = 0; s < f->znslot && f->zs; s++) {
+        zslot_t *z = &f->zs[s];
+        free(z->rin), free(z->xs), free(z->xr), free(z->gr), free(z->acc), free(z->err);
+        free(z->e_in), free(z->m_in), free(z->e), free(z->m), free(z->own);
+        free(z->mine), free(z->mine_err), free(z->mine_mag);
+    }
+    free(f->zs);
+    free(f->zlocal);
+    free(f->zcross);
+    free(f->bkoff);
+    free(f->zr);
+}
+
+/* The tensor memory of bucket positions [a, min(b, bk_elems)): fills f->zr, returns how many
+ * ranges (0 on allocation failure: then f->zr_fail). */
+static size_t z_ranges(struct loomFusion *f, size_t a, size_t b)
+{
+    b = LOOM_MIN(b, f->bk_elems);
+    if (a >= b) return 0;
+    /* the segment holding a: bkoff is increasing, bkoff[0] = 0 */
+    size_t lo = 0, hi = f->nbk, n = 0;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (f->bkoff[mid] <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    for (size_t k = lo; k < f->nbk && f->bkoff[k] < b; k++) {
+        const fz_seg_t *s = &f->bk[k];
+        size_t s0 = LOOM_MAX(a, f->bkoff[k]), s1 = LOOM_MIN(b, f->bkoff[k] + s->d.len);
+        if (grow((void **)&f->zr, &f->zrcap, n + 1, sizeof(*f->zr)) != loomSuccess) {
+            f->zr_fail = true;
+            return 0;
+        }
+        f->zr[n++] = (z_range_t){(float *)s->t->buf + s->d.off + (s0 - f->bkoff[k]), s0, s1 - s0};
+    }
+    return n;
+}
+
+/* The tensor memory of bucket positions [a, b) when they lie in one segment (no padding), else
+ * NULL: the codec then reads or writes it in place instead of through a copy. */
+static float *z_direct(struct loomFusion *f, size_t a, size_t b)
+{
+    if (b > f->bk_elems) return NULL;
+    return z_ranges(f, a, b) == 1 ? f->zr[0].ptr : NULL;
+}
+
+/* Copies bucket positions [a, b) between the tensors and buf (buf[0] is position a): gather
+ * (positions from bk_elems on read as zeros) or scatter. */
+static void z_move(struct loomFusion *f, size_t a, size_t b, float *buf, bool gather)
+{
+    if (gather && b > f->bk_elems) {
+        size_t z0 = LOOM_MAX(a, f->bk_elems);
+        memset(buf + (z0 - a), 0, (b - z0) * sizeof(float));
+    }
+    size_t n = z_ranges(f, a, b);
+    for (size_t k = 0; k < n; k++) {
+        const z_range_t *r = &f->zr[k];
+        if (gather)
+            memcpy(buf + (r->pos - a), r->ptr, r->len * sizeof(float));
+        else
+            memcpy(r->ptr, buf + (r->pos - a), r->len * sizeof(float));
+    }
+}
+
+static void z_stats(struct loomFusion *f, size_t pos, const float *err, size_t nch)
+{
+    for (size_t c = 0; c < nch && pos + c * FUSE_CHUNK < f->bk_elems; c++) {
+        f->z_relmax = LOOM_MAX(f->z_relmax, (double)err[c]);
+        f->z_relsum += err[c];
+        f->z_reln++;
+    }
+}
+
+/* Bucket position of piece t, part l, shard m. */
+static size_t z_pos(const struct loomFusion *f, uint64_t t, int l, int m)
+{
+    return (size_t)t * f->zP + ((size_t)l * (size_t)f->zM + (size_t)m) * f->zsh;
+}
+
+static int z_cpu_kind(const struct loomFusion *f, int i)
+{
+    static const int flat[] = {Z_PACK, Z_REDUCE, Z_DECODE};
+    static const int hier[] = {Z_PACK, Z_SUMENC, Z_REDUCE, Z_DECODE, Z_UNPACK};
+    return f->zS == 4 ? hier[i] : flat[i];
+}
+
+static int z_net_kind(const struct loomFusion *f, int i)
+{
+    static const int flat[] = {Z_A2A, Z_AG_X};
+    static const int hier[] = {Z_RS_I, Z_A2A, Z_AG_X, Z_AG_I};
+    return f->zS == 4 ? hier[i] : flat[i];
+}
+
+static int z_substeps(const struct loomFusion *f, int kind)
+{
+    int L = f->zL, M = f->zM;
+    switch (kind) {
+    case Z_PACK: return f->zS == 4 ? 0 : M; /* by node, RS_I reads the tensors itself */
+    case Z_REDUCE: return M + 1;
+    case Z_UNPACK: return L;
+    default: return M; /* SUMENC, DECODE */
+    }
+}
+
+/* CPU time of the calling thread (the progress thread): the codec's own cost, whatever share of
+ * a core the thread got meanwhile. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The largest magnitude of each chunk of v (NaN left out, as fuse_decode's). */
+static void chunk_maxabs(const float *v, size_t nch, float *out)
+{
+    for (size_t c = 0; c < nch; c++) {
+        uint32_t mb = 0;
+        for (size_t i = 0; i < FUSE_CHUNK; i++) {
+            uint32_t b;
+            memcpy(&b, &v[c * FUSE_CHUNK + i], sizeof(b));
+            b &= 0x7fffffffu;
+            b = b > 0x7f800000u ? 0 : b;
+            mb = b > mb ? b : mb;
+        }
+        memcpy(&out[c], &mb, sizeof(mb));
+    }
+}
+
+/* One sub-step (about one shard's work) of CPU stage `kind` of piece t. */
+static void z_cpu(struct loomFusion *f, uint64_t t, int kind, int s)
+{
+    zslot_t *z = z_slot(f, t);
+    int L = f->zL, M = f->zM, l = f->zl, n = f->zn, wire = f->cfg.wire;
+    size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
+    uint64_t t0 = thread_cpu_ns();
+    double *tm = &f->tm_enc;
+    switch (kind) {
+    case Z_PACK: { /* flat: shard s, gathered and encoded (mine kept as it is) */
+        size_t a = (size_t)t * f->zP + (size_t)s * sh;
+        if (s == n) {
+            z_move(f, a, a + sh, z->mine, true);
+            chunk_maxabs(z->mine, nch, z->mine_mag);
+            for (size_t c = 0; c < nch; c++)
+                z->mine_err[c] = 0;
+            break;
+        }
+        float *v = z_direct(f, a, a + sh);
+        if (v == NULL) z_move(f, a, a + sh, v = z->own, true);
+        fuse_encode(wire, v, sh, sh, NULL, z->xs + (size_t)s * wb);
+        break;
+    }
+    case Z_SUMENC: { /* shard s of my part: the node's sum, in local-rank order */
+        /* the shard I reduce myself is summed straight into z->mine and stays float32 */
+        float *acc = s == n ? z->mine : z->acc, *magsum = z->m;
+        float *last = s == n ? z->mine_mag : z->e; /* the sum's magnitude: only mine's is kept */
+        const float *own = z_direct(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh);
+        if (own == NULL) z_move(f, z_pos(f, t, l, s), z_pos(f, t, l, s) + sh, z->own, true);
+        if (own == NULL) own = z->own;
+        for (size_t c = 0; c < nch; c++)
+            magsum[c] = 0;
+        for (int j = 0; j < L; j++) {
+            const float *in = j == l ? own : z->rin + (size_t)(j < l ? j : j - 1) * part + s * sh;
+            if (j == 0) {
+                memcpy(acc, in, sh * sizeof(float));
+                continue;
+            }
+            /* each addition rounds by at most 2^-24 of its result: the largest partial sum of
+             * each chunk, taken in the same pass (on the bits, NaN left out) */
+            for (size_t c = 0; c < nch; c++) {
+                const float *v = in + c * FUSE_CHUNK;
+                float *d = acc + c * FUSE_CHUNK;
+                uint32_t mb = 0;
+                for (size_t i = 0; i < FUSE_CHUNK; i++) {
+                    d[i] += v[i];
+                    uint32_t b;
+                    memcpy(&b, &d[i], sizeof(b));
+                    b &= 0x7fffffffu;
+                    b = b > 0x7f800000u ? 0 : b;
+                    mb = b > mb ? b : mb;
+                }
+                float mx;
+                memcpy(&mx, &mb, sizeof(mx));
+                magsum[c] += mx;
+                last[c] = mx;
+            }
+        }
+        /* the float32 sum's rounding, 2^-23 of the partial sums' largest magnitudes (2^-24 of
+         * the exact ones), travels with the encoding's own error */
+        if (s == n) { /* kept in float32: its magnitude is the last partial sum's */
+            for (size_t c = 0; c < nch; c++)
+                z->mine_err[c] = 0x1p-23f * magsum[c];
+            break;
+        }
+        uint8_t *out = z->xs + (size_t)s * wb;
+        fuse_encode(wire, acc, sh, sh, NULL, out);
+        for (size_t c = 0; c < nch; c++)
+            fuse_set_chunk_err(out, c, fuse_chunk_err(out, c) + 0x1p-23f * magsum[c]);
+        break;
+    }
+    case Z_REDUCE: {
+        tm = &f->tm_red;
+        if (s < M) { /* node s's shard into the sum (my own node's as it is, float32) */
+            if (s == n) {
+                if (s == 0)
+                    memcpy(z->acc, z->mine, sh * sizeof(float));
+                else
+                    for (size_t i = 0; i < sh; i++)
+                        z->acc[i] += z->mine[i];
+                memcpy(z->e, z->mine_err, nch * sizeof(float));
+                memcpy(z->m, z->mine_mag, nch * sizeof(float));
+            } else {
+                fuse_decode(wire, z->xr + (size_t)s * wb, sh, z->acc, s > 0, z->e, z->m);
+            }
+            for (size_t c = 0; c < nch; c++) {
+                z->e_in[c] = (s > 0 ? z->e_in[c] : 0) + z->e[c];
+                z->m_in[c] = (s > 0 ? z->m_in[c] : 0) + z->m[c];
+            }
+            break;
+        }
+        float div = f->bk_op == loomAvg ? (float)f->nranks : 1.0f;
+        if (f->bk_op == loomAvg)
+            for (size_t i = 0; i < sh; i++)
+                z->acc[i] /= div;
+        uint8_t *out = z->gr + (size_t)n * wb;
+        fuse_encode(wire, z->acc, sh, sh, NULL, out);
+        /* The chunk's relative error bound: what the inputs' encodings lost (each sender
+         * measured its own, node sums with their float32 rounding), what the sum's encoding
+         * lost, and float32 accumulation (M roundings of at most 2^-24 of the running
+         * magnitude), over the chunk's magnitude scale, the sum of the inputs' largest
+         * magnitudes (docs/fusion.md). */
+        for (size_t c = 0; c < nch; c++) {
+            double scale = z->m_in[c] / div;
+            double bound = z->e_in[c] / div + fuse_chunk_err(out, c) + M * 0x1p-24 * scale;
+            fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
+        }
+        break;
+    }
+    case Z_DECODE: { /* node s's sum: shard s of my part, final, into the tensors */
+        tm = &f->tm_dec;
+        size_t a = z_pos(f, t, l, s);
+        float *err = z->err + (size_t)l * M * nch + (size_t)s * nch;
+        float *v = z_direct(f, a, a + sh);
+        fuse_decode(wire, z->gr + (size_t)s * wb, sh, v ? v : z->own, false, err, NULL);
+        if (v == NULL) z_move(f, a, a + sh, z->own, false);
+        if (f->zS == 2) z_stats(f, a, err, nch);
+        break;
+    }
+    case Z_UNPACK: /* hier: the local peers' parts are in the tensors; their error figures */
+        tm = &f->tm_dec;
+        z_stats(f, z_pos(f, t, s, 0), z->err + (size_t)s * M * nch, (size_t)M * nch);
+        break;
+    }
+    *tm += (double)(thread_cpu_ns() - t0) * 1e-9;
+}
+
+static void z_op(struct loomFusion *f, int kind, int peer, void *buf, size_t bytes)
+{
+    if (grow((void **)&f->zops, &f->zopcap, (size_t)f->znops + 1, sizeof(*f->zops)) !=
+        loomSuccess) {
+        f->zr_fail = true;
+        return;
+    }
+    f->zops[f->znops++] = (coll_op_t){.comm = f->comm,
+                                      .kind = kind,
+                                      .send = buf,
+                                      .recv = buf,
+                                      .count = bytes,
+                                      .type = loomUint8,
+                                      .op = loomSum,
+                                      .root = peer};
+}
+
+/* Network stage `kind` of piece t: its point-to-point operations, appended to f->zops. */
+static void z_net(struct loomFusion *f, uint64_t t, int kind)
+{
+    zslot_t *z = z_slot(f, t);
+    int L = f->zL, M = f->zM, l = f->zl, n = f->zn;
+    size_t sh = f->zsh, wb = z_wb(f), nch = sh / FUSE_CHUNK, part = (size_t)M * sh;
+    switch (kind) {
+    case Z_RS_I: {
+        /* straight from and to the tensors' memory: one message per tensor range, split alike
+         * on both sides (every rank holds the same bucket); padding is not sent */
+        size_t mine = z_pos(f, t, l, 0);
+        for (int j = 0; j < L; j++) {
+            if (j == l) continue;
+            size_t n = z_ranges(f, z_pos(f, t, j, 0), z_pos(f, t, j, 0) + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_SEND, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
+            float *in = z->rin + (size_t)(j < l ? j : j - 1) * part;
+            if (mine + part > f->bk_elems) {
+                size_t z0 = LOOM_MAX(mine, f->bk_elems);
+                memset(in + (z0 - mine), 0, (mine + part - z0) * sizeof(float));
+            }
+            n = z_ranges(f, mine, mine + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_RECV, f->zlocal[j], in + (f->zr[k].pos - mine),
+                     f->zr[k].len * sizeof(float));
+        }
+        break;
+    }
+    case Z_A2A:
+    case Z_AG_X:
+        for (int m = 0; m < M; m++) {
+            if (m == n) continue;
+            if (kind == Z_A2A) {
+                z_op(f, OPK_SEND, f->zcross[m], z->xs + (size_t)m * wb, wb);
+                z_op(f, OPK_RECV, f->zcross[m], z->xr + (size_t)m * wb, wb);
+            } else {
+                z_op(f, OPK_SEND, f->zcross[m], z->gr + (size_t)n * wb, wb);
+                z_op(f, OPK_RECV, f->zcross[m], z->gr + (size_t)m * wb, wb);
+            }
+        }
+        break;
+    case Z_AG_I: {
+        /* my part's final values (DECODE put them in the tensors), and the peers', straight
+         * from and into the tensors */
+        size_t mine = z_pos(f, t, l, 0);
+        for (int j = 0; j < L; j++) {
+            if (j == l) continue;
+            size_t n = z_ranges(f, mine, mine + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_SEND, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
+            z_op(f, OPK_SEND, f->zlocal[j], z->err + (size_t)l * M * nch, M * nch * sizeof(float));
+            n = z_ranges(f, z_pos(f, t, j, 0), z_pos(f, t, j, 0) + part);
+            for (size_t k = 0; k < n; k++)
+                z_op(f, OPK_RECV, f->zlocal[j], f->zr[k].ptr, f->zr[k].len * sizeof(float));
+            z_op(f, OPK_RECV, f->zlocal[j], z->err + (size_t)j * M * nch, M * nch * sizeof(float));
+        }
+        break;
+    }
+    }
+}
+
+/* Group u: starts its network stages and sets up its CPU stages. */
+static loomResult_t z_group(struct loomFusion *f)
+{
+    int64_t u = f->zu, K = (int64_t)f->zK;
+    f->znops = 0;
+    for (int i = 0; i < f->zS; i++) {
+        int64_t t = u - 2 * i;
+        if (t >= 0 && t < K) z_net(f, (uint64_t)t, z_net_kind(f, i));
+    }
+    f->zi = 0;
+    f->zsub = 0;
+    if (f->zr_fail)
+        return base_error(loomSystemError, LOG_COLL,
+                          "loomFusion: out of memory (bucket %llu, compressed pipeline)",
+                          (unsigned long long)f->st.buckets);
+    if (f->znops == 0) return loomSuccess;
+    return start_ops(f, f->zops, f->znops);
+}
+
+/* The next CPU sub-step of group u, if any is left (false: all done). */
+static bool z_cpu_next(struct loomFusion *f)
+{
+    int64_t K = (int64_t)f->zK;
+    for (; f->zi <= f->zS; f->zi++, f->zsub = 0) {
+        int64_t t = f->zu - 2 * f->zi + 1;
+        if (t < 0 || t >= K) continue;
+        int kind = z_cpu_kind(f, f->zi);
+        if (f->zsub < z_substeps(f, kind)) {
+            z_cpu(f, (uint64_t)t, kind, f->zsub++);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Compressed bucket agreed: cut it into pieces and start the pipeline. */
+static loomResult_t z_start(struct loomFusion *f)
+{
+    LOOM_CHECK(z_init(f));
+    size_t LM = (size_t)f->zL * (size_t)f->zM;
+    size_t piece = LOOM_MAX(param_size(PARAM_FUSION_WIRE_PIECE) / FUSE_CHUNK, 1) * FUSE_CHUNK;
+    size_t per = (f->bk_elems + LM - 1) / LM;
+    f->zsh = LOOM_MIN(piece, (per + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK);
+    f->zP = LM * f->zsh;
+    f->zK = (f->bk_elems + f->zP - 1) / f->zP;
+    LOOM_CHECK(z_buffers(f));
+    f->zr_fail = false;
+    LOOM_CHECK(grow((void **)&f->bkoff, &f->bkoffcap, f->nbk, sizeof(*f->bkoff)));
+    LOOM_CHECK(grow((void **)&f->zops, &f->zopcap, (size_t)f->zS * 4 * LOOM_MAX(f->zL, f->zM),
+                    sizeof(*f->zops)));
+    size_t off = 0;
+    for (size_t k = 0; k < f->nbk; k++) {
+        f->bkoff[k] = off;
+        off += f->bk[k].d.len;
+    }
+    f->z_relmax = f->z_relsum = 0;
+    f->z_reln = 0;
+    f->tm_enc = f->tm_red = f->tm_dec = 0;
+    f->t_bucket = base_now_ns();
+    f->zu = -1;
+    f->state = ST_Z_PIPE;
+    return z_group(f);
+}
+
+/* The progress thread's turn while a compressed bucket runs. */
+static uint64_t z_poll(struct loomFusion *f, bool *progressed)
+{
+    if (f->g) {
+        bool done = false, moved = false;
+        loomResult_t r = coll_advance(f->g, &done, &moved);
+        *progressed |= moved;
+        if (done) {
+            f->g = NULL;
+            *progressed = true;
+            if (r != loomSuccess) {
+                char text[FZ_TEXT];
+                snprintf(text, sizeof(text),
+                         "loomFusion: bucket %llu (the compressed pipeline, group %lld of %llu) "
+                         "failed: %s",
+                         (unsigned long long)f->st.buckets, (long long)f->zu,
+                         (unsigned long long)(f->zK + 2 * (uint64_t)f->zS - 1), base_last_error());
+                f->state = ST_IDLE;
+                fz_fail(f, r, text);
+                return UINT64_MAX;
+            }
+        }
+    }
+    if (z_cpu_next(f)) {
+        *progressed = true;
+        return 0;
+    }
+    if (f->g) return 0;
+    /* group u is through, on the wire and in the codec */
+    f->zu++;
+    *progressed = true;
+    if (f->zu > (int64_t)f->zK + 2 * f->zS - 2) {
+        bucket_done(f);
+        return 0;
+    }
+    loomResult_t r = z_group(f);
+    if (r != loomSuccess) {
+        f->state = ST_IDLE;
+        fz_fail(f, r, base_last_error());
+        return UINT64_MAX;
+    }
+    return 0;
+}
+
 /* Bucket [start, cut) agreed and verified: copy its segments out and start it. */
 static loomResult_t start_bucket(struct loomFusion *f)
 {
@@ -496,104 +1094,14 @@ static loomResult_t start_bucket(struct loomFusion *f)
         f->state = ST_DATA;
         return start_ops(f, &o, 1);
     }
-    /* Compressed: each rank encodes its bucket in p shards; the all-to-all brings rank j every
-     * rank's shard j, which it decodes and sums in float32 in rank order; the allgather of the
-     * re-encoded sums gives every rank every shard (the owner too uses the decoded value, so
-     * all ranks end bit-identical). Each shard crosses the wire twice as 16-bit values: half
-     * the bytes of the exact ring's reduce-scatter and allgather. */
-    int p = f->nranks;
-    size_t per = (f->bk_elems + (size_t)p - 1) / (size_t)p;
-    f->shard = (per + FUSE_CHUNK - 1) / FUSE_CHUNK * FUSE_CHUNK;
-    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    LOOM_CHECK(grow((void **)&f->stage, &f->stage_cap, (size_t)p * f->shard * sizeof(float), 1));
-    LOOM_CHECK(grow((void **)&f->wsend, &f->wscap, (size_t)p * wb, 1));
-    LOOM_CHECK(grow((void **)&f->wrecv, &f->wrcap, (size_t)p * wb, 1));
-    LOOM_CHECK(grow((void **)&f->acc, &f->acc_cap, f->shard, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->e_in, &f->ecap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->m_in, &f->mcap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->e_tmp, &f->etcap, nch, sizeof(float)));
-    LOOM_CHECK(grow((void **)&f->m_tmp, &f->mtcap, nch, sizeof(float)));
-    pack(f, f->stage);
-    float *x = (float *)(void *)f->stage;
-    for (int j = 0; j < p; j++) {
-        size_t lo = (size_t)j * f->shard;
-        size_t nj = lo >= f->bk_elems ? 0 : LOOM_MIN(f->shard, f->bk_elems - lo);
-        fuse_encode(f->cfg.wire, x + lo, nj, f->shard, NULL, f->wsend + (size_t)j * wb);
-    }
-    o.kind = OPK_ALLTOALL;
-    o.send = f->wsend;
-    o.recv = f->wrecv;
-    o.count = wb;
-    o.type = loomUint8;
-    o.op = loomSum;
-    f->state = ST_Z_SCATTER;
-    return start_ops(f, &o, 1);
-}
-
-/* All-to-all done: decode and sum this rank's shard, re-encode it with its error bound. */
-static loomResult_t z_reduce(struct loomFusion *f)
-{
-    int p = f->nranks;
-    size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-    float *e = f->e_tmp, *m = f->m_tmp;
-    for (size_t c = 0; c < nch; c++)
-        f->e_in[c] = f->m_in[c] = 0;
-    for (int r = 0; r < p; r++) {
-        fuse_decode(f->cfg.wire, f->wrecv + (size_t)r * wb, f->shard, f->acc, r > 0, e, m);
-        for (size_t c = 0; c < nch; c++) {
-            f->e_in[c] += e[c];
-            f->m_in[c] += m[c];
-        }
-    }
-    float div = f->bk_op == loomAvg ? (float)p : 1.0f;
-    if (f->bk_op == loomAvg)
-        for (size_t i = 0; i < f->shard; i++)
-            f->acc[i] /= div;
-    uint8_t *out = f->wsend;
-    fuse_encode(f->cfg.wire, f->acc, f->shard, f->shard, NULL, out);
-    /* The chunk's relative error bound: what the inputs' encodings lost (each rank measured
-     * its own), what the sum's encoding lost, and float32 accumulation (p roundings of at most
-     * 2^-24 of the running magnitude), over the chunk's magnitude scale, the sum of the
-     * inputs' largest magnitudes (docs/fusion.md). */
-    for (size_t c = 0; c < nch; c++) {
-        double scale = f->m_in[c] / div;
-        double bound = (f->e_in[c] / div + fuse_chunk_err(out, c) + p * 0x1p-24 * scale);
-        fuse_set_chunk_err(out, c, scale > 0 ? (float)(bound / scale) : 0.0f);
-    }
-    coll_op_t o = {.comm = f->comm,
-                   .kind = OPK_ALLGATHER,
-                   .send = out,
-                   .recv = f->wrecv,
-                   .count = wb,
-                   .type = loomUint8,
-                   .op = loomSum,
-                   .root = -1};
-    f->state = ST_Z_GATHER;
-    return start_ops(f, &o, 1);
+    return z_start(f);
 }
 
 /* The bucket's values are in place (exact) or gathered (compressed): finish its tensors. */
 static void bucket_done(struct loomFusion *f)
 {
     size_t es = red_type_size(f->bk_type);
-    double relmax = 0, relsum = 0;
-    uint64_t reln = 0;
     if (f->state == ST_DATA && !f->bk_inplace) unpack(f, f->stage);
-    if (f->state == ST_Z_GATHER) {
-        size_t wb = fuse_wire_bytes(f->shard), nch = f->shard / FUSE_CHUNK;
-        float *x = (float *)(void *)f->stage, *e = f->e_tmp;
-        for (int j = 0; j < f->nranks; j++) {
-            fuse_decode(f->cfg.wire, f->wrecv + (size_t)j * wb, f->shard, x + (size_t)j * f->shard,
-                        false, e, NULL);
-            for (size_t c = 0; c < nch; c++) {
-                if (((size_t)j * f->shard + c * FUSE_CHUNK) >= f->bk_elems) break;
-                relmax = LOOM_MAX(relmax, (double)e[c]);
-                relsum += e[c];
-                reln++;
-            }
-        }
-        unpack(f, f->stage);
-    }
     loomStats_t cs = f->cs0;
     (void)loomCommGetStats(f->comm, &cs);
     pthread_mutex_lock(&f->lock);
@@ -607,11 +1115,15 @@ static void bucket_done(struct loomFusion *f)
         f->st.flushCuts++;
     else
         f->st.timerCuts++;
-    if (f->state == ST_Z_GATHER) {
+    if (f->state == ST_Z_PIPE) {
+        f->st.compressedSeconds += (double)(base_now_ns() - f->t_bucket) * 1e-9;
+        f->st.encodeSeconds += f->tm_enc;
+        f->st.reduceSeconds += f->tm_red;
+        f->st.decodeSeconds += f->tm_dec;
         f->st.compressedBuckets++;
-        f->st.maxRelError = LOOM_MAX(f->st.maxRelError, relmax);
-        f->rel_sum += relsum;
-        f->rel_n += reln;
+        f->st.maxRelError = LOOM_MAX(f->st.maxRelError, f->z_relmax);
+        f->rel_sum += f->z_relsum;
+        f->rel_n += f->z_reln;
         f->st.meanRelError = f->rel_n ? f->rel_sum / (double)f->rel_n : 0;
     }
     for (size_t k = 0; k < f->nbk; k++) {
@@ -631,9 +1143,7 @@ static loomResult_t advance_state(struct loomFusion *f)
     case ST_ROUND:
     case ST_VERIFY: return after_round(f);
     case ST_DIAG: return after_diag(f);
-    case ST_Z_SCATTER: return z_reduce(f);
-    case ST_DATA:
-    case ST_Z_GATHER: bucket_done(f); return loomSuccess;
+    case ST_DATA: bucket_done(f); return loomSuccess;
     default: return loomSuccess;
     }
 }
@@ -642,6 +1152,11 @@ static uint64_t fz_poll(void *arg, bool *progressed)
 {
     struct loomFusion *f = arg;
     log_set_rank(f->rank);
+    if (f->state == ST_Z_PIPE) {
+        uint64_t sleep = z_poll(f, progressed);
+        if (f->state != ST_IDLE || sleep == UINT64_MAX) return sleep;
+        return maybe_round(f, progressed);
+    }
     if (f->g) {
         bool done = false, moved = false;
         loomResult_t r = coll_advance(f->g, &done, &moved);
@@ -656,8 +1171,7 @@ static uint64_t fz_poll(void *arg, bool *progressed)
                                                "the digest round",
                                                "the mismatch report",
                                                "the allreduce",
-                                               "the compressed all-to-all",
-                                               "the compressed allgather"};
+                                               "the compressed pipeline"};
             char text[FZ_TEXT];
             snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
                      (unsigned long long)f->st.buckets, what[f->state], base_last_error());
@@ -976,13 +1490,8 @@ LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
     free(f->bk);
     free(f->diag);
     free(f->stage);
-    free(f->wsend);
-    free(f->wrecv);
-    free(f->acc);
-    free(f->e_in);
-    free(f->m_in);
-    free(f->e_tmp);
-    free(f->m_tmp);
+    z_free(f);
+    free(f->zops);
     free(f);
     return loomSuccess;
 }

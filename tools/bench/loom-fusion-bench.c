@@ -30,6 +30,7 @@ typedef struct {
     int iters, warmup;
     double gflops; /* simulated compute rate, GFLOP/s; 0: none */
     int batch;
+    unsigned modes; /* bit per mode run (--modes); every mode when 0 */
 } opts_t;
 
 enum { M_PER, M_FUSED, M_TUNED, M_HOROVOD, M_MONO, M_BF16, M_FUSED_C, M_COMPUTE, M_N };
@@ -103,6 +104,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
                                  : k == M_MONO    ? REPLAY_MONOLITHIC
                                  : k == M_COMPUTE ? REPLAY_COMPUTE_ONLY
                                                   : REPLAY_FUSED;
+            if (o->modes && !(o->modes >> k & 1)) continue;
             double s = replay_step(&r, mode, fx[k], k >= M_FUSED_C);
             if (s < 0) {
                 fprintf(stderr, "loom-fusion-bench: %s\n", r.err);
@@ -113,7 +115,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         }
     double med[M_N] = {0};
     for (int k = 0; k < nm && rc == 0; k++)
-        med[k] = median(t[k], o->iters);
+        if (!o->modes || o->modes >> k & 1) med[k] = median(t[k], o->iters);
     /* every rank's wrong elements, summed */
     double wrong = (double)r.wrong;
     if (loomAllReduce(&wrong, &wrong, 1, loomFloat64, loomSum, comm, NULL) != loomSuccess) rc = 2;
@@ -125,7 +127,9 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     if (rank == 0 && rc == 0) {
         printf("# %-14s %12s %10s\n", "mode", "median_us", "vs_fused");
         for (int k = 0; k < nm; k++)
-            printf("  %-14s %12.1f %10.2f\n", mode_names[k], med[k] * 1e6, med[k] / med[M_FUSED]);
+            if (!o->modes || o->modes >> k & 1)
+                printf("  %-14s %12.1f %10.2f\n", mode_names[k], med[k] * 1e6,
+                       med[M_FUSED] > 0 ? med[k] / med[M_FUSED] : 0);
         if (nm == M_N)
             printf("# hidden: fused %.1f us + compute %.1f us, together %.1f us\n",
                    med[M_FUSED] * 1e6, med[M_COMPUTE] * 1e6, med[M_FUSED_C] * 1e6);
@@ -141,6 +145,15 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
                    med[M_BF16] * 1e6, (double)st.wireBytes / (o->iters + o->warmup),
                    (double)m.total * 4 * 2 * (nranks - 1) / nranks, st.maxRelError,
                    st.meanRelError);
+        /* where the compressed buckets' time went, per step (every round, warm-up included) */
+        double steps = o->iters + o->warmup;
+        if (st.compressedBuckets)
+            printf("# fused_bf16 per step: buckets %.1f, wall %.1f us, encode %.1f us, reduce "
+                   "%.1f us, decode %.1f us (the codec's CPU time on the progress thread, "
+                   "overlapped with the transfers where the pipeline allows)\n",
+                   (double)st.compressedBuckets / steps, st.compressedSeconds / steps * 1e6,
+                   st.encodeSeconds / steps * 1e6, st.reduceSeconds / steps * 1e6,
+                   st.decodeSeconds / steps * 1e6);
     }
     loomFusionDestroy(fx[M_BF16]);
     loomFusionDestroy(fx[M_HOROVOD]);
@@ -166,6 +179,7 @@ static void usage(void)
             "  --gflops R       simulate backward compute at R GFLOP/s per rank (default: none)\n"
             "  --batch B        samples per rank for the compute (default 32)\n"
             "  --tune-file F    the tuning file for the tuned mode (default: LOOM_TUNE_FILE)\n"
+            "  --modes LIST     run only these modes, comma-separated (say fused,fused_bf16)\n"
             "Ends with: fusion model=.. ranks=.. per_tensor_us=.. fused_us=.. tuned_us=.. "
             "monolithic_us=.. hidden_pct=.. wrong=..\n");
 }
@@ -191,7 +205,23 @@ int main(int argc, char **argv)
             o.gflops = strtod(v, &end);
         else if (!strcmp(a, "--batch"))
             o.batch = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--tune-file"))
+        else if (!strcmp(a, "--modes")) {
+            end = (char *)"";
+            o.modes = 0;
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char *sv, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+                int m = 0;
+                while (m < M_N && strcmp(tok, mode_names[m]) != 0)
+                    m++;
+                if (m == M_N || m == M_FUSED_C || m == M_COMPUTE) {
+                    fprintf(stderr, "loom-fusion-bench: --modes: unknown mode '%s'\n", tok);
+                    return 2;
+                }
+                o.modes |= 1u << m;
+            }
+            if (o.modes & (1u << M_FUSED)) o.modes |= 1u << M_FUSED_C | 1u << M_COMPUTE;
+        } else if (!strcmp(a, "--tune-file"))
             setenv("LOOM_TUNE_FILE", v, 1), end = (char *)"";
         else
             return usage(), 2;
