@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -29,6 +30,16 @@
 
 #define PROGRESS_MAX_FDS 256
 
+/* A spin past its first PROGRESS_HOT_NS gives the core away on every pass (sched_yield returns
+ * at once when nothing else wants it): on cores of its own a rank keeps polling without the
+ * wake-up a sleep costs, while on cores it shares with ranks the library cannot count (other
+ * jobs, network namespaces that each see every core) it does not take their time for the whole
+ * LOOM_SPIN_US. */
+static void spin_yield(uint64_t idle_ns)
+{
+    if (idle_ns > PROGRESS_HOT_NS) sched_yield();
+}
+
 loomResult_t progress_drive(prog_work_t *w)
 {
     uint64_t idle_since = base_now_ns();
@@ -41,7 +52,10 @@ loomResult_t progress_drive(prog_work_t *w)
             idle_since = now;
             continue;
         }
-        if (now - idle_since < w->spin_ns) continue;
+        if (now - idle_since < w->spin_ns) {
+            spin_yield(now - idle_since);
+            continue;
+        }
         LOOM_CHECK(w->check(w));
         struct pollfd fds[PROGRESS_MAX_FDS];
         int nf = w->pollfds(w, fds, PROGRESS_MAX_FDS);
@@ -177,7 +191,10 @@ static void *thread_main(void *arg)
             idle_since = now;
             continue;
         }
-        if (again && now - idle_since < spin) continue;
+        if (again && now - idle_since < spin) {
+            spin_yield(now - idle_since);
+            continue;
+        }
         thread_sleep(sleep_ns, again);
     }
     return NULL;

@@ -28,6 +28,8 @@
 
 /* The longest a blocked wait lasts before timeouts and aborts are looked at again. */
 #define PROGRESS_BLOCK_MS 100
+/* Spinning longer than this yields the core on each pass (progress.c's spin_yield). */
+#define PROGRESS_HOT_NS 50000ull
 /* The longest a wait sleeps when the work has a transport without descriptors (no_fds). */
 #define PROGRESS_POLL_NS 50000ull
 
