@@ -72,13 +72,7 @@ typedef struct {
     uint8_t pad1[56];
     _Atomic uint64_t armed; /* odd: the owner is about to sleep in poll() */
     uint8_t pad2[56];
-    _Atomic uint64_t sent; /* control messages the owner put on the socket */
-    uint8_t pad3[56];
 } shm_ctrl_t;
-
-/* Without news on the socket (the peer's `sent` count is what we read), a spinning rank does not
- * call recvmsg() on every pass: only this often, which also finds a closed socket. */
-#define SHM_READ_EVERY_NS 1000000ull
 
 #define SHM_REC_MSG 1u
 #define SHM_REC_PAD 2u /* the ring's bytes from here to its end are unused */
@@ -168,7 +162,6 @@ struct transport_conn {
     uint64_t last_send_ns;
     /* the ring: how far we wrote ours and read the peer's; the peer's armed count last woken */
     uint64_t ring_head, ring_tail, woken;
-    uint64_t sock_sent, sock_read, last_read_ns; /* control messages: ours sent, the peer's read */
     /* The peer closed its socket or aborted: what it left in its ring before that may still be
      * received (its sends completed when they reached the ring, and it may have left since, as
      * tcp's bytes in flight arrive before the peer's close); a receive nothing there can satisfy,
@@ -207,21 +200,9 @@ static const shm_ctrl_t *peer_ctrl(const transport_conn_t *c)
     return (const shm_ctrl_t *)(const void *)c->peer_bounce;
 }
 
-/* One control message more on the socket, said in our segment for the peer's reads. */
-static void sent_one(transport_conn_t *c)
+static ssize_t send_ctl(transport_conn_t *c, const void *m, size_t len)
 {
-    c->sock_sent++;
-    if (c->my_bounce) atomic_store_explicit(&my_ctrl(c)->sent, c->sock_sent, memory_order_release);
-}
-
-/* Whether the socket may hold something for us: always until both segments are mapped, then
- * when the peer's count says so or SHM_READ_EVERY_NS passed. */
-static bool sock_news(transport_conn_t *c, uint64_t now)
-{
-    if (c->state != CS_READY || c->peer_bounce == NULL) return true;
-    if (now - c->last_read_ns > SHM_READ_EVERY_NS) return true;
-    return atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->sent, memory_order_acquire) !=
-           c->sock_read;
+    return send(c->fd, m, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
@@ -382,7 +363,7 @@ static void out_flush(transport_conn_t *c, bool *progressed)
 {
     int k = 0;
     while (k < c->nout && !c->head.fail.failed) {
-        ssize_t n = send(c->fd, &c->out[k], msg_size(&c->out[k]), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = send_ctl(c, &c->out[k], msg_size(&c->out[k]));
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -398,7 +379,6 @@ static void out_flush(transport_conn_t *c, bool *progressed)
             return;
         }
         k++;
-        sent_one(c);
         *progressed = true;
         /* Only what the peer sends proves it alive: our own messages do not count. */
         c->last_send_ns = base_now_ns();
@@ -430,8 +410,7 @@ static void ring_wake(transport_conn_t *c)
     shm_msg_t m;
     memset(&m, 0, sizeof(shm_desc_t));
     m.type = SHM_MSG_WAKE;
-    if (send(c->fd, &m, msg_size(&m), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)msg_size(&m))
-        sent_one(c);
+    (void)send_ctl(c, &m, msg_size(&m));
 }
 
 /* Whether our ring has room for a record of len payload bytes (and the padding before it). */
@@ -776,7 +755,6 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
 
 static void read_control(transport_conn_t *c, bool *progressed)
 {
-    c->last_read_ns = base_now_ns();
     for (;;) {
         shm_msg_t m;
         char cbuf[CMSG_SPACE(sizeof(int))];
@@ -794,7 +772,6 @@ static void read_control(transport_conn_t *c, bool *progressed)
             transport_conn_recv_failed(&c->head, n, errno);
             return;
         }
-        c->sock_read++;
         int passed_fd = -1;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
@@ -919,7 +896,6 @@ static void mode_start(transport_conn_t *c)
                   strerror(errno));
         return;
     }
-    sent_one(c);
     c->mode_sent = true;
     c->state = CS_MODE;
 }
@@ -977,7 +953,7 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
             mode_start(c);
         }
         if (c->head.fail.failed) continue;
-        if (!c->eof && sock_news(c, now)) read_control(c, progressed);
+        if (!c->eof) read_control(c, progressed);
         if (c->state == CS_READY) start_sends(c);
         if (c->nout) out_flush(c, progressed);
     }
@@ -1071,8 +1047,7 @@ static void shm_abort(transport_ctx_t *ctx, const char *reason)
             shm_msg_t m;
             m.abort.type = SHM_MSG_ABORT;
             snprintf(m.abort.text, sizeof(m.abort.text), "%s", reason);
-            if (send(c->fd, &m, msg_size(&m), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)msg_size(&m))
-                sent_one(c);
+            (void)send_ctl(c, &m, msg_size(&m));
         }
         shutdown(c->fd, SHUT_RDWR);
     }
