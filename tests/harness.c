@@ -74,10 +74,24 @@ int h_run_threads(int nranks, h_rank_fn fn, void *arg)
     return bad;
 }
 
+/* The ranks are forked before the job's id exists: loomGetUniqueId starts the root's service
+ * thread in this process, and a child forked while that thread holds an allocator lock inherits
+ * it locked. glibc's malloc takes its locks around fork(); the AddressSanitizer allocator of
+ * gcc 12 does not, and a rank's first threads then wait on that lock forever (the fail suite's
+ * two_comms case under ASan: rank 0's progress and driver threads stuck in calloc, the others
+ * timing out on it). So the children wait on a pipe and read the id from a shared page once the
+ * parent has closed the pipe's write end. */
+typedef struct {
+    loomUniqueId id;
+    int ok;
+} h_start_t;
+
 int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
 {
-    if (loomGetUniqueId(&h_id) != loomSuccess) {
-        fprintf(stderr, "loomGetUniqueId failed: %s\n", loomGetLastError(NULL));
+    h_start_t *start = h_shared_map(sizeof(*start));
+    int gate[2];
+    if (pipe(gate) != 0) {
+        perror("h_run_procs: pipe");
         return nranks;
     }
     fflush(stdout);
@@ -88,6 +102,13 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
         pid_t pid = fork();
         if (pid == 0) {
             alarm((unsigned)timeout_s + 5);
+            close(gate[1]);
+            char c;
+            while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
+            }
+            close(gate[0]);
+            if (!start->ok) _exit(100);
+            h_id = start->id;
             loomComm_t comm = NULL;
             int rc;
             if (fn == NULL) _exit(0);
@@ -105,6 +126,12 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
         h_pids[r] = pid;
         status[r] = -1;
     }
+    close(gate[0]);
+    if (loomGetUniqueId(&h_id) != loomSuccess)
+        fprintf(stderr, "loomGetUniqueId failed: %s\n", loomGetLastError(NULL));
+    else
+        start->id = h_id, start->ok = 1;
+    close(gate[1]);
     time_t end = time(NULL) + timeout_s;
     int left = nranks, bad = 0;
     while (left > 0) {
@@ -131,6 +158,7 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
         }
         usleep(5000);
     }
+    munmap(start, sizeof(*start));
     for (int r = 0; r < nranks; r++)
         if (status[r] != 0) bad++;
     return bad;
