@@ -486,16 +486,24 @@ static void ring_consume(transport_conn_t *c, const shm_rec_t *rec)
     ring_wake(c); /* the peer may wait for room */
 }
 
-/* Whether the ring has something for us now: a record of the peer's, or room for the small
- * send at the head of our queue. */
+/* Whether the ring has something a progress pass can act on now: the record that the oldest
+ * posted receive wants (or a pad or malformed record before it, which the pass skips or fails
+ * on), or room for the small send at the head of our queue. A record that no receive asks for
+ * yet (a message for a later step) is not: reporting it made every wait with an early message a
+ * busy loop without a yield, which on shared cores kept the core from the rank it waited for. */
 static bool ring_ready(transport_conn_t *c)
 {
     if (c->state != CS_READY || c->peer_bounce == NULL) return false;
     uint64_t head =
         atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->head, memory_order_acquire);
+    if (head != c->ring_tail && c->recv.head) {
+        shm_rec_t rec;
+        memcpy(&rec, c->peer_bounce + SHM_CTRL_BYTES + c->ring_tail % SHM_RING_BYTES, sizeof(rec));
+        if (rec.kind != SHM_REC_MSG || rec.seq <= c->recv.head->seq) return true;
+    }
     size_t pad;
-    return head != c->ring_tail || (c->wait.head && c->wait.head->len <= SHM_EAGER_MAX &&
-                                    ring_room(c, c->wait.head->len, &pad));
+    return c->wait.head && c->wait.head->len <= SHM_EAGER_MAX &&
+           ring_room(c, c->wait.head->len, &pad);
 }
 
 /* Sends that were waiting for the mode decision, ring room or a free bounce slot. */
