@@ -72,7 +72,16 @@ typedef struct {
     uint8_t pad1[56];
     _Atomic uint64_t armed; /* odd: the owner is about to sleep in poll() */
     uint8_t pad2[56];
+    _Atomic uint64_t sent; /* control messages the owner put (or is putting) on the socket */
+    uint8_t pad3[56];
 } shm_ctrl_t;
+
+/* A spinning rank calls recvmsg() on a connection only when the peer's `sent` count says a
+ * control message may be there, after every sleep in poll() (which is what reports a closed
+ * socket or a message counted late), and at least this often. recvmsg() on every pass cost
+ * each spinning pass one system call per connection, which on shared cores is the time the
+ * other ranks wait for the core. */
+#define SHM_READ_EVERY_NS 1000000ull
 
 #define SHM_REC_MSG 1u
 #define SHM_REC_PAD 2u /* the ring's bytes from here to its end are unused */
@@ -162,6 +171,10 @@ struct transport_conn {
     uint64_t last_send_ns;
     /* the ring: how far we wrote ours and read the peer's; the peer's armed count last woken */
     uint64_t ring_head, ring_tail, woken;
+    /* control messages: ours sent, the peer's read; when the socket was last read; whether a
+     * wait's poll() came since (set by pollfds, which the progress thread may call) */
+    uint64_t sock_sent, sock_read, last_read_ns;
+    atomic_bool polled;
     /* The peer closed its socket or aborted: what it left in its ring before that may still be
      * received (its sends completed when they reached the ring, and it may have left since, as
      * tcp's bytes in flight arrive before the peer's close); a receive nothing there can satisfy,
@@ -200,9 +213,43 @@ static const shm_ctrl_t *peer_ctrl(const transport_conn_t *c)
     return (const shm_ctrl_t *)(const void *)c->peer_bounce;
 }
 
+/* Our count of socket messages, said in our segment before each one is sent (so the peer
+ * never sees a message before its count: at worst a count before its message, and one read
+ * that finds nothing), and taken back if the send failed. */
+static void sent_announce(transport_conn_t *c, bool sending)
+{
+    if (c->my_bounce == NULL) return;
+    atomic_store_explicit(&my_ctrl(c)->sent, c->sock_sent + (sending ? 1 : 0),
+                          memory_order_seq_cst);
+}
+
+static ssize_t send_counted(transport_conn_t *c, const struct msghdr *mh, int flags)
+{
+    sent_announce(c, true);
+    ssize_t n = sendmsg(c->fd, mh, flags);
+    if (n >= 0)
+        c->sock_sent++;
+    else
+        sent_announce(c, false);
+    return n;
+}
+
 static ssize_t send_ctl(transport_conn_t *c, const void *m, size_t len)
 {
-    return send(c->fd, m, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    struct iovec iov = {(void *)m, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    return send_counted(c, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Whether to read the socket on this pass: always until both segments are mapped, after a
+ * wait's poll(), every SHM_READ_EVERY_NS, and when the peer's count says so. */
+static bool sock_news(transport_conn_t *c, uint64_t now)
+{
+    if (c->state != CS_READY || c->peer_bounce == NULL) return true;
+    if (atomic_exchange_explicit(&c->polled, false, memory_order_relaxed)) return true;
+    if (now - c->last_read_ns > SHM_READ_EVERY_NS) return true;
+    return atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->sent, memory_order_acquire) !=
+           c->sock_read;
 }
 
 /* The abstract socket address of a handle: a leading NUL then the name. */
@@ -780,6 +827,7 @@ static void read_control(transport_conn_t *c, bool *progressed)
             transport_conn_recv_failed(&c->head, n, errno);
             return;
         }
+        c->sock_read++;
         int passed_fd = -1;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
@@ -897,7 +945,7 @@ static void mode_start(transport_conn_t *c)
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
     /* The first message on a fresh socket: its buffer is empty, so it goes at once. */
-    ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    ssize_t n = send_counted(c, &mh, MSG_NOSIGNAL);
     close(mfd);
     if (n != (ssize_t)sizeof(m)) {
         conn_fail(c, loomRemoteError, "sending the mode message to %s failed: %s", c->head.name,
@@ -961,7 +1009,10 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
             mode_start(c);
         }
         if (c->head.fail.failed) continue;
-        if (!c->eof) read_control(c, progressed);
+        if (!c->eof && sock_news(c, now)) {
+            c->last_read_ns = now;
+            read_control(c, progressed);
+        }
         if (c->state == CS_READY) start_sends(c);
         if (c->nout) out_flush(c, progressed);
     }
@@ -1006,6 +1057,7 @@ static int shm_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
             atomic_thread_fence(memory_order_seq_cst);
             if (ring_ready(c)) ev |= POLLOUT;
         }
+        atomic_store_explicit(&c->polled, true, memory_order_relaxed);
         fds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }
     if (n < max) fds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
