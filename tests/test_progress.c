@@ -45,7 +45,7 @@ static uint64_t count_poll(void *arg, bool *progressed)
 START_TEST(thread_calls_attached)
 {
     counter_t c = {.hint = 1000000}; /* every millisecond */
-    ck_assert_int_eq(progress_attach(count_poll, &c, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &c, 0, 0), loomSuccess);
     usleep(100000);
     progress_detach(&c);
     int n = atomic_load(&c.calls);
@@ -61,7 +61,7 @@ END_TEST
 START_TEST(thread_sleeps_until_woken)
 {
     counter_t c = {.hint = UINT64_MAX};
-    ck_assert_int_eq(progress_attach(count_poll, &c, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &c, 0, 0), loomSuccess);
     usleep(50000);
     int idle = atomic_load(&c.calls);
     usleep(100000);
@@ -81,14 +81,14 @@ END_TEST
 START_TEST(detach_waits_for_running_poll)
 {
     counter_t c = {.hint = 0, .hold_us = 20000};
-    ck_assert_int_eq(progress_attach(count_poll, &c, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &c, 0, 0), loomSuccess);
     for (int t = 0; t < 2000 && atomic_load(&c.calls) == 0; t++)
         usleep(1000);
     for (int i = 0; i < 20; i++) {
         usleep(3000);
         progress_detach(&c);
         ck_assert_int_eq(atomic_load(&c.inside), 0);
-        ck_assert_int_eq(progress_attach(count_poll, &c, 0), loomSuccess);
+        ck_assert_int_eq(progress_attach(count_poll, &c, 0, 0), loomSuccess);
     }
     progress_detach(&c);
     ck_assert_int_eq(atomic_load(&c.inside), 0);
@@ -109,8 +109,8 @@ START_TEST(poll_detaches_itself)
 {
     counter_t c = {0};
     counter_t other = {.hint = 1000000};
-    ck_assert_int_eq(progress_attach(count_poll, &other, 0), loomSuccess);
-    ck_assert_int_eq(progress_attach(self_detach_poll, &c, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &other, 0, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(self_detach_poll, &c, 0, 0), loomSuccess);
     usleep(50000);
     ck_assert_int_eq(atomic_load(&c.calls), 1);
     int n = atomic_load(&other.calls);
@@ -137,8 +137,8 @@ START_TEST(short_sleep_kept_beside_watched_work)
     prog_work_t silent = {.pollfds = silent_pollfds};
     counter_t net = {.hint = 0}, gpu = {.hint = 1000000};
     progress_watch(&silent);
-    ck_assert_int_eq(progress_attach(count_poll, &net, 0), loomSuccess);
-    ck_assert_int_eq(progress_attach(count_poll, &gpu, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &net, 0, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(count_poll, &gpu, 0, 0), loomSuccess);
     usleep(200000);
     int n = atomic_load(&gpu.calls);
     progress_detach(&gpu);
@@ -246,7 +246,7 @@ static uint64_t async_poll(void *arg, bool *progressed)
 
 static loomResult_t async_wait(async_job_t *a)
 {
-    ck_assert_int_eq(progress_attach(async_poll, a, 0), loomSuccess);
+    ck_assert_int_eq(progress_attach(async_poll, a, 0, 0), loomSuccess);
     for (int t = 0; t < 60000 && atomic_load(&a->state) != 2; t++)
         usleep(1000);
     progress_detach(a);

@@ -75,7 +75,8 @@ static const param_desc_t params[PARAM_COUNT] = {
                              NUM(0, INFINITY, CLAMP)},
     /* 1000: a rank of an 8-rank ring waits longer than 50 us often enough that its neighbours
      * then wait for its wake-up (32 KiB: 206 us at 50, 47 us at 1000; 2 MiB 2.06 against 1.09 ms;
-     * 16 idle cores, perf/RESULTS.md); nodes with more ranks than cores never spin (comm.c). */
+     * 16 idle cores, perf/RESULTS.md); nodes with more ranks than cores spin 100 us unless set,
+     * yielding the core on every pass (comm.c's comm_tune_for_cores). */
     [PARAM_SPIN_US] = {"SPIN_US", PARAM_T_INT, "1000", "us",
                        "how long a waiting call polls without sleeping before it blocks",
                        NUM(0, 10000000, CLAMP)},

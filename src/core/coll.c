@@ -410,7 +410,8 @@ static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
     g->work = (prog_work_t){.advance = group_advance,
                             .pollfds = group_pollfds,
                             .check = group_check,
-                            .spin_ns = n ? q[0].comm->tune.spin_ns : 0};
+                            .spin_ns = n ? q[0].comm->tune.spin_ns : 0,
+                            .hot_ns = n ? q[0].comm->tune.hot_ns : 0};
     int used = 0;
     for (int i = 0; i < n; i++) {
         int k;
@@ -521,6 +522,11 @@ loomResult_t coll_usable(loomComm_t comm, const char *fn)
 uint64_t coll_spin_ns(loomComm_t comm)
 {
     return comm->tune.spin_ns;
+}
+
+uint64_t coll_hot_ns(loomComm_t comm)
+{
+    return comm->tune.hot_ns;
 }
 
 int coll_rank(loomComm_t comm)

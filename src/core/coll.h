@@ -69,8 +69,10 @@ loomResult_t coll_claim(loomComm_t comm, const void *owner, const char *what);
 void coll_unclaim(loomComm_t comm, const void *owner);
 /* The public calls' check of a reduction op (a pre-multiplied sum must be comm's, for type). */
 loomResult_t coll_check_op(loomComm_t comm, const char *fn, loomRedOp_t op, loomDataType_t type);
-/* How long a waiter of comm spins before it blocks (LOOM_SPIN_US; 0 on oversubscribed nodes). */
+/* How long a waiter of comm spins before it blocks (LOOM_SPIN_US; COMM_SPIN_SHARED_NS on nodes
+ * with more ranks than cores), and how much of it without yielding the core. */
 uint64_t coll_spin_ns(loomComm_t comm);
+uint64_t coll_hot_ns(loomComm_t comm);
 /* Rank and size of a held communicator. */
 int coll_rank(loomComm_t comm);
 int coll_nranks(loomComm_t comm);

@@ -13,6 +13,7 @@
 #include "loom_internal.h"
 #include "memtype.h"
 #include "param.h"
+#include "progress.h"
 #ifdef LOOM_HAVE_CUDA
 #include "cudrv.h"
 #include "dev.h"
@@ -420,6 +421,7 @@ loomResult_t comm_alloc(int nranks, int rank, const loomConfig_t *cfg, loomComm_
     c->tune.slice_bytes = LOOM_MIN(c->tune.slice_bytes, param_size(PARAM_MAX_MESSAGE));
     c->tune.slices_in_flight = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_SLICES_IN_FLIGHT), 64));
     c->tune.spin_ns = (uint64_t)LOOM_MAX(0, param_int(PARAM_SPIN_US)) * 1000;
+    c->tune.hot_ns = PROGRESS_HOT_NS;
     c->tune.timeout_s = param_double(PARAM_TIMEOUT);
     snprintf(c->lay.name, sizeof(c->lay.name), "%s", cfg && cfg->commName ? cfg->commName : "");
     sched_init(&c->cache.p2p, rank, nranks);
@@ -865,15 +867,17 @@ static void comm_tune_for_cores(loomComm_t comm)
     }
     comm->tune.oversubscribed = any;
     int mine = comm->lay.peers[comm->rank].cores;
-    if (mine > 0 && comm->lay.local_size > mine && !param_is_set(PARAM_SPIN_US))
-        comm->tune.spin_ns = 0;
+    if (mine > 0 && comm->lay.local_size > mine) {
+        comm->tune.hot_ns = 0;
+        if (!param_is_set(PARAM_SPIN_US)) comm->tune.spin_ns = COMM_SPIN_SHARED_NS;
+    }
     if (any && !param_is_set(PARAM_SLICE_SIZE))
         comm->tune.slice_bytes =
             LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE));
     if (any)
         INFO(LOG_TUNING, "a node has more ranks than cores: %llu-byte slices job-wide%s",
              (unsigned long long)comm->tune.slice_bytes,
-             comm->tune.spin_ns == 0 ? ", waiting here without spinning" : "");
+             comm->tune.hot_ns == 0 ? ", spinning here with a yield on every pass" : "");
 }
 
 typedef struct {

@@ -100,12 +100,18 @@ typedef struct {
     uint64_t slice_bytes;
     int slices_in_flight;
     uint64_t spin_ns;
+    uint64_t hot_ns; /* the part of spin_ns without yielding the core (progress.h) */
     double timeout_s;
     bool oversubscribed; /* some node of the job has more ranks than cores */
     /* LOOM_TUNE_FILE's sections that fit this communicator, per memory type (tunefile.h);
      * sections == 0: none (no file, or nothing in it for this key). */
     tune_entry_t file[TUNE_NMEM];
 } comm_tune_t;
+
+/* The spin of a waiter on a node with more ranks than cores, where each pass yields the core
+ * (comm_tune_for_cores): a peer that has the core sees its message taken at once, and the
+ * waiter's pass costs the others a few system calls, not a timeslice. */
+#define COMM_SPIN_SHARED_NS 100000ull
 
 /* Operation order: every rank numbers its operations alike (coll.c, split.c). */
 typedef struct {

@@ -113,7 +113,7 @@ static void host_stage_close(dev_host_t *h)
 static loomResult_t host_progress_attach(dev_host_t *h,
                                          uint64_t (*poll)(void *arg, bool *progressed), void *arg)
 {
-    return progress_attach(poll, arg, comm_of(h)->tune.spin_ns);
+    return progress_attach(poll, arg, comm_of(h)->tune.spin_ns, comm_of(h)->tune.hot_ns);
 }
 
 static void host_progress_detach(dev_host_t *h, void *arg)

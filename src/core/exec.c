@@ -741,7 +741,7 @@ static uint64_t keepalive_poll(void *arg, bool *progressed)
 loomResult_t exec_keepalive_start(exec_host_t *h)
 {
     if (h->keepalive_on) return loomSuccess;
-    LOOM_CHECK(progress_attach(keepalive_poll, h, 0));
+    LOOM_CHECK(progress_attach(keepalive_poll, h, 0, 0));
     h->keepalive_on = true;
     return loomSuccess;
 }

@@ -582,7 +582,7 @@ loomResult_t js_client_start(int fd, const sock_addr_t *root, const sock_auth_t 
     js_frame_t f = {.type = JS_HELLO, .rank = hooks->rank, .pid = (int32_t)getpid()};
     gethostname(f.host, sizeof(f.host) - 1);
     loomResult_t r = js_send(fd, &c->au, &f, NULL);
-    if (r == loomSuccess) r = progress_attach(client_poll, c, 0);
+    if (r == loomSuccess) r = progress_attach(client_poll, c, 0, 0);
     if (r != loomSuccess) {
         close(fd);
         free(c);

@@ -35,9 +35,9 @@
  * wake-up a sleep costs, while on cores it shares with ranks the library cannot count (other
  * jobs, network namespaces that each see every core) it does not take their time for the whole
  * LOOM_SPIN_US. */
-static void spin_yield(uint64_t idle_ns)
+static void spin_yield(uint64_t idle_ns, uint64_t hot_ns)
 {
-    if (idle_ns > PROGRESS_HOT_NS) sched_yield();
+    if (idle_ns >= hot_ns) sched_yield();
 }
 
 loomResult_t progress_drive(prog_work_t *w)
@@ -53,7 +53,7 @@ loomResult_t progress_drive(prog_work_t *w)
             continue;
         }
         if (now - idle_since < w->spin_ns) {
-            spin_yield(now - idle_since);
+            spin_yield(now - idle_since, w->hot_ns);
             continue;
         }
         LOOM_CHECK(w->check(w));
@@ -73,7 +73,7 @@ loomResult_t progress_drive(prog_work_t *w)
 typedef struct {
     progress_poll_fn fn;
     void *arg;
-    uint64_t spin_ns;
+    uint64_t spin_ns, hot_ns;
 } prog_source_t;
 
 static struct {
@@ -106,12 +106,13 @@ static bool attached(void *arg)
 /* Runs every attached poll function once; returns the shortest non-zero sleep asked for and
  * says whether any asked to be called again at once (*again). The list is copied first: a poll
  * function may attach or detach (itself or others) while it runs. */
-static uint64_t poll_pass(bool *progressed, bool *again, uint64_t *spin)
+static uint64_t poll_pass(bool *progressed, bool *again, uint64_t *spin, uint64_t *hot)
 {
     static prog_source_t *snap;
     static int snap_cap;
     uint64_t sleep_ns = UINT64_MAX;
     *spin = 0;
+    *hot = UINT64_MAX;
     *again = false;
     pthread_mutex_lock(&pe.lock);
     if (snap_cap < pe.nsrc) {
@@ -140,6 +141,7 @@ static uint64_t poll_pass(bool *progressed, bool *again, uint64_t *spin)
         else
             sleep_ns = LOOM_MIN(sleep_ns, hint);
         *spin = LOOM_MAX(*spin, snap[i].spin_ns);
+        if (snap[i].spin_ns) *hot = LOOM_MIN(*hot, snap[i].hot_ns);
     }
     pthread_mutex_unlock(&pe.lock);
     return sleep_ns;
@@ -184,15 +186,15 @@ static void *thread_main(void *arg)
     uint64_t idle_since = base_now_ns();
     for (;;) {
         bool progressed = false, again = false;
-        uint64_t spin = 0;
-        uint64_t sleep_ns = poll_pass(&progressed, &again, &spin);
+        uint64_t spin = 0, hot = 0;
+        uint64_t sleep_ns = poll_pass(&progressed, &again, &spin, &hot);
         uint64_t now = base_now_ns();
         if (progressed) {
             idle_since = now;
             continue;
         }
         if (again && now - idle_since < spin) {
-            spin_yield(now - idle_since);
+            spin_yield(now - idle_since, hot);
             continue;
         }
         thread_sleep(sleep_ns, again);
@@ -239,7 +241,7 @@ static loomResult_t thread_start(void)
     return loomSuccess;
 }
 
-loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns)
+loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns, uint64_t hot_ns)
 {
     loomResult_t r = loomSuccess;
     pthread_mutex_lock(&pe.lock);
@@ -254,7 +256,7 @@ loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns)
         pe.cap = ncap;
     }
     if (!pe.started) r = thread_start();
-    if (r == loomSuccess) pe.src[pe.nsrc++] = (prog_source_t){fn, arg, spin_ns};
+    if (r == loomSuccess) pe.src[pe.nsrc++] = (prog_source_t){fn, arg, spin_ns, hot_ns};
     pthread_mutex_unlock(&pe.lock);
     if (r == loomSuccess) progress_wake();
     return r;

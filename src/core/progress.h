@@ -28,7 +28,8 @@
 
 /* The longest a blocked wait lasts before timeouts and aborts are looked at again. */
 #define PROGRESS_BLOCK_MS 100
-/* Spinning longer than this yields the core on each pass (progress.c's spin_yield). */
+/* By default a spin longer than this yields the core on each pass (progress.c's spin_yield);
+ * comm.c yields from the first pass where a node has more ranks than cores. */
 #define PROGRESS_HOT_NS 50000ull
 /* The longest a wait sleeps when the work has a transport without descriptors (no_fds). */
 #define PROGRESS_POLL_NS 50000ull
@@ -45,6 +46,7 @@ struct prog_work {
     /* Called when nothing moved for the spin time: the liveness and timeout rules. */
     loomResult_t (*check)(prog_work_t *w);
     uint64_t spin_ns; /* spin this long after the last progress before blocking */
+    uint64_t hot_ns;  /* of which this long without yielding the core */
     /* A transport of the work has no descriptor that says when bytes arrive (MPI): a wait
      * sleeps at most PROGRESS_POLL_NS, then advances again. */
     bool no_fds;
@@ -59,8 +61,8 @@ loomResult_t progress_drive(prog_work_t *w);
 typedef uint64_t (*progress_poll_fn)(void *arg, bool *progressed);
 
 /* Attaches fn(arg) to the process's progress thread (starting it if needed); spin_ns is how long
- * the thread may spin for it when nothing moves. */
-loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns);
+ * the thread may spin for it when nothing moves, the first hot_ns of it without yielding. */
+loomResult_t progress_attach(progress_poll_fn fn, void *arg, uint64_t spin_ns, uint64_t hot_ns);
 /* Detaches the poll function with this arg; returns once it is not running and will not run
  * again (at once when called from a poll function itself). */
 void progress_detach(void *arg);

@@ -1264,7 +1264,7 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
     f->ttail = &f->thead;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    loomResult_t r = progress_attach(fz_poll, f, coll_spin_ns(comm));
+    loomResult_t r = progress_attach(fz_poll, f, coll_spin_ns(comm), coll_hot_ns(comm));
     if (r != loomSuccess) {
         free(f->recs);
         free(f);
