@@ -1316,6 +1316,88 @@ START_TEST(test_shm_early_record_sleeps)
 }
 END_TEST
 
+/* A large shm send leaves as a descriptor, and the peer reads the bytes straight out of the
+ * sender's buffer whenever its receive comes. When the sender's call ends unfinished (it
+ * failed) the caller gets that buffer back, and the peer must not read it any more: rank 0's
+ * call leaves with its 1 MiB send unread (orphan, as exec_free does), it overwrites the buffer;
+ * rank 1's receive, posted afterwards, must fail naming the withdrawn message, not deliver the
+ * overwritten bytes (which it did before the withdrawal), and rank 0's connection is failed. */
+#define WITHDRAW_BYTES (1u << 20)
+static tbar_t withdraw_bar;
+
+static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    (void)p;
+    int32_t one = rank;
+    if (loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
+    exec_link_t *l = &comm->net.links[1 - rank];
+    const exec_tp_t *tp = &comm->net.tp[TP_SHM];
+    if (l->conn == NULL || strcmp(l->ops->name, "shm") != 0) return 2;
+    uint8_t *buf = malloc(WITHDRAW_BYTES);
+    if (buf == NULL) return 3;
+    memset(buf, rank == 0 ? 0x5A : 0, WITHDRAW_BYTES);
+    uint8_t meta[TRANSPORT_META_BYTES] = {3}, got[TRANSPORT_META_BYTES] = {0};
+    transport_req_t *req = NULL;
+    int done = 0, rc = 0;
+    loomResult_t r = loomSuccess;
+    if (rank == 0) {
+        exec_host_lock(&comm->exech);
+        r = l->ops->isend(l->conn, buf, WITHDRAW_BYTES, meta, &req);
+        if (r == loomSuccess) r = l->ops->test(req, &done, got); /* exec_free's last test */
+        if (tp->ops->orphan) tp->ops->orphan(tp->ctx);
+        int left = 0;
+        loomResult_t after = l->ops->test(req, &left, got);
+        exec_host_unlock(&comm->exech);
+        memset(buf, 0xEE, WITHDRAW_BYTES); /* the caller's buffer again */
+        if (r != loomSuccess || done) rc = 4;
+        if (after == loomSuccess || left) {
+            fprintf(stderr, "rank 0: the connection still works after the orphan\n");
+            rc = 5;
+        }
+        if (tbar_wait(&withdraw_bar) != 0 || tbar_wait(&withdraw_bar) != 0) rc = 6;
+        free(buf);
+        return rc;
+    }
+    if (tbar_wait(&withdraw_bar) != 0) return 6;
+    exec_host_lock(&comm->exech);
+    r = l->ops->irecv(l->conn, buf, WITHDRAW_BYTES, &req);
+    exec_host_unlock(&comm->exech);
+    double t0 = h_now_s();
+    while (r == loomSuccess && !done && h_now_s() - t0 < 10) {
+        bool moved = false;
+        exec_host_lock(&comm->exech);
+        r = tp->ops->progress(tp->ctx, &moved);
+        if (r == loomSuccess) r = l->ops->test(req, &done, got);
+        exec_host_unlock(&comm->exech);
+    }
+    exec_host_lock(&comm->exech);
+    char why[1024];
+    snprintf(why, sizeof(why), "%s", l->ops->conn_error(l->conn));
+    exec_host_unlock(&comm->exech);
+    if (r == loomSuccess) {
+        fprintf(stderr, "rank 1: the withdrawn message %s (first byte 0x%02x)\n",
+                done ? "was delivered" : "neither failed nor arrived", buf[0]);
+        rc = 7;
+    } else if (!strstr(why, "withdrew") || !strstr(why, "rank 0")) {
+        fprintf(stderr, "rank 1: error '%s' does not name the withdrawal\n", why);
+        rc = 8;
+    }
+    if (tbar_wait(&withdraw_bar) != 0) rc = 6;
+    free(buf);
+    return rc;
+}
+
+START_TEST(test_shm_withdraw)
+{
+    set_param("LOOM_TRANSPORT", "shm");
+    tbar_init(&withdraw_bar, 2);
+    int bad = h_run_threads(2, shm_withdraw_rank, NULL);
+    set_param("LOOM_TRANSPORT", NULL);
+    ck_assert_msg(bad == 0, "a send whose call ended unfinished was read by the peer afterwards");
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static Suite *net_suite(void)
@@ -1340,6 +1422,7 @@ static Suite *net_suite(void)
         {.name = "shm_ring_mix", .test = test_shm_ring_mix},
         {.name = "shm_send_then_leave", .test = test_shm_send_then_leave},
         {.name = "shm_early_record_sleeps", .test = test_shm_early_record_sleeps},
+        {.name = "shm_withdraw", .test = test_shm_withdraw},
     };
     h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;

@@ -30,6 +30,7 @@
  * them in that order whichever path each took.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,7 @@
 /* A segment: the control words, the ring of small messages, then the bounce slots. */
 #define SHM_EAGER_MAX (32u << 10)
 #define SHM_RING_BYTES (512u << 10)
-#define SHM_CTRL_BYTES 256u
+#define SHM_CTRL_BYTES 384u
 #define SHM_REC_HDR 64u
 #define SHM_BOUNCE_OFF ((size_t)SHM_CTRL_BYTES + SHM_RING_BYTES)
 #define SHM_SEG_BYTES(slot_bytes) (SHM_BOUNCE_OFF + (size_t)(slot_bytes)*SHM_BOUNCE_SLOTS)
@@ -74,7 +75,19 @@ typedef struct {
     uint8_t pad2[56];
     _Atomic uint64_t sent; /* control messages the owner put (or is putting) on the socket */
     uint8_t pad3[56];
+    /* A call of the owner's ended unfinished (shm_orphan): its messages below this sequence are
+     * withdrawn, and a descriptor of one must not be read from the owner's memory. */
+    _Atomic uint64_t withdrawn;
+    uint8_t pad4[56];
+    /* 1 + the sequence of the peer's message the owner is reading out of the peer's memory
+     * (process_vm_readv), 0 when none: what the peer's withdrawal waits on. */
+    _Atomic uint64_t reading;
+    uint8_t pad5[56];
 } shm_ctrl_t;
+
+/* How long a withdrawal waits for a read of the peer's already under way (a copy of a slice:
+ * microseconds to milliseconds; longer only when the peer was stopped in the middle of one). */
+#define SHM_WITHDRAW_WAIT_NS 200000000ull
 
 /* A spinning rank calls recvmsg() on a connection only when the peer's `sent` count says a
  * control message may be there, after every sleep in poll() (which is what reports a closed
@@ -667,6 +680,23 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
         return;
     }
     if (d->slot == UINT32_MAX) {
+        /* Say which message we read, then look whether the sender withdrew it (its call ended
+         * unfinished, and its buffer is its caller's again): one of us sees the other. */
+        _Atomic uint64_t *reading = c->my_bounce ? &my_ctrl(c)->reading : NULL;
+        if (reading && c->peer_bounce) {
+            atomic_store_explicit(reading, d->seq + 1, memory_order_seq_cst);
+            atomic_thread_fence(memory_order_seq_cst);
+            uint64_t w = atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->withdrawn,
+                                              memory_order_seq_cst);
+            if (w > d->seq) {
+                atomic_store_explicit(reading, 0, memory_order_release);
+                conn_fail(c, loomRemoteError,
+                          "%s withdrew message %llu (%zu bytes) before this rank read it: the "
+                          "call that sent it ended unfinished there",
+                          c->head.name, (unsigned long long)d->seq, r->len);
+                return;
+            }
+        }
         size_t done = 0;
         while (done < r->len) {
             struct iovec local = {r->buf + done, r->len - done};
@@ -678,10 +708,12 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
                           c->head.name, (int)c->pid, r->len - done,
                           (unsigned long long)(d->addr + done),
                           n == 0 ? "no data" : strerror(errno));
+                if (reading) atomic_store_explicit(reading, 0, memory_order_release);
                 return;
             }
             done += (size_t)n;
         }
+        if (reading) atomic_store_explicit(reading, 0, memory_order_release);
     } else {
         if (d->slot >= SHM_BOUNCE_SLOTS || c->peer_bounce == NULL ||
             SHM_BOUNCE_OFF + (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
@@ -1090,6 +1122,46 @@ static bool abort_grace_step(void *arg, bool *prog)
     return busy;
 }
 
+/* The call whose requests are queued here left unfinished (transport.h). Here: a connection
+ * with a receive posted, a send not out yet, or a send waiting for its acknowledgement fails,
+ * so that no progress pass copies into or out of the caller's buffers again. The peer may hold
+ * the descriptor of a send it has not read yet, and would read the caller's buffer (freed or
+ * reused by then) whenever its receive came: the withdrawal word in our segment withdraws every
+ * message sent so far, and we wait until no read of the peer's is under way (bounded by
+ * SHM_WITHDRAW_WAIT_NS: a peer stopped between its look at the word and its read is the case
+ * left open). Records in the ring are the peer's already (their sends completed). */
+static void shm_orphan(transport_ctx_t *ctx)
+{
+    for (int i = 0; i < ctx->nactive; i++) {
+        transport_conn_t *c = ctx->active[i];
+        if (!c->recv.head && !c->wait.head && !c->ack.head) continue;
+        if (c->ack.head && c->my_bounce && c->peer_bounce) {
+            atomic_store_explicit(&my_ctrl(c)->withdrawn, c->send_seq, memory_order_seq_cst);
+            atomic_thread_fence(memory_order_seq_cst);
+            uint64_t t0 = base_now_ns();
+            for (;;) {
+                uint64_t rd = atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->reading,
+                                                   memory_order_seq_cst);
+                if (rd == 0 || rd > c->send_seq) break;
+                if (base_now_ns() - t0 > SHM_WITHDRAW_WAIT_NS) {
+                    WARN(LOG_SHM,
+                         "shm: %s still reads message %llu of a call that ended unfinished "
+                         "here after %llu ms; the caller gets its buffers back anyway",
+                         c->head.name, (unsigned long long)(rd - 1),
+                         (unsigned long long)(SHM_WITHDRAW_WAIT_NS / 1000000));
+                    break;
+                }
+                sched_yield();
+            }
+        }
+        if (!c->head.fail.failed)
+            conn_fail(c, loomRemoteError,
+                      "the call with messages queued to %s ended unfinished; the connection is "
+                      "not used again",
+                      c->head.name);
+    }
+}
+
 static void shm_abort(transport_ctx_t *ctx, const char *reason)
 {
     if (ctx->abort.aborted) return;
@@ -1171,6 +1243,7 @@ const transport_ops_t transport_shm = {
     .progress = shm_progress,
     .pollfds = shm_pollfds,
     .abort = shm_abort,
+    .orphan = shm_orphan,
     .idle_ns = shm_idle_ns,
     .peer_name = transport_peer_name,
     .conn_error = transport_conn_error,
