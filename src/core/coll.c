@@ -20,14 +20,19 @@
 
 /* ---- turning queued operations into schedules ---- */
 
+/* A job's buffer table in place up to this many (a collective's send, receive and temporary,
+ * and a few of a group's point-to-point buffers) */
+#define JOB_BUFS_HERE 8
+
 typedef struct {
     loomComm_t comm;
     const coll_op_t *q; /* the group's operations */
     int *ops;           /* this communicator's, as indices into q, in call order */
     int nops, next;
     exec_t *exec;
-    void **bufs;
+    void **bufs; /* bufs_here, or memory of its own past JOB_BUFS_HERE */
     uint32_t nbufs;
+    void *bufs_here[JOB_BUFS_HERE];
     void *scaled; /* a pre-multiplied input, or all-to-all's copy of an in-place input */
     loomDataType_t type;
     loomResult_t res;
@@ -55,9 +60,15 @@ static void job_release(comm_job_t *j)
 
 static loomResult_t job_bufs(comm_job_t *j, uint32_t n)
 {
+    if (j->bufs == NULL) {
+        j->bufs = j->bufs_here;
+        j->nbufs = JOB_BUFS_HERE;
+    }
     if (n > j->nbufs) {
-        void **b = realloc(j->bufs, n * sizeof(void *));
+        void **b = malloc(n * sizeof(void *));
         if (b == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory");
+        memcpy(b, j->bufs, j->nbufs * sizeof(void *));
+        if (j->bufs != j->bufs_here) free(j->bufs);
         j->bufs = b;
         j->nbufs = n;
     }
@@ -385,10 +396,8 @@ static loomResult_t group_finish(coll_group_t *g)
         }
         job_release(j);
         atomic_fetch_sub(&j->comm->st.active_calls, 1);
-        free(j->bufs);
+        if (j->bufs != j->bufs_here) free(j->bufs);
     }
-    free(g->jobs);
-    free(g->idx);
     free(g->own);
     free(g);
     return res;
@@ -397,16 +406,14 @@ static loomResult_t group_finish(coll_group_t *g)
 /* One job per communicator, its operations in call order; each starts its first schedule. */
 static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
 {
-    coll_group_t *g = calloc(1, sizeof(*g));
-    if (g) {
-        g->jobs = calloc((size_t)LOOM_MAX(n, 1), sizeof(*g->jobs));
-        g->idx = malloc((size_t)LOOM_MAX(n, 1) * sizeof(int));
-    }
-    if (g == NULL || g->jobs == NULL || g->idx == NULL) {
-        if (g) free(g->jobs);
-        free(g);
-        return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
-    }
+    /* The group, its jobs and their operation indices in one allocation: one per call. */
+    size_t m = (size_t)LOOM_MAX(n, 1);
+    size_t jobs_at = LOOM_ALIGN_UP(sizeof(coll_group_t), _Alignof(comm_job_t));
+    size_t idx_at = jobs_at + m * sizeof(comm_job_t);
+    coll_group_t *g = calloc(1, idx_at + m * sizeof(int));
+    if (g == NULL) return base_error(loomSystemError, LOG_COLL, "out of memory (group)");
+    g->jobs = (comm_job_t *)(void *)((char *)g + jobs_at);
+    g->idx = (int *)(void *)((char *)g + idx_at);
     g->work = (prog_work_t){.advance = group_advance,
                             .pollfds = group_pollfds,
                             .check = group_check,
