@@ -850,9 +850,11 @@ void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *seg
 }
 
 /*
- * Nodes with more ranks than cores: a rank that spins keeps the core from the very peer it
- * waits for, and every slice costs context switches. Such a node's ranks wait without spinning
- * (unless LOOM_SPIN_US is set). And when any node of the job is oversubscribed, every rank uses
+ * Nodes with more ranks than cores: a rank that spins without yielding keeps the core from the
+ * very peer it waits for, and one that sleeps at once pays a wake-up on every step (8 ranks on
+ * 2 cores, 8 B: 292-407 us asleep, 65 us yielding). Such a node's ranks spin
+ * COMM_SPIN_SHARED_NS yielding the core on every pass (LOOM_SPIN_US, when set, sets the length;
+ * the yield stays). And when any node of the job is oversubscribed, every rank uses
  * 4x slices (fewer wake-ups; 4 ranks over 2 cores: ~190 -> ~170 ms for 64 MiB over TCP), unless
  * LOOM_SLICE_SIZE is set: the slice shapes the schedule, so the decision uses every rank's core
  * count from the bootstrap and comes out the same everywhere.
