@@ -33,6 +33,14 @@
         if ((q)->head == NULL) (q)->tail = NULL;                                                   \
     } while (0)
 
+/* Puts e back at the front of q (an element just popped whose handling failed). */
+#define FIFO_UNPOP(q, e)                                                                           \
+    do {                                                                                           \
+        (e)->next = (q)->head;                                                                     \
+        (q)->head = (e);                                                                           \
+        if ((q)->tail == NULL) (q)->tail = (e);                                                    \
+    } while (0)
+
 /* Removes and yields the first element of q, or NULL when it is empty. */
 #define FIFO_POP(q)                                                                                \
     __extension__({                                                                                \

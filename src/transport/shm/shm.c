@@ -694,6 +694,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
                           "%s withdrew message %llu (%zu bytes) before this rank read it: the "
                           "call that sent it ended unfinished there",
                           c->head.name, (unsigned long long)d->seq, r->len);
+                FIFO_UNPOP(&c->recv, r); /* the connection's to free, with the rest */
                 return;
             }
         }
@@ -709,6 +710,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
                           (unsigned long long)(d->addr + done),
                           n == 0 ? "no data" : strerror(errno));
                 if (reading) atomic_store_explicit(reading, 0, memory_order_release);
+                FIFO_UNPOP(&c->recv, r);
                 return;
             }
             done += (size_t)n;
@@ -719,6 +721,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
             SHM_BOUNCE_OFF + (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
             conn_fail(c, loomRemoteError, "malformed descriptor from %s: slot %u", c->head.name,
                       d->slot);
+            FIFO_UNPOP(&c->recv, r);
             return;
         }
         memcpy(r->buf, c->peer_bounce + SHM_BOUNCE_OFF + (size_t)d->slot * c->peer_slot_bytes,
