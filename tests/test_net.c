@@ -1306,13 +1306,20 @@ static int shm_early_rank(loomComm_t comm, int rank, int nranks, void *p)
     return rc;
 }
 
-START_TEST(test_shm_early_record_sleeps)
+/* Two thread ranks over shm meeting at bar: the early-record and withdrawal cases. */
+static int shm_pair(h_rank_fn fn, tbar_t *bar)
 {
     set_param("LOOM_TRANSPORT", "shm");
-    tbar_init(&early_bar, 2);
-    int bad = h_run_threads(2, shm_early_rank, NULL);
+    tbar_init(bar, 2);
+    int bad = h_run_threads(2, fn, NULL);
     set_param("LOOM_TRANSPORT", NULL);
-    ck_assert_msg(bad == 0, "a wait with an unasked-for record in the ring did not sleep");
+    return bad;
+}
+
+START_TEST(test_shm_early_record_sleeps)
+{
+    ck_assert_msg(shm_pair(shm_early_rank, &early_bar) == 0,
+                  "a wait with an unasked-for record in the ring did not sleep");
 }
 END_TEST
 
@@ -1390,11 +1397,8 @@ static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
 
 START_TEST(test_shm_withdraw)
 {
-    set_param("LOOM_TRANSPORT", "shm");
-    tbar_init(&withdraw_bar, 2);
-    int bad = h_run_threads(2, shm_withdraw_rank, NULL);
-    set_param("LOOM_TRANSPORT", NULL);
-    ck_assert_msg(bad == 0, "a send whose call ended unfinished was read by the peer afterwards");
+    ck_assert_msg(shm_pair(shm_withdraw_rank, &withdraw_bar) == 0,
+                  "a send whose call ended unfinished was read by the peer afterwards");
 }
 END_TEST
 
