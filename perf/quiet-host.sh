@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -25,7 +25,7 @@ lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
   ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos}
+stages=${*:-mpi fusion tune ddp algos shm8}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -60,4 +60,12 @@ if want algos; then
         --algos "auto ring rd rabenseifner tree" --peers "" -r 3 --no-plots --loom $b/loom-perf \
         -o "$out/sweep-algos"
     cat "$out/sweep-algos/summary.md" >>"$out/results.txt" 2>/dev/null
+fi
+if want shm8; then
+    # 8 local ranks on shm against Open MPI's shared memory (vader) in the same sweep (issue 16's
+    # small-message target), and the automatic choice against the forced algorithms
+    limit=420 run algos-8 /usr/bin/python3 perf/sweep -b 8 -e 32M -f 8 -P 8 \
+        --algos "auto ring rd rabenseifner tree" --peers mpi-vader -r 3 --no-plots --loom $b/loom-perf \
+        --peers-dir $b/perf-peers -o "$out/sweep-algos8"
+    cat "$out/sweep-algos8/summary.md" >>"$out/results.txt" 2>/dev/null
 fi
