@@ -147,6 +147,23 @@ static const param_desc_t params[PARAM_COUNT] = {
                               "take turns, so every exchange waits for a time slice: slow); "
                               "otherwise that is loomInvalidUsage",
                               NUM(0, 1, CLAMP)},
+    [PARAM_CUDA_CE] = {"CUDA_CE", PARAM_T_SIZE, "512M", "bytes",
+                       "same-node allreduce, reduce-scatter, allgather and broadcast of at least "
+                       "this many bytes (the larger buffer) move their data on the copy engines "
+                       "(cuMemcpyAsync between mapped buffers; the SMs only reduce); 0: never. "
+                       "Rank 0's value holds for the job",
+                       NUM(0, INFINITY, CLAMP)},
+    [PARAM_CUDA_CE_SCRATCH] = {"CUDA_CE_SCRATCH", PARAM_T_SIZE, "64M", "bytes",
+                               "device memory the copy-engine path lands the peers' pieces in "
+                               "before it reduces them (allocated at its first call)",
+                               NUM(1 << 20, INFINITY, CLAMP)},
+    [PARAM_CUDA_CE_BLOCKS] = {"CUDA_CE_BLOCKS", PARAM_T_INT, "16", "",
+                              "blocks (SMs) of the copy-engine path's reduction kernel",
+                              NUM(1, 128, CLAMP)},
+    [PARAM_CUDA_CE_STREAMS] = {"CUDA_CE_STREAMS", PARAM_T_INT, "4", "",
+                               "streams the copy-engine path spreads its copies over (at least "
+                               "the node's ranks - 1), 1-8",
+                               NUM(1, 8, CLAMP)},
     [PARAM_FUSION_BUCKET] = {"FUSION_BUCKET", PARAM_T_SIZE, "32M", "bytes",
                              "fusion: a bucket leaves once this full (docs/fusion.md)",
                              NUM(4096, INFINITY, CLAMP)},

@@ -6,6 +6,7 @@
  *                launches, the order of a communicator's work across streams
  *   dev_ipc.c    user buffers mapped through CUDA IPC for the direct path (export and import)
  *   dev_win.c    registered windows: mapped once by every local peer, used by later calls
+ *   dev_ce.c     the copy-engine path: large same-node collectives moved by cuMemcpyAsync
  *   dev_stage.c  device data crossing nodes through pinned host memory
  *   dev_watch.c  kernels' failure records and peers' exits turned into the communicator's error
  */
@@ -29,6 +30,7 @@
 #define STAGE_RING 4      /* pinned pieces in flight per communicator (allreduce pipeline) */
 #define DEV_IPC_CACHE 32  /* mapped user allocations per peer (LRU) */
 #define DEV_TEXT_MAX 1024 /* error texts */
+#define DEV_CE_STREAMS 8  /* copy-engine path: streams at most */
 
 /* Peers' allocations that a captured CUDA graph reads through (the direct path's buffers, mapped
  * at capture time): pinned in the IPC cache from the capture until CUDA lets go of the graph and
@@ -62,7 +64,8 @@ struct dev_state {
         CUdevice cudev;
         CUcontext ctx;
         CUmodule mod;
-        CUfunction fn, fn_lla[loomNumTypes][4]; /* loom_exchange; loom_lla_<dtype>_<op> */
+        CUfunction fn, fn_ce, fn_lla[loomNumTypes][4]; /* loom_exchange; loom_ce;
+                                                        * loom_lla_<dtype>_<op> */
     } drv;
     /* who is on this node and how the exchange is cut (rank 0's parameters hold for all) */
     struct dev_layout {
@@ -118,6 +121,19 @@ struct dev_state {
         } in[DEV_MAX_LOCAL][DEV_IPC_CACHE];
         dev_hold_t *holds; /* captured graphs' mappings, newest first */
     } ipc;
+    /* the copy-engine path (dev_ce.c): from `min` bytes (rank 0's value; 0: never), set up at
+     * its first call */
+    struct dev_ce {
+        uint64_t min;
+        bool ready, failed; /* set up; its setup failed (no second try) */
+        int nst, blocks;    /* streams; blocks of the reduction kernel */
+        size_t chunk_max;   /* largest piece of one peer's data in the scratch */
+        CUstream st[DEV_CE_STREAMS];
+        CUevent fork, copied[DEV_CE_STREAMS], reduced[2];
+        CUdeviceptr scratch; /* [2][n - 1][chunk_max]: pieces landed, double-buffered */
+        size_t scratch_bytes;
+        uint64_t calls;
+    } ce;
     /* registered windows (dev_win.c), in registration order; seq numbers them the same way on
      * every rank (registration is collective) */
     struct dev_wins {
@@ -188,6 +204,8 @@ void dev_set_reduction(dev_args_t *a, const dev_op_t *o, loomRedOp_t op);
 void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *len);
 loomResult_t dev_launch(dev_state_t *s, dev_args_t *a, CUstream st);
 loomResult_t dev_launch_direct(dev_state_t *s, dev_args_t *a, CUstream st, const char *path);
+loomResult_t dev_launch_grid(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads,
+                             CUstream st, const char *path);
 
 /* dev_ipc.c */
 bool dev_ipc_export(dev_state_t *s, const void *p, uint64_t *id, uint64_t *off, CUipcMemHandle *h);
@@ -213,6 +231,19 @@ loomResult_t dev_win_run(dev_state_t *s, const dev_op_t *o, CUstream st, bool la
 loomResult_t dev_win_find(dev_state_t *s, const void *p, size_t len, const char *what,
                           dev_win_t **w);
 void dev_win_free_all(dev_state_t *s);
+
+/* dev_ce.c */
+/* Whether a same-node call of kind with `total` bytes (its larger buffer) takes the copy engines
+ * (the same answer on every rank). */
+bool dev_ce_wanted(const dev_state_t *s, int kind, size_t total);
+/* Sets the path up at its first call; false (with a WARN) if it cannot be (its scratch does not
+ * fit on the GPU): then this rank's large calls stay on the SM paths, and so do all ranks'. */
+bool dev_ce_prepare(dev_state_t *s, const dev_op_t *o);
+/* Runs o on the copy engines (after dev_ce_prepare on every rank), the peers' buffers mapped
+ * here (psend[j], precv[j]; mine: NULL). */
+loomResult_t dev_ce_run(dev_state_t *s, const dev_op_t *o, CUstream st, const char *const *psend,
+                        char *const *precv);
+void dev_ce_free(dev_state_t *s);
 
 /* dev_stage.c */
 loomResult_t dev_stage_open(dev_state_t *s);

@@ -177,7 +177,9 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
                        bool pdl, const char *path)
 {
     void *params[] = {a};
-    CUfunction fn = a->mode == DEV_LLA ? s->drv.fn_lla[a->dtype][a->op] : s->drv.fn;
+    CUfunction fn = a->mode == DEV_LLA ? s->drv.fn_lla[a->dtype][a->op]
+                    : a->mode == DEV_MEET || a->mode == DEV_CE_REDUCE ? s->drv.fn_ce
+                                                                      : s->drv.fn;
     CUresult cr;
     if (pdl) {
         CUlaunchAttribute at;
@@ -209,6 +211,13 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
 loomResult_t dev_launch_direct(dev_state_t *s, dev_args_t *a, CUstream st, const char *path)
 {
     return go(s, a, (unsigned)s->lay.nblocks, (unsigned)s->lay.threads, st, false, path);
+}
+
+/* A launch of `grid` blocks of `threads` (the copy-engine path's meetings and reductions). */
+loomResult_t dev_launch_grid(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned threads,
+                             CUstream st, const char *path)
+{
+    return go(s, a, grid, threads, st, false, path);
 }
 
 /* The slot path: only the blocks whose lanes carry pieces. */
@@ -259,7 +268,7 @@ void dev_seg_of(size_t count, size_t es, int n, int j, size_t *start, size_t *le
 
 /* Same-node collectives: the plans of the exchange. */
 typedef struct {
-    int32_t ok, pad;
+    int32_t ok, ce_ok; /* buffers exportable; the copy-engine path set up (if wanted) */
     uint64_t sid, soff, rid, roff;
     uint64_t swin, rwin; /* buffer inside a mapped window: its seq + 1, *off the offset in it */
     CUipcMemHandle sh, rh;
@@ -301,11 +310,13 @@ static loomResult_t direct_import(dev_state_t *s, int j, uint64_t win, uint64_t 
     return loomSuccess;
 }
 
-/* A large allreduce or reduce-scatter reading the peers' inputs where they are (DEV_DIRECT).
+/* A large allreduce or reduce-scatter reading the peers' inputs where they are (DEV_DIRECT),
+ * or, from LOOM_CUDA_CE bytes, one of those or an allgather or broadcast on the copy engines
+ * (dev_ce.c) through the same mappings.
  * Every rank enters on the same conditions; what only a rank knows (its buffers exportable)
  * travels in the exchange, and all go direct only if all can. An allreduce writes each reduced
  * segment into every rank's output; a reduce-scatter's segment is the rank's own output, so
- * only the inputs are mapped.
+ * only the inputs are mapped (a broadcast's: only the root's).
  * Under capture (every rank captures its call, as it makes every call) the exchange happens
  * once, now, on the host; the kernel captured carries the peers' addresses, and the peers'
  * allocations stay mapped (pinned in the IPC cache) for as long as CUDA keeps the graph or an
@@ -328,15 +339,23 @@ static loomResult_t run_direct(dev_state_t *s, const dev_op_t *o, CUstream st, b
 static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream st, bool cap,
                                     bool *done)
 {
-    const bool rs = o->kind == OPK_REDUCESCATTER;
-    size_t es = red_type_size(o->type), S = o->count * es, total = rs ? S * (size_t)s->lay.n : S;
+    const bool rs = o->kind == OPK_REDUCESCATTER, ag = o->kind == OPK_ALLGATHER,
+               bc = o->kind == OPK_BROADCAST, reduces = !ag && !bc;
+    size_t es = red_type_size(o->type), S = o->count * es, n = (size_t)s->lay.n;
+    /* the larger buffer, and my input: every rank maps the others' inputs (a broadcast only the
+     * root's), and an allreduce the outputs too */
+    size_t total = rs || ag ? S * n : S, sendlen = rs ? S * n : S;
     *done = false;
+    if (reduces && base_premul_index(o->op) >= 0) return loomSuccess;
+    /* the copy engines for the largest (allgather and broadcast take no other direct path) */
+    bool ce = dev_ce_wanted(s, o->kind, total);
     /* a reduce-scatter moves half an allreduce's bytes for the same exchange of handles on the
      * host (tens of us): measured on 2 H200s, direct lost to NCCL at 4 MiB of input (0.6x) and
      * won from 64 MiB (1.3x), so it starts at four times the allreduce's size */
-    if (!s->ipc.direct_ok || total < (rs ? 4 : 1) * s->ipc.direct_min ||
-        base_premul_index(o->op) >= 0 || s->lay.n < 2)
-        return loomSuccess;
+    const bool direct =
+        reduces && s->ipc.direct_ok && total >= (rs ? 4 : 1) * s->ipc.direct_min && s->lay.n >= 2;
+    if (!ce && !direct) return loomSuccess;
+    const bool export_send = !bc || s->lay.me == o->root, want_recv = !rs && !ag && !bc;
     CUgraph graph = NULL;
     if (cap) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -348,15 +367,15 @@ static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream 
             cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
             graph = NULL; /* no graph to tie the mappings to: the slots, on every rank */
     }
-    direct_rec_t mine = {.ok = !cap || graph != NULL},
+    direct_rec_t mine = {.ok = !cap || graph != NULL, .ce_ok = ce && dev_ce_prepare(s, o)},
                  *all = calloc((size_t)s->h->nranks, sizeof(*all));
     if (all == NULL) return base_error(loomSystemError, LOG_CUDA, "out of memory");
     loomResult_t xres = loomSuccess;
     if (mine.ok)
-        mine.ok =
-            direct_export(s, o->send, total, &mine.swin, &mine.sid, &mine.soff, &mine.sh, &xres) &&
-            (rs ||
-             direct_export(s, o->recv, S, &mine.rwin, &mine.rid, &mine.roff, &mine.rh, &xres));
+        mine.ok = (!export_send || direct_export(s, o->send, sendlen, &mine.swin, &mine.sid,
+                                                 &mine.soff, &mine.sh, &xres)) &&
+                  (!want_recv || direct_export(s, o->recv, S, &mine.rwin, &mine.rid, &mine.roff,
+                                               &mine.rh, &xres));
     if (xres != loomSuccess) {
         free(all);
         return xres;
@@ -365,30 +384,35 @@ static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream 
     void *rp = all;
     loomResult_t res = s->h->allgather(&s->h, &sp, &rp, sizeof(mine), 1);
     bool ok = res == loomSuccess;
-    for (int j = 0; j < s->lay.n && ok; j++)
+    for (int j = 0; j < s->lay.n && ok; j++) {
         ok = all[s->lay.lrank[j]].ok;
+        ce = ce && all[s->lay.lrank[j]].ce_ok;
+    }
+    /* a rank without the copy engines: the direct kernel where it applies, else the slots */
+    if (!ce && !direct) ok = false;
     dev_args_t a;
     /* under capture: the handles opened for the graph, held until it is gone */
     struct dev_hold_pin pins[2 * DEV_MAX_LOCAL];
     int npin = 0;
     if (ok) {
+        /* (the copy-engine path takes the peers' addresses from here, and launches its own) */
         dev_args_init(s, &a, DEV_DIRECT, o->kind, o->send, o->recv);
         dev_set_reduction(&a, o, o->op);
         a.direct_fanout = !rs;
         for (int j = 0; j < s->lay.n && res == loomSuccess; j++) {
-            if (j == s->lay.me) continue;
+            if (j == s->lay.me || (bc && j != o->root)) continue;
             const direct_rec_t *r = &all[s->lay.lrank[j]];
             CUdeviceptr sp = 0, rp = 0;
             res = direct_import(s, j, r->swin, r->sid, r->soff, &r->sh, cap, &sp);
             if (res == loomSuccess && cap && !r->swin)
                 pins[npin++] = (struct dev_hold_pin){j, r->sid};
-            if (res == loomSuccess && !rs) {
+            if (res == loomSuccess && want_recv) {
                 res = direct_import(s, j, r->rwin, r->rid, r->roff, &r->rh, cap, &rp);
                 if (res == loomSuccess && cap && !r->rwin)
                     pins[npin++] = (struct dev_hold_pin){j, r->rid};
             }
             a.peer_send[j] = (const char *)(uintptr_t)sp;
-            a.peer_recv[j] = rs ? NULL : (char *)(uintptr_t)rp;
+            a.peer_recv[j] = want_recv ? (char *)(uintptr_t)rp : NULL;
         }
     }
     free(all);
@@ -400,6 +424,11 @@ static loomResult_t direct_exchange(dev_state_t *s, const dev_op_t *o, CUstream 
     if (!ok) return loomSuccess;
     /* (a buffer in a window is the window's to keep mapped: deregistering it ends the replays) */
     if (cap && npin) LOOM_CHECK(dev_ipc_hold(s, graph, a.seq, pins, npin));
+    if (ce) {
+        LOOM_CHECK(dev_ce_run(s, o, st, a.peer_send, a.peer_recv));
+        *done = true;
+        return loomSuccess;
+    }
     if (rs) {
         a.self_src = (size_t)s->lay.me * S;
         a.self_dst = 0;
@@ -497,6 +526,9 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
     }
     case OPK_BROADCAST: {
         int root = o->root; /* same node: communicator rank = local index */
+        bool done = false;
+        LOOM_CHECK(run_direct(s, o, st, cap, &done)); /* the copy engines, if that large */
+        if (done) return loomSuccess;
         dev_args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
         if (me == root) {
             for (int j = 0; j < n; j++)
@@ -520,13 +552,17 @@ static loomResult_t run_local(dev_state_t *s, const dev_op_t *o, CUstream st, bo
         }
         return dev_launch(s, &a, st);
     }
-    case OPK_ALLGATHER:
+    case OPK_ALLGATHER: {
+        bool done = false;
+        LOOM_CHECK(run_direct(s, o, st, cap, &done)); /* the copy engines, if that large */
+        if (done) return loomSuccess;
         dev_args_init(s, &a, DEV_COPY, o->kind, o->send, o->recv);
         for (int j = 0; j < n; j++)
             if (j != me) a.io[j] = (dev_io_t){0, S, (size_t)j * S, S};
         a.self_dst = (size_t)me * S;
         a.self_len = S;
         return dev_launch(s, &a, st);
+    }
     case OPK_REDUCESCATTER: {
         if (S > 0 && (uint64_t)S * (uint64_t)(n - 1) <= s->lla.max) return run_lla(s, o, st, cap);
         bool done = false;

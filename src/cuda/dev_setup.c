@@ -35,7 +35,7 @@ typedef struct {
     cuda_export_t exp;
     uint8_t uuid[16];
     int32_t dev, nblocks;
-    uint64_t slot, oneshot, lla_max;
+    uint64_t slot, oneshot, lla_max, ce_min;
     int32_t pid, nslot, threads, push_threads;
 } dev_rec_t;
 
@@ -80,6 +80,7 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     CUcontext prev = dev_ctx_enter(s);
     cr = d->cuModuleLoadData(&s->drv.mod, loom_kernels_fatbin);
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->drv.fn, s->drv.mod, "loom_exchange");
+    if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->drv.fn_ce, s->drv.mod, "loom_ce");
     for (int t = 0; t < loomNumTypes && cr == CUDA_SUCCESS; t++)
         for (int o = 0; o < 4 && cr == CUDA_SUCCESS; o++) {
             char name[32];
@@ -120,6 +121,7 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     m->nblocks = (int32_t)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_CUDA_BLOCKS), DEV_MAX_BLOCKS));
     m->slot = LOOM_MAX(DEV_MIN_PIECE, LOOM_MIN(param_size(PARAM_CUDA_SLOT), 16ull << 20)) & ~15ull;
     m->oneshot = param_size(PARAM_CUDA_ONESHOT);
+    m->ce_min = param_size(PARAM_CUDA_CE);
     m->lla_max = LOOM_MIN(param_size(PARAM_CUDA_LL), 64ull << 20);
     m->nslot = (int32_t)LOOM_MAX(2, LOOM_MIN(param_int(PARAM_CUDA_NSLOT), 16));
     m->threads =
@@ -143,6 +145,7 @@ static loomResult_t setup_region(setup_t *u)
     s->lay.nblocks = all[0].nblocks;
     s->lay.slot = all[0].slot;
     s->lay.oneshot = all[0].oneshot;
+    s->ce.min = all[0].ce_min;
     s->lla.max = s->lay.n > 1 ? all[0].lla_max : 0;
     s->lla.cap = (s->lla.max / (uint64_t)LOOM_MAX(1, s->lay.n - 1) + 7) / 8;
     if (s->lla.cap == 0) s->lla.max = 0;
@@ -334,6 +337,7 @@ void dev_free(dev_host_t *h)
     dev_watch_detach(s);
     if (s->stg.staged) h->stage_close(h);
     dev_win_free_all(s);
+    dev_ce_free(s);
     dev_ipc_close_all(s);
     for (int j = 0; j < DEV_MAX_LOCAL; j++) {
         if (s->xg.mem[j].mapped || s->xg.mem[j].fd > 0) cuda_tp_release(d, &s->xg.mem[j]);

@@ -560,6 +560,43 @@ static __device__ __forceinline__ void recv_half(const dev_args_t &a, xshared &s
             rstep[j * DEV_MAX_BLOCKS + b] = rs[j];
 }
 
+/* Lane b's arrival at direct operation s: tell every peer, wait for every peer (thread 0). */
+static __device__ void direct_arrive(const dev_args_t &a, xshared &sh, int b, u64 s)
+{
+    const int n = a.n, me = a.me;
+    char *mine = a.region[me];
+    for (int j = 0; j < n; j++)
+        if (j != me) st_release((u64 *)(a.region[j] + DEV_OFF_ARRIVE) + me * DEV_MAX_BLOCKS + b, s);
+    for (int j = 0; j < n; j++)
+        if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_ARRIVE) + j * DEV_MAX_BLOCKS + b, s, a, j,
+                                 DEV_WAIT_DATA))
+            sh.fail = 1;
+}
+
+/* DEV_MEET: see kernels.h. */
+static __device__ void direct_meet(const dev_args_t &a, xshared &sh)
+{
+    const int b = blockIdx.x;
+    u64 *dstep = (u64 *)(a.region[a.me] + DEV_OFF_DSTEP);
+    if (threadIdx.x != 0) return;
+    const u64 s = dstep[b] + 1;
+    direct_arrive(a, sh, b, s);
+    if (!sh.fail) dstep[b] = s;
+}
+
+/* DEV_CE_REDUCE: see kernels.h. */
+static __device__ void ce_reduce(const dev_args_t &a, xshared &sh)
+{
+    const int b = blockIdx.x, t = threadIdx.x, nt = blockDim.x, n = a.n, me = a.me;
+    u64 len = a.self_len, ch = ((len + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
+    u64 pos = (u64)b * ch;
+    if (pos >= len) return;
+    u64 plen = len - pos < ch ? len - pos : ch;
+    if (t < n) sh.srcs[t] = (t == me ? a.send + a.self_src : a.peer_send[t]) + pos;
+    __syncthreads();
+    reduce_any(a.recv + a.self_dst + pos, sh.srcs, n, -1, plen, a, a.avg ? n : 0, t, nt);
+}
+
 /* DEV_DIRECT: see kernels.h. */
 static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
 {
@@ -567,15 +604,7 @@ static __device__ void direct_allreduce(const dev_args_t &a, xshared &sh)
     char *mine = a.region[me];
     u64 *dstep = (u64 *)(mine + DEV_OFF_DSTEP);
     const u64 s = dstep[b] + 1;
-    if (t == 0) {
-        for (int j = 0; j < n; j++)
-            if (j != me)
-                st_release((u64 *)(a.region[j] + DEV_OFF_ARRIVE) + me * DEV_MAX_BLOCKS + b, s);
-        for (int j = 0; j < n; j++)
-            if (j != me && !wait_geq((u64 *)(mine + DEV_OFF_ARRIVE) + j * DEV_MAX_BLOCKS + b, s, a,
-                                     j, DEV_WAIT_DATA))
-                sh.fail = 1;
-    }
+    if (t == 0) direct_arrive(a, sh, b, s);
     __syncthreads();
     if (sh.fail) return;
     u64 len = a.self_len, ch = ((len + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
@@ -850,6 +879,21 @@ extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
         recv_half(a, sh, rounds, t - np, (int)blockDim.x - np);
     /* a failed half must not leave the other waiting at a barrier: both only wait at their
      * own barrier, and the waits see sh.fail or the abort word */
+}
+
+/* The copy-engine path's meetings and reductions (DEV_MEET, DEV_CE_REDUCE): an entry of their
+ * own, so that loom_exchange's registers stay as they are. */
+extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS, 1)
+    loom_ce(const __grid_constant__ dev_args_t a)
+{
+    __shared__ xshared sh;
+    if (a.empty) return;
+    if (threadIdx.x == 0) sh.fail = 0;
+    __syncthreads();
+    if (a.mode == DEV_MEET)
+        direct_meet(a, sh);
+    else
+        ce_reduce(a, sh);
 }
 
 /* DEV_LLA's own entries (below): the latency path gets registers of its own (loom_exchange's

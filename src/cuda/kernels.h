@@ -26,13 +26,22 @@
 #define DEV_MIN_PIECE 4096ull
 #define DEV_MAX_THREADS 512 /* threads per block: half push, half receive */
 
-enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3 };
+enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_DIRECT = 2, DEV_LLA = 3, DEV_MEET = 4, DEV_CE_REDUCE = 5 };
 /* DEV_DIRECT (allreduce, two-shot, no slots): every rank maps the others' send and receive
  * buffers (CUDA IPC, cached by allocation), reads segment `me` of every input straight from the
  * peers, reduces it, and writes the result into every rank's receive buffer (a reduce-scatter:
  * into its own only, so only the inputs are mapped). Blocks meet their
  * peers' blocks twice: on arrival (the inputs are ready) and when done (nobody still reads my
  * input or writes my output). Local memory sees each byte about once. */
+/* The copy-engine path (src/cuda/dev_ce.c) moves data with cuMemcpyAsync between mapped
+ * buffers; the kernel only meets the peers and reduces what landed:
+ * DEV_MEET (one block, lane 0): the arrival half of DEV_DIRECT's meeting, as a step of its own
+ * (the lane's direct-operation count advances): when it ends, every peer's stream reached the
+ * same meeting, so what each did before it (inputs written, pieces reduced, copies out of my
+ * buffers finished) is done.
+ * DEV_CE_REDUCE (a few blocks, no meeting): recv + self_dst = the reduction, in rank order, of
+ * send + self_src (mine) and peer_send[j] (rank j's piece, already copied into my scratch), over
+ * self_len bytes. */
 /* DEV_LLA (allreduce of small and medium messages, one shot; reduce-scatter alike, with rank
  * j's segment going to rank j): every thread owns 8-byte chunks of the buffer; it pushes each
  * (premultiplied if asked) to every peer as one 16-byte

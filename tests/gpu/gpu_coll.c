@@ -36,6 +36,9 @@
  *              an eager call between replays; 40 graphs of direct calls on fresh allocations,
  *              each destroyed (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
  *              tests/gpu/graphs.sh runs it)
+ *   ce         the copy-engine path (2 ranks; tests/gpu/copyengine.sh runs it with
+ * LOOM_CUDA_CE=1M): allreduce of 6 types x sum/max/avg, reduce-scatter, allgather, broadcast (every
+ *              root) on plain buffers, in and out of place, at several view offsets
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path) and once at 4 KiB (latency path)
@@ -1722,7 +1725,7 @@ static void win_case(ctx_t *c, reg_t *A, reg_t *B, int kind, int t, size_t count
     static const char *kn[4] = {"allreduce", "reducescatter", "allgather", "broadcast"};
     uint64_t salt = mix(0x3131ull ^ ((uint64_t)kind << 40) ^ ((uint64_t)t << 32) ^ count ^
                         ((uint64_t)root << 48) ^ ((uint64_t)ip << 56));
-    case_begin(c, n, "win %s %s %s n=%zu%s %s", tag, kn[kind], TN[t], count,
+    case_begin(c, n, "%s %s %s n=%zu%s %s", tag, kn[kind], TN[t], count,
                kind == 3 ? (root ? " root=1" : " root=0") : "", ip ? "inplace" : "outofplace");
     size_t sbytes = kind == 1 ? nb : bytes, rbytes = kind == 2 ? nb : bytes;
     if (kind <= 1) {
@@ -1799,7 +1802,8 @@ static void grp_win(ctx_t *c)
                     for (int root = 0; root < (kind == 3 ? n : 1); root++) {
                         size_t count = win_counts[ci];
                         if (kind != 0 && count > 1048579) continue; /* n x the size: enough */
-                        win_case(c, &A, &B, kind, wtypes[ti], count, ip, root, 0, 0, "sym", h1, e1);
+                        win_case(c, &A, &B, kind, wtypes[ti], count, ip, root, 0, 0, "win sym", h1,
+                                 e1);
                     }
 
     /* calls on symmetric windows need no exchange on the host: captured in a CUDA graph, they
@@ -1912,7 +1916,7 @@ static void grp_win(ctx_t *c)
                  "not a window registered", "second deregister of a window");
     }
     case_end(c);
-    win_case(c, &A, &B, 0, F32, 1048579, false, 0, 0, 0, "after the errors,", h1, e1);
+    win_case(c, &A, &B, 0, F32, 1048579, false, 0, 0, 0, "win after the errors,", h1, e1);
 
     /* deregistration waits for the calls queued on the window: 8 allreduces on two streams,
      * deregister, then overwrite the input at once (the legacy stream, not ordered after them) */
@@ -1955,8 +1959,8 @@ static void grp_win(ctx_t *c)
         for (size_t ci = 0; ci < NWC; ci++)
             for (int ip = 0; ip < 2; ip++)
                 win_case(c, &A, &B, 0, wtypes[ti], win_counts[ci], ip, 0, 512 + (size_t)me * 64,
-                         (size_t)me * 128, "nonsym", h1, e1);
-    win_case(c, &A, &B, 1, F32, 1048579, false, 0, 512 + (size_t)me * 64, 0, "nonsym", h1, e1);
+                         (size_t)me * 128, "win nonsym", h1, e1);
+    win_case(c, &A, &B, 1, F32, 1048579, false, 0, 512 + (size_t)me * 64, 0, "win nonsym", h1, e1);
     case_begin(c, n, "win: deregister the non-symmetric windows");
     win_dereg(c, &wa);
     win_dereg(c, &wb);
@@ -2536,6 +2540,61 @@ static void grp_kill(ctx_t *c)
     _exit(0);
 }
 
+/* ---- the copy-engine path ---------------------------------------------------------------- */
+
+/* Run with the path's threshold lowered (tests/gpu/copyengine.sh: LOOM_CUDA_CE=1M and a scratch
+ * of 2 MiB, so that every segment is cut into pieces of 1 MiB and both halves of the scratch are
+ * reused): allreduce of six types and three ops, reduce-scatter, allgather and broadcast (every
+ * root) on plain buffers at views of several offsets, in and out of place, checked bit for bit
+ * (the same reduction order as the SM paths). Sizes below the threshold run on the SM paths in
+ * the same job, so both paths alternate on one communicator. */
+static void grp_ce(ctx_t *c)
+{
+    int n = c->nranks, me = c->rank;
+    static const size_t counts[] = {262147, 1048579, 4194307};
+    static const int types[] = {F32, BF16, F16, I32, F8E4, F64};
+    static const int ops[] = {K_SUM, K_MAX, K_AVG};
+    const size_t ncounts = sizeof(counts) / sizeof(counts[0]);
+    size_t cap = (size_t)n * counts[ncounts - 1] * 8 + 2 * GUARD + 8192;
+    reg_t A, B;
+    reg_alloc(c, &A, cap);
+    reg_alloc(c, &B, cap);
+    uint8_t *h1 = halloc(c, cap), *e1 = halloc(c, cap);
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+        for (size_t oi = 0; oi < sizeof(ops) / sizeof(ops[0]); oi++)
+            for (size_t ci = 0; ci < ncounts; ci++) {
+                int t = types[ti], o = ops[oi];
+                size_t count = counts[ci];
+                uint64_t salt = mix(0xce00ull ^ ((uint64_t)t << 40) ^ ((uint64_t)o << 32) ^ count);
+                gen_fill(o, t, salt, me, n, 0, count, h1);
+                ref_fill(o, o, t, salt, n, 0, count, e1);
+                for (int ip = 0; ip < 2; ip++)
+                    ar_run(c, &A, &B, t, ON[o], (loomRedOp_t)o, count, ip, h1, e1,
+                           " (copy engines from 1 MiB)");
+            }
+    static const int wtypes[2] = {F32, BF16};
+    for (int kind = 1; kind < 4; kind++)
+        for (int ti = 0; ti < 2; ti++)
+            for (size_t ci = 0; ci < 2; ci++)
+                for (int ip = 0; ip < 2; ip++)
+                    for (int root = 0; root < (kind == 3 ? n : 1); root++) {
+                        /* views at 16-byte and odd 4-byte offsets, different on each rank */
+                        size_t soff = ip ? 0 : 16 * (size_t)me + 4 * ci,
+                               roff = ip ? 0 : 32 + 4 * (size_t)(ti + me);
+                        win_case(c, &A, &B, kind, wtypes[ti], counts[ci + 1], ip, root, soff, roff,
+                                 "ce", h1, e1);
+                    }
+    /* an allreduce of the largest size right after a small one and before a broadcast: the
+     * paths' counters stay in step */
+    win_case(c, &A, &B, 0, F32, 7, false, 0, 0, 0, "ce then small", h1, e1);
+    win_case(c, &A, &B, 0, F32, counts[ncounts - 1], true, 0, 0, 0, "ce after small", h1, e1);
+    win_case(c, &A, &B, 3, I32, counts[1], false, n - 1, 0, 0, "ce after large", h1, e1);
+    free(h1);
+    free(e1);
+    reg_free(c, &A);
+    reg_free(c, &B);
+}
+
 /* ---- groups and the parent ------------------------------------------------------------ */
 
 enum { M_ALL, M_SINGLE, M_SAMEGPU, M_TWO, M_WIN };
@@ -2563,6 +2622,9 @@ static const group_t groups[] = {
     {"win", grp_win, M_WIN, 1, 420, 1,
      "registered windows: 4 collectives on them, misuse, deregistration order (2 ranks; on one "
      "GPU with LOOM_CUDA_SHARE_GPU=1)"},
+    {"ce", grp_ce, M_WIN, 1, 420, 1,
+     "the copy-engine path: allreduce (6 types, 3 ops), reduce-scatter, allgather, broadcast on "
+     "plain buffers (2 ranks; run with LOOM_CUDA_CE=1M as tests/gpu/copyengine.sh does)"},
     {"graphs", grp_graphs, M_WIN, 1, 420, 1,
      "every same-node path captured in one CUDA graph, 100 replays; graphs' mappings let go (2 "
      "ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
