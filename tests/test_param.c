@@ -7,9 +7,11 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base.h"
@@ -278,6 +280,63 @@ START_TEST(test_table_defaults_in_range)
 }
 END_TEST
 
+/* Ranks logging into one file (mpirun's stderr, a test's log) never split each other's lines:
+ * 4 processes each write 300 long WARN lines to the same open file at once, their stderr
+ * buffered in 100-byte pieces (as a program may set it, and as the GPU machine's runs showed
+ * stdio splitting a line): each line must come out whole. */
+START_TEST(test_log_lines_whole)
+{
+    enum { NPROC = 4, NLINE = 300, LEN = 1200 };
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    pid_t pids[NPROC];
+    for (int p = 0; p < NPROC; p++) {
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            static char sbuf[100];
+            setvbuf(stderr, sbuf, _IOFBF, sizeof(sbuf));
+            char body[LEN + 1];
+            memset(body, 'a' + p, LEN);
+            body[LEN] = 0;
+            for (int i = 0; i < NLINE; i++)
+                WARN(LOG_INIT, "<%d %s %d>", p, body, p);
+            _exit(0);
+        }
+    }
+    for (int p = 0; p < NPROC; p++) {
+        int st = 0;
+        waitpid(pids[p], &st, 0);
+        ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(f);
+    static char line[4 * LEN];
+    int count[NPROC] = {0}, bad = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *lt = strchr(line, '<');
+        int p = lt && lt[1] >= '0' && lt[1] < '0' + NPROC ? lt[1] - '0' : -1;
+        char want[16];
+        snprintf(want, sizeof(want), " %d>\n", p);
+        size_t n = strlen(line);
+        bool whole = p >= 0 && n > LEN + 8 && !strcmp(line + n - strlen(want), want) &&
+                     strspn(lt + 3, (char[]){(char)('a' + p), 0}) == LEN;
+        if (whole)
+            count[p]++;
+        else
+            bad++;
+    }
+    fclose(f);
+    ck_assert_msg(bad == 0, "%d log lines were split or mixed", bad);
+    for (int p = 0; p < NPROC; p++)
+        ck_assert_msg(count[p] == NLINE, "process %d: %d of %d lines whole", p, count[p], NLINE);
+}
+END_TEST
+
 static Suite *param_suite(void)
 {
     Suite *s = suite_create("param");
@@ -291,6 +350,7 @@ static Suite *param_suite(void)
         {.name = "debug_names", .test = test_debug_names},
         {.name = "names_any_case", .test = test_names_any_case},
         {.name = "table_defaults", .test = test_table_defaults_in_range},
+        {.name = "log_lines_whole", .test = test_log_lines_whole},
     };
     h_add_cases(s, tests, sizeof(tests) / sizeof(tests[0]), 60);
     return s;

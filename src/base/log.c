@@ -158,7 +158,19 @@ void log_write(log_level_t level, log_subsys_t subsys, const char *file, int lin
         size_t n = strlen(msg);
         snprintf(msg + n, sizeof(msg) - n, " [%s:%d]", file, line);
     }
+    /* one write(2) per line: ranks sharing a file or a pipe (mpirun's, a test's) never split
+     * each other's lines (stderr's stdio wrote a long line in pieces) */
+    size_t n = strnlen(msg, sizeof(msg) - 2);
+    msg[n++] = '\n';
+    FILE *f = log_file ? log_file : stderr;
     pthread_mutex_lock(&log_lock);
-    fprintf(log_file ? log_file : stderr, "%s\n", msg);
+    fflush(f);
+    int fd = fileno(f);
+    for (size_t done = 0; fd >= 0 && done < n;) {
+        ssize_t w = write(fd, msg + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
     pthread_mutex_unlock(&log_lock);
 }

@@ -219,7 +219,8 @@ static loomResult_t ce_reduce_seg(ce_phase_t *p, const char *const *psend, size_
         for (int j = 0, k = 0; j < n; j++) {
             if (j == me) continue;
             const int q = (int)((ci * (size_t)(n - 1) + (size_t)k) % (size_t)nst);
-            CUdeviceptr slot = c->scratch + ((size_t)buf * (size_t)(n - 1) + (size_t)k) * c->chunk_max;
+            CUdeviceptr slot =
+                c->scratch + ((size_t)buf * (size_t)(n - 1) + (size_t)k) * c->chunk_max;
             CUstream sq = NULL;
             LOOM_CHECK(ce_stream(p, q, &sq));
             /* the slot's last reduction (two pieces ago) is done before it is written again */
@@ -264,7 +265,8 @@ loomResult_t dev_ce_run(dev_state_t *s, const dev_op_t *o, CUstream st, const ch
     s->ce.calls++;
     const int n = s->lay.n, me = s->lay.me;
     const size_t es = red_type_size(o->type), S = o->count * es;
-    const CUdeviceptr send = (CUdeviceptr)(uintptr_t)o->send, recv = (CUdeviceptr)(uintptr_t)o->recv;
+    const CUdeviceptr send = (CUdeviceptr)(uintptr_t)o->send,
+                      recv = (CUdeviceptr)(uintptr_t)o->recv;
     ce_phase_t p = {.s = s, .o = o, .st = st};
     CUdeviceptr dst[DEV_MAX_LOCAL], src[DEV_MAX_LOCAL];
     size_t len[DEV_MAX_LOCAL];
@@ -286,9 +288,7 @@ loomResult_t dev_ce_run(dev_state_t *s, const dev_op_t *o, CUstream st, const ch
         LOOM_CHECK(ce_copies(&p, k, dst, src, len));
         break;
     }
-    case OPK_REDUCESCATTER:
-        LOOM_CHECK(ce_reduce_seg(&p, psend, (size_t)me * S, 0, S));
-        break;
+    case OPK_REDUCESCATTER: LOOM_CHECK(ce_reduce_seg(&p, psend, (size_t)me * S, 0, S)); break;
     case OPK_ALLGATHER:
         for (int j = 0; j < n; j++) {
             if (j == me && send == recv + (size_t)me * S) continue; /* in place */

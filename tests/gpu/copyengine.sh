@@ -32,7 +32,7 @@ for g in ce graphs win; do
     "${ce[@]}" LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=CUDA timeout -k 10 420 "$coll" --only "$g" \
         >"$log" 2>&1
     rc=$?
-    seen=$(grep -c "copy-engine path (from 1048576 bytes)" "$log")
+    seen=$(grep -o "copy-engine path (from 1048576 bytes)" "$log" | wc -l)
     if [ $rc -eq 0 ] && [ "$seen" -ge 2 ]; then
         echo "ok   copyengine gpu_coll $g: $(grep -E '^[0-9]+ passed' "$log" | tail -1) (path set up on $seen ranks)"
     else
