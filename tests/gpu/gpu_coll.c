@@ -28,11 +28,11 @@
  *   samegpu    two ranks of one communicator on GPU 0 must get loomInvalidUsage
  *   win        registered windows (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
  *              tests/gpu/windows.sh runs it): allreduce, reduce-scatter, allgather, broadcast on
- *              symmetric windows (float32/bfloat16, in/out of place, 4 B to 16 MiB), misuse
- *              refused, deregistration after queued calls, non-symmetric windows, window calls
- *              captured in a graph and replayed, windows on VMM memory (plain paths)
- *   graphs     every same-node path (latency path, slots, direct, p2p, symmetric and plain
- *              windows) captured in one CUDA graph and replayed 100 times with fresh inputs,
+ *              symmetric windows (float32/bfloat16, in/out of place, 4 B to 16 MiB), windows
+ *              of a split communicator beside the parent's, misuse refused, deregistration after
+ * queued calls, non-symmetric windows, window calls captured in a graph and replayed, windows on
+ * VMM memory (plain paths) graphs     every same-node path (latency path, slots, direct, p2p,
+ * symmetric and plain windows) captured in one CUDA graph and replayed 100 times with fresh inputs,
  *              an eager call between replays; 40 graphs of direct calls on fresh allocations,
  *              each destroyed (2 ranks; on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
  *              tests/gpu/graphs.sh runs it)
@@ -41,7 +41,8 @@
  *              root) on plain buffers, in and out of place, at several view offsets
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
- *              4 MiB (direct path) and once at 4 KiB (latency path)
+ *              4 MiB (direct path), once at 4 KiB (latency path) and once at 4 MiB with both
+ *              buffers in symmetric windows (the peer dies with its windows mapped)
  *
  * Exit: 0 all passed, 1 some failed, 77 skipped (no GPU, or nothing selected could run).
  */
@@ -1806,6 +1807,46 @@ static void grp_win(ctx_t *c)
                                  e1);
                     }
 
+    /* windows of a communicator split from this one, on allocations of their own, while this
+     * one's stay registered; then this one's again once the split one is gone */
+    {
+        loomComm_t parent = c->comm, sub = NULL;
+        size_t cap2 = (size_t)n * 1048579 * 4 + 2 * GUARD + 8192;
+        reg_t A2, B2;
+        reg_alloc(c, &A2, cap2);
+        reg_alloc(c, &B2, cap2);
+        loomWindow_t sa = NULL, sb = NULL;
+        case_begin(c, n, "win: loomCommSplit; symmetric windows on the new communicator");
+        if (lok(c, loomCommSplit(parent, 0, me, &sub, NULL), parent, "loomCommSplit")) {
+            c->comm = sub;
+            win_reg(c, A2.base, cap2, LOOM_WIN_COLL_SYMMETRIC, &sa);
+            win_reg(c, B2.base, cap2, LOOM_WIN_COLL_SYMMETRIC, &sb);
+        }
+        bool split_ok = case_end(c);
+        if (split_ok) {
+            for (int kind = 0; kind < 4; kind++)
+                for (int ip = 0; ip < 2; ip++)
+                    win_case(c, &A2, &B2, kind, F32, kind == 0 ? 1048579 : 65537, ip, n - 1, 0, 0,
+                             "win split", h1, e1);
+            c->comm = parent; /* the parent's windows between the split one's calls */
+            win_case(c, &A, &B, 0, BF16, 65537, false, 0, 0, 0, "win parent beside split,", h1, e1);
+            c->comm = sub;
+            win_case(c, &A2, &B2, 0, BF16, 4099, true, 0, 0, 0, "win split again,", h1, e1);
+        }
+        case_begin(c, n, "win: deregister the split communicator's windows; destroy it");
+        if (sub) {
+            c->comm = sub;
+            win_dereg(c, &sa);
+            win_dereg(c, &sb);
+            lok(c, loomCommDestroy(sub), NULL, "loomCommDestroy (split)");
+        }
+        c->comm = parent;
+        case_end(c);
+        win_case(c, &A, &B, 0, F32, 1048579, true, 0, 0, 0, "win parent after split,", h1, e1);
+        reg_free(c, &A2);
+        reg_free(c, &B2);
+    }
+
     /* calls on symmetric windows need no exchange on the host: captured in a CUDA graph, they
      * replay with new inputs (a one-shot allreduce out of place, a two-shot one in place) */
     case_begin(c, n,
@@ -2443,6 +2484,7 @@ static bool names_rank1(const char *s)
  * direct path, reading the peer's buffers) and at 4 KiB (the latency path, waiting on
  * low-latency words), each in a fresh exec. */
 static size_t kill_count = 1048576;
+static bool kill_win; /* --kill-win: both buffers inside registered symmetric windows */
 
 static void grp_kill(ctx_t *c)
 {
@@ -2452,7 +2494,16 @@ static void grp_kill(ctx_t *c)
     reg_alloc(c, &A, bytes + 2 * GUARD);
     reg_alloc(c, &B, bytes + 2 * GUARD);
     uint8_t *h = halloc(c, bytes), *e = halloc(c, bytes);
-    case_begin(c, 2, "kill: 5 allreduces (float sum n=%zu) before rank 1 is killed", cnt);
+    loomWindow_t wa = NULL, wb = NULL;
+    if (kill_win) { /* the peer dies with its windows mapped here (left registered: broken) */
+        case_begin(c, 2, "kill: symmetric windows over both buffers (%zu bytes each)",
+                   bytes + 2 * GUARD);
+        win_reg(c, A.base, bytes + 2 * GUARD, LOOM_WIN_COLL_SYMMETRIC, &wa);
+        win_reg(c, B.base, bytes + 2 * GUARD, LOOM_WIN_COLL_SYMMETRIC, &wb);
+        case_end(c);
+    }
+    case_begin(c, 2, "kill: 5 allreduces (float sum n=%zu%s) before rank 1 is killed", cnt,
+               kill_win ? ", in windows" : "");
     for (int k = 0; k < 5; k++) {
         uint64_t salt = mix(0x4b1ull + (uint64_t)k);
         gen_fill(K_SUM, F32, salt, c->rank, 2, 0, cnt, h);
@@ -2820,7 +2871,7 @@ static void run_group(const group_t *g, int ngpu)
 
 /* The kill group runs in a fresh exec of this program, with LOOM_TIMEOUT=5 in its environment:
  * loom reads its parameters once per process, and this one has read them already. */
-static void run_kill_reexec(int ngpu, size_t count)
+static void run_kill_reexec(int ngpu, size_t count, bool win)
 {
     int fd[2];
     if (pipe(fd) != 0) {
@@ -2839,8 +2890,18 @@ static void run_kill_reexec(int ngpu, size_t count)
         snprintf(fdarg, sizeof(fdarg), "%d", fd[1]);
         snprintf(ng, sizeof(ng), "%d", ngpu);
         snprintf(kc, sizeof(kc), "%zu", count);
-        char *args[] = {"gpu_coll", "--only",       "kill", "--report-fd",         fdarg, "--ngpus",
-                        ng,         "--kill-count", kc,     verbose ? "-v" : NULL, NULL};
+        char *args[] = {"gpu_coll",
+                        "--only",
+                        "kill",
+                        "--report-fd",
+                        fdarg,
+                        "--ngpus",
+                        ng,
+                        "--kill-count",
+                        kc,
+                        win ? "--kill-win" : "-q",
+                        verbose ? "-v" : NULL,
+                        NULL};
         execv("/proc/self/exe", args);
         printf("FAIL kill: exec /proc/self/exe: %s\n", strerror(errno));
         fflush(stdout);
@@ -2989,6 +3050,10 @@ int main(int argc, char **argv)
             maxgpu = atoi(argv[++i]);
         } else if (v && !strcmp(a, "--report-fd")) {
             report_fd = atoi(argv[++i]);
+        } else if (!strcmp(a, "--kill-win")) {
+            kill_win = true;
+        } else if (!strcmp(a, "-q")) {
+            /* (a placeholder argument of the kill group's re-exec) */
         } else if (v && !strcmp(a, "--kill-count")) {
             kill_count = (size_t)strtoull(argv[++i], NULL, 10);
             if (kill_count == 0) kill_count = 1;
@@ -3053,8 +3118,9 @@ int main(int argc, char **argv)
             continue;
         }
         if (!strcmp(g->name, "kill") && report_fd < 0) {
-            run_kill_reexec(ngpu, 1048576); /* 4 MiB: the direct path */
-            run_kill_reexec(ngpu, 1024);    /* 4 KiB: the latency path */
+            run_kill_reexec(ngpu, 1048576, false); /* 4 MiB: the direct path */
+            run_kill_reexec(ngpu, 1024, false);    /* 4 KiB: the latency path */
+            run_kill_reexec(ngpu, 1048576, true);  /* 4 MiB in windows mapped by the peer */
         } else
             run_group(g, ngpu);
     }
