@@ -147,6 +147,11 @@ static const param_desc_t params[PARAM_COUNT] = {
                               "take turns, so every exchange waits for a time slice: slow); "
                               "otherwise that is loomInvalidUsage",
                               NUM(0, 1, CLAMP)},
+    [PARAM_SHM_READ_STALL_MS] = {"SHM_READ_STALL_MS", PARAM_T_INT, "0", "ms",
+                                 "testing only: a shared-memory receive of a large message waits "
+                                 "this long between its look at the sender's withdrawal word and "
+                                 "its read (what a rank stopped there does)",
+                                 NUM(0, 60000, CLAMP)},
     [PARAM_CUDA_CE] = {"CUDA_CE", PARAM_T_SIZE, "512M", "bytes",
                        "same-node allreduce, reduce-scatter, allgather and broadcast of at least "
                        "this many bytes (the larger buffer) move their data on the copy engines "

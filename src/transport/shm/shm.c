@@ -60,7 +60,7 @@
 /* A segment: the control words, the ring of small messages, then the bounce slots. */
 #define SHM_EAGER_MAX (32u << 10)
 #define SHM_RING_BYTES (512u << 10)
-#define SHM_CTRL_BYTES 384u
+#define SHM_CTRL_BYTES 448u
 #define SHM_REC_HDR 64u
 #define SHM_BOUNCE_OFF ((size_t)SHM_CTRL_BYTES + SHM_RING_BYTES)
 #define SHM_SEG_BYTES(slot_bytes) (SHM_BOUNCE_OFF + (size_t)(slot_bytes)*SHM_BOUNCE_SLOTS)
@@ -83,6 +83,11 @@ typedef struct {
      * (process_vm_readv), 0 when none: what the peer's withdrawal waits on. */
     _Atomic uint64_t reading;
     uint8_t pad5[56];
+    /* The owner's withdrawal stopped waiting for the peer's read of a message below this
+     * sequence (the peer was stopped in it) and gave its caller the buffer back: what the peer
+     * read of such a message may be the caller's later bytes, and is thrown away. */
+    _Atomic uint64_t abandoned;
+    uint8_t pad6[56];
 } shm_ctrl_t;
 
 /* How long a withdrawal waits for a read of the peer's already under way (a copy of a slice:
@@ -697,6 +702,8 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
                 FIFO_UNPOP(&c->recv, r); /* the connection's to free, with the rest */
                 return;
             }
+            int64_t stall = param_int(PARAM_SHM_READ_STALL_MS);
+            if (stall > 0) usleep((useconds_t)stall * 1000);
         }
         size_t done = 0;
         while (done < r->len) {
@@ -715,7 +722,24 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
             }
             done += (size_t)n;
         }
-        if (reading) atomic_store_explicit(reading, 0, memory_order_release);
+        if (reading) {
+            /* a withdrawal that stopped waiting for this read gave the buffer back meanwhile:
+             * it said so before (its caller's later bytes come after that word) */
+            atomic_thread_fence(memory_order_seq_cst);
+            uint64_t ab = atomic_load_explicit((_Atomic uint64_t *)&peer_ctrl(c)->abandoned,
+                                               memory_order_seq_cst);
+            atomic_store_explicit(reading, 0, memory_order_release);
+            if (ab > d->seq) {
+                conn_fail(c, loomRemoteError,
+                          "%s gave the buffer of message %llu (%zu bytes) back to its caller "
+                          "while this rank was still reading it (this rank was held up for "
+                          "over %llu ms in the read): what was read is discarded",
+                          c->head.name, (unsigned long long)d->seq, r->len,
+                          (unsigned long long)(SHM_WITHDRAW_WAIT_NS / 1000000));
+                FIFO_UNPOP(&c->recv, r);
+                return;
+            }
+        }
     } else {
         if (d->slot >= SHM_BOUNCE_SLOTS || c->peer_bounce == NULL ||
             SHM_BOUNCE_OFF + (size_t)(d->slot + 1) * c->peer_slot_bytes > c->peer_bounce_len) {
@@ -1131,8 +1155,10 @@ static bool abort_grace_step(void *arg, bool *prog)
  * the descriptor of a send it has not read yet, and would read the caller's buffer (freed or
  * reused by then) whenever its receive came: the withdrawal word in our segment withdraws every
  * message sent so far, and we wait until no read of the peer's is under way (bounded by
- * SHM_WITHDRAW_WAIT_NS: a peer stopped between its look at the word and its read is the case
- * left open). Records in the ring are the peer's already (their sends completed). */
+ * SHM_WITHDRAW_WAIT_NS: a peer stopped between its look at the word and its read. Past the
+ * bound, the abandonment word says so before the caller gets the buffer back, and the peer's
+ * read, which looks at that word after it copied, throws away what it got). Records in the ring
+ * are the peer's already (their sends completed). */
 static void shm_orphan(transport_ctx_t *ctx)
 {
     for (int i = 0; i < ctx->nactive; i++) {
@@ -1147,9 +1173,14 @@ static void shm_orphan(transport_ctx_t *ctx)
                                                    memory_order_seq_cst);
                 if (rd == 0 || rd > c->send_seq) break;
                 if (base_now_ns() - t0 > SHM_WITHDRAW_WAIT_NS) {
+                    /* before the caller can touch the buffer: the peer's read checks it */
+                    atomic_store_explicit(&my_ctrl(c)->abandoned, c->send_seq,
+                                          memory_order_seq_cst);
+                    atomic_thread_fence(memory_order_seq_cst);
                     WARN(LOG_SHM,
                          "shm: %s still reads message %llu of a call that ended unfinished "
-                         "here after %llu ms; the caller gets its buffers back anyway",
+                         "here after %llu ms; the caller gets its buffers back anyway (the "
+                         "peer throws away what it reads of them)",
                          c->head.name, (unsigned long long)(rd - 1),
                          (unsigned long long)(SHM_WITHDRAW_WAIT_NS / 1000000));
                     break;
