@@ -225,7 +225,7 @@ static loomResult_t plan_p2p(comm_job_t *j, sched_t *s, int *used)
         const coll_op_t *o = &j->q[j->ops[j->next + k]];
         uint32_t b = sched_add_buf(s);
         size_t es = red_type_size(o->type);
-        uint64_t slice = LOOM_MAX(comm->tune.slice_bytes / es, 1);
+        uint64_t slice = LOOM_MAX(comm_p2p_piece(comm, o->root) / es, 1);
         if (o->root == comm->rank) {
             if (o->kind == OPK_RECV) continue;
             /* find the matching receive from self */

@@ -284,6 +284,17 @@ static loomResult_t pick_link_transport(loomComm_t comm, int peer, int *tp)
     return loomSuccess;
 }
 
+size_t comm_p2p_piece(loomComm_t comm, int peer)
+{
+    size_t slice = comm->tune.slice_bytes;
+    int tp = TP_TCP;
+    const exec_link_t *l = &comm->net.links[peer];
+    const transport_ops_t *ops = l->conn ? l->ops : NULL;
+    if (ops == NULL && peer != comm->rank && pick_link_transport(comm, peer, &tp) == loomSuccess)
+        ops = comm->net.tp[tp].ops; /* (no transport: comm_conn says so when it connects) */
+    return ops && ops->p2p_piece > slice ? ops->p2p_piece : slice;
+}
+
 loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link)
 {
     exec_link_t *l = &comm->net.links[peer];
@@ -582,7 +593,10 @@ loomResult_t comm_start_transport(loomComm_t comm, uint8_t handles[TP_MAX][TRANS
         if (!want[t]) continue;
         const transport_ops_t *ops = transport_by_name(tp_names[t]);
         if (ops == NULL) continue;
-        loomResult_t r = ops->init(&setup, &comm->net.tp[t].ctx, handles[t]);
+        /* (a transport's point-to-point pieces are messages it gets too) */
+        transport_setup_t st = setup;
+        st.max_message = LOOM_MAX(st.max_message, ops->p2p_piece);
+        loomResult_t r = ops->init(&st, &comm->net.tp[t].ctx, handles[t]);
         if (r != loomSuccess) {
             /* Shared memory is an optimisation: without it, TCP still reaches every peer. */
             if (t == TP_SHM && comm->net.forced_tp != TP_SHM) {

@@ -219,6 +219,9 @@ loomResult_t comm_enter(loomComm_t comm, const char *fn, int wait_ms, bool *held
 void comm_leave(loomComm_t comm, bool held);
 /* Marks the communicator broken with res/text (first error wins) and tells peers. */
 void comm_set_error(loomComm_t comm, loomResult_t res, const char *text);
+/* The piece size of point-to-point messages to or from a peer: the slice, or more where the
+ * pair's transport asks for larger ones (transport_ops_t's p2p_piece). */
+size_t comm_p2p_piece(loomComm_t comm, int peer);
 /* The connection to a peer, created on first use over the transport chosen for the pair. */
 loomResult_t comm_conn(loomComm_t comm, int peer, exec_link_t **link);
 /* Stops the communicator without freeing it: later calls fail, blocked calls and kernels in

@@ -75,6 +75,10 @@ typedef struct {
     const char *name;
     uint32_t caps, reach, mem_types;
     double bw_GBps, latency_us; /* hints for the cost model */
+    /* The piece a point-to-point message (loomSend/loomRecv) travels in over this transport,
+     * where it is larger than the communicator's slice (0: the slice). Both ends of a link use
+     * the same transport, so they cut messages alike. */
+    size_t p2p_piece;
 
     /* Starts the transport for one communicator: listeners and the like. Writes the handle that
      * peers pass to connect (at most TRANSPORT_HANDLE_BYTES). */
