@@ -1327,15 +1327,19 @@ END_TEST
  * sender's buffer whenever its receive comes. When the sender's call ends unfinished (it
  * failed) the caller gets that buffer back, and the peer must not read it any more: rank 0's
  * call leaves with its 1 MiB send unread (orphan, as exec_free does), it overwrites the buffer;
- * rank 1's receive, posted afterwards, must fail naming the withdrawn message, not deliver the
- * overwritten bytes (which it did before the withdrawal), and rank 0's connection is failed. */
+ * rank 1's receive must fail naming the withdrawal, not deliver the overwritten bytes, and rank
+ * 0's connection is failed. Two cases:
+ * - withdraw: rank 1's receive is posted after the orphan (before the withdrawal word, it
+ *   delivered the overwritten bytes);
+ * - abandon: rank 1 is held up for 1.5 s between its look at the withdrawal word and its read
+ *   (LOOM_SHM_READ_STALL_MS, what a stopped rank does); rank 0's orphan comes meanwhile, waits
+ *   200 ms for that read, gives the buffer back and overwrites it (before the abandonment word,
+ *   the read delivered the overwritten bytes). */
 #define WITHDRAW_BYTES (1u << 20)
 static tbar_t withdraw_bar;
 
-static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
+static int shm_unfinished_rank(loomComm_t comm, int rank, bool abandon)
 {
-    (void)nranks;
-    (void)p;
     int32_t one = rank;
     if (loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
     exec_link_t *l = &comm->net.links[1 - rank];
@@ -1352,7 +1356,15 @@ static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
         exec_host_lock(&comm->exech);
         r = l->ops->isend(l->conn, buf, WITHDRAW_BYTES, meta, &req);
         if (r == loomSuccess) r = l->ops->test(req, &done, got); /* exec_free's last test */
+        exec_host_unlock(&comm->exech);
+        if (abandon) {
+            if (tbar_wait(&withdraw_bar) != 0) rc = 6;
+            usleep(400000); /* rank 1 is in its held-up read by now */
+        }
+        exec_host_lock(&comm->exech);
+        double t0 = h_now_s();
         if (tp->ops->orphan) tp->ops->orphan(tp->ctx);
+        double waited = h_now_s() - t0;
         int left = 0;
         loomResult_t after = l->ops->test(req, &left, got);
         exec_host_unlock(&comm->exech);
@@ -1362,7 +1374,12 @@ static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
             fprintf(stderr, "rank 0: the connection still works after the orphan\n");
             rc = 5;
         }
-        if (tbar_wait(&withdraw_bar) != 0 || tbar_wait(&withdraw_bar) != 0) rc = 6;
+        if (abandon && waited < 0.15) {
+            fprintf(stderr, "rank 0: the withdrawal waited %.3f s: rank 1 was not reading yet\n",
+                    waited);
+            rc = 5;
+        }
+        if ((!abandon && tbar_wait(&withdraw_bar) != 0) || tbar_wait(&withdraw_bar) != 0) rc = 6;
         free(buf);
         return rc;
     }
@@ -1382,12 +1399,14 @@ static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
     char why[1024];
     snprintf(why, sizeof(why), "%s", l->ops->conn_error(l->conn));
     exec_host_unlock(&comm->exech);
+    const char *want = abandon ? "gave the buffer" : "withdrew";
     if (r == loomSuccess) {
-        fprintf(stderr, "rank 1: the withdrawn message %s (first byte 0x%02x)\n",
+        fprintf(stderr, "rank 1: the %s message %s (first byte 0x%02x)\n",
+                abandon ? "abandoned" : "withdrawn",
                 done ? "was delivered" : "neither failed nor arrived", buf[0]);
         rc = 7;
-    } else if (!strstr(why, "withdrew") || !strstr(why, "rank 0")) {
-        fprintf(stderr, "rank 1: error '%s' does not name the withdrawal\n", why);
+    } else if (!strstr(why, want) || !strstr(why, "rank 0")) {
+        fprintf(stderr, "rank 1: error '%s' does not say '%s'\n", why, want);
         rc = 8;
     }
     if (tbar_wait(&withdraw_bar) != 0) rc = 6;
@@ -1395,85 +1414,24 @@ static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
     return rc;
 }
 
-/* The case the withdrawal's wait leaves to the reader: rank 1 is held up for 1.5 s between
- * its look at the withdrawal word and its read (LOOM_SHM_READ_STALL_MS, what a stopped rank
- * does); rank 0's call ends unfinished meanwhile, waits 200 ms for that read, gives the buffer
- * back and overwrites it. Rank 1's receive must fail naming the abandoned message, not deliver
- * the overwritten bytes (which it did before the abandonment word). */
-static tbar_t abandon_bar;
+static int shm_withdraw_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    (void)nranks;
+    (void)p;
+    return shm_unfinished_rank(comm, rank, false);
+}
 
 static int shm_abandon_rank(loomComm_t comm, int rank, int nranks, void *p)
 {
     (void)nranks;
     (void)p;
-    int32_t one = rank;
-    if (loomAllReduce(&one, &one, 1, loomInt32, loomSum, comm, NULL) != loomSuccess) return 1;
-    exec_link_t *l = &comm->net.links[1 - rank];
-    const exec_tp_t *tp = &comm->net.tp[TP_SHM];
-    if (l->conn == NULL || strcmp(l->ops->name, "shm") != 0) return 2;
-    uint8_t *buf = malloc(WITHDRAW_BYTES);
-    if (buf == NULL) return 3;
-    memset(buf, rank == 0 ? 0x5A : 0, WITHDRAW_BYTES);
-    uint8_t meta[TRANSPORT_META_BYTES] = {3}, got[TRANSPORT_META_BYTES] = {0};
-    transport_req_t *req = NULL;
-    int done = 0, rc = 0;
-    loomResult_t r = loomSuccess;
-    if (rank == 0) {
-        exec_host_lock(&comm->exech);
-        r = l->ops->isend(l->conn, buf, WITHDRAW_BYTES, meta, &req);
-        if (r == loomSuccess) r = l->ops->test(req, &done, got);
-        exec_host_unlock(&comm->exech);
-        if (tbar_wait(&abandon_bar) != 0) rc = 6;
-        usleep(400000); /* rank 1 is in its held-up read by now */
-        exec_host_lock(&comm->exech);
-        double t0 = h_now_s();
-        if (tp->ops->orphan) tp->ops->orphan(tp->ctx);
-        double waited = h_now_s() - t0;
-        exec_host_unlock(&comm->exech);
-        memset(buf, 0xEE, WITHDRAW_BYTES); /* the caller's buffer again */
-        if (r != loomSuccess || done) rc = 4;
-        if (waited < 0.15) {
-            fprintf(stderr, "rank 0: the withdrawal waited %.3f s: rank 1 was not reading yet\n",
-                    waited);
-            rc = 5;
-        }
-        if (tbar_wait(&abandon_bar) != 0) rc = 6;
-        free(buf);
-        return rc;
-    }
-    if (tbar_wait(&abandon_bar) != 0) return 6;
-    exec_host_lock(&comm->exech);
-    r = l->ops->irecv(l->conn, buf, WITHDRAW_BYTES, &req);
-    exec_host_unlock(&comm->exech);
-    double t0 = h_now_s();
-    while (r == loomSuccess && !done && h_now_s() - t0 < 10) {
-        bool moved = false;
-        exec_host_lock(&comm->exech);
-        r = tp->ops->progress(tp->ctx, &moved);
-        if (r == loomSuccess) r = l->ops->test(req, &done, got);
-        exec_host_unlock(&comm->exech);
-    }
-    exec_host_lock(&comm->exech);
-    char why[1024];
-    snprintf(why, sizeof(why), "%s", l->ops->conn_error(l->conn));
-    exec_host_unlock(&comm->exech);
-    if (r == loomSuccess) {
-        fprintf(stderr, "rank 1: the abandoned message %s (first byte 0x%02x)\n",
-                done ? "was delivered" : "neither failed nor arrived", buf[0]);
-        rc = 7;
-    } else if (!strstr(why, "gave the buffer") || !strstr(why, "rank 0")) {
-        fprintf(stderr, "rank 1: error '%s' does not name the abandoned read\n", why);
-        rc = 8;
-    }
-    if (tbar_wait(&abandon_bar) != 0) rc = 6;
-    free(buf);
-    return rc;
+    return shm_unfinished_rank(comm, rank, true);
 }
 
 START_TEST(test_shm_abandon)
 {
     set_param("LOOM_SHM_READ_STALL_MS", "1500");
-    int bad = shm_pair(shm_abandon_rank, &abandon_bar);
+    int bad = shm_pair(shm_abandon_rank, &withdraw_bar);
     set_param("LOOM_SHM_READ_STALL_MS", NULL);
     ck_assert_msg(bad == 0, "a read held up past the withdrawal's wait delivered the caller's "
                             "later bytes, or did not fail naming them");

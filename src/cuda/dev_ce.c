@@ -262,7 +262,6 @@ loomResult_t dev_ce_run(dev_state_t *s, const dev_op_t *o, CUstream st, const ch
     if (!s->ce.ready)
         return base_error(loomInternalError, LOG_CUDA, "rank %d: copy engines not set up",
                           s->h->rank);
-    s->ce.calls++;
     const int n = s->lay.n, me = s->lay.me;
     const size_t es = red_type_size(o->type), S = o->count * es;
     const CUdeviceptr send = (CUdeviceptr)(uintptr_t)o->send,

@@ -132,7 +132,6 @@ struct dev_state {
         CUevent fork, copied[DEV_CE_STREAMS], reduced[2];
         CUdeviceptr scratch; /* [2][n - 1][chunk_max]: pieces landed, double-buffered */
         size_t scratch_bytes;
-        uint64_t calls;
     } ce;
     /* registered windows (dev_win.c), in registration order; seq numbers them the same way on
      * every rank (registration is collective) */

@@ -214,7 +214,8 @@ struct transport_ctx {
     transport_conn_t **conns;
     transport_conn_t **active;
     int nactive;
-    hs_pending_t pend; /* accepted connections still proving who they are */
+    hs_pending_t pend;        /* accepted connections still proving who they are */
+    useconds_t read_stall_us; /* LOOM_SHM_READ_STALL_MS (testing only), read at init */
     char who[48];
     transport_abort_t abort;
 };
@@ -287,6 +288,7 @@ static loomResult_t shm_init(const transport_setup_t *setup, transport_ctx_t **o
     ctx->setup = *setup;
     snprintf(ctx->who, sizeof(ctx->who), "shm: rank %d", setup->rank);
     ctx->slot_bytes = LOOM_MAX(setup->max_message, 4096);
+    ctx->read_stall_us = (useconds_t)param_int(PARAM_SHM_READ_STALL_MS) * 1000;
     const char *cma = getenv("LOOM_SHM_CMA");
     ctx->cma_wanted = !(cma && cma[0] == '0');
     ctx->ping_ns = transport_ping_ns();
@@ -702,8 +704,7 @@ static void deliver(transport_conn_t *c, transport_req_t *r, const shm_desc_t *d
                 FIFO_UNPOP(&c->recv, r); /* the connection's to free, with the rest */
                 return;
             }
-            int64_t stall = param_int(PARAM_SHM_READ_STALL_MS);
-            if (stall > 0) usleep((useconds_t)stall * 1000);
+            if (c->ctx->read_stall_us) usleep(c->ctx->read_stall_us);
         }
         size_t done = 0;
         while (done < r->len) {
