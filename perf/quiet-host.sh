@@ -57,7 +57,7 @@ fi
 if want algos; then
     # the automatic choice against every flat algorithm, 4 ranks on shm, checked runs
     limit=400 run algos-4 /usr/bin/python3 perf/sweep -b 8 -e 64M -f 8 -P 4 \
-        --algos "auto ring rd rabenseifner tree" --peers "" -r 3 --no-plots --loom $b/loom-perf \
+        --algos "auto ring rd rabenseifner tree oneshot" --peers "" -r 3 --no-plots --loom $b/loom-perf \
         -o "$out/sweep-algos"
     cat "$out/sweep-algos/summary.md" >>"$out/results.txt" 2>/dev/null
 fi
@@ -65,7 +65,7 @@ if want shm8; then
     # 8 local ranks on shm against Open MPI's shared memory (vader) in the same sweep (issue 16's
     # small-message target), and the automatic choice against the forced algorithms
     limit=420 run algos-8 /usr/bin/python3 perf/sweep -b 8 -e 32M -f 8 -P 8 \
-        --algos "auto ring rd rabenseifner tree" --peers mpi-vader -r 3 --no-plots --loom $b/loom-perf \
+        --algos "auto ring rd rabenseifner tree oneshot" --peers mpi-vader -r 3 --no-plots --loom $b/loom-perf \
         --peers-dir $b/perf-peers -o "$out/sweep-algos8"
     cat "$out/sweep-algos8/summary.md" >>"$out/results.txt" 2>/dev/null
 fi

@@ -75,6 +75,7 @@ typedef enum {
     ALG_DETERM, /* LOOM_DETERMINISTIC=1: allreduce, reduce-scatter and reduce (determ.c) */
     ALG_DETERM_RS,
     ALG_DETERM_REDUCE,
+    ALG_ONESHOT, /* every input to every rank, folded in rank order there (oneshot.c) */
     ALG_COUNT
 } alg_t;
 
@@ -97,7 +98,8 @@ static const char *const alg_names[ALG_COUNT] = {"allreduce",
                                                  "tree_broadcast",
                                                  "determ",
                                                  "determ_reduce_scatter",
-                                                 "determ_reduce"};
+                                                 "determ_reduce",
+                                                 "oneshot"};
 
 /* The operation a generator implements: the rooted trees are a reduce and a broadcast, determ's
  * variants a reduce-scatter and a reduce. */
@@ -111,10 +113,10 @@ static alg_t alg_op(alg_t a)
     default: return a;
     }
 }
-/* The allreduce generators past the plain operations (hier .. hier:rd, determ). */
+/* The allreduce generators past the plain operations (hier .. hier:rd, determ, oneshot). */
 static bool alg_more_allreduce(alg_t a)
 {
-    return (a >= ALG_HIER && a <= ALG_HIER_RD) || a == ALG_DETERM;
+    return (a >= ALG_HIER && a <= ALG_HIER_RD) || a == ALG_DETERM || a == ALG_ONESHOT;
 }
 static bool alg_reduces(alg_t a)
 {
@@ -218,6 +220,7 @@ static const struct {
     [ALG_DETERM] = {OPK_ALLREDUCE, ALGO_DETERM},
     [ALG_DETERM_RS] = {OPK_REDUCESCATTER, ALGO_DETERM},
     [ALG_DETERM_REDUCE] = {OPK_REDUCE, ALGO_DETERM},
+    [ALG_ONESHOT] = {OPK_ALLREDUCE, ALGO_ONESHOT},
 };
 
 /* Builds every rank's schedule with the planner a communicator uses (src/core/plan.c), so the
@@ -564,6 +567,10 @@ static void step_str(const sched_step_t *st, size_t i, char *b, size_t n)
         snprintf(b, n, "step %zu (copy %s[%llu..%llu) -> %s[%llu..%llu)%s)", i,
                  buf_name(st->src_buf), so, se, buf_name(st->dst_buf), doff, de, avg);
         break;
+    case STEP_REDUCE:
+        snprintf(b, n, "step %zu (reduce %s[%llu..%llu) += %s[%llu..%llu)%s)", i,
+                 buf_name(st->dst_buf), doff, de, buf_name(st->src_buf), so, se, avg);
+        break;
     default: snprintf(b, n, "step %zu (unknown kind %d)", i, st->kind); break;
     }
 }
@@ -578,7 +585,7 @@ static bool writes_dst(const sched_step_t *st)
 }
 static bool is_comm(const sched_step_t *st)
 {
-    return st->kind != STEP_COPY;
+    return !sched_step_local(st->kind);
 }
 
 /* The storage behind (buf, off): in place, one caller buffer is a window of the other. */
@@ -672,7 +679,7 @@ static void static_check(sim_t *m, int r)
     for (size_t i = 0; i < s->nsteps && !m->failed; i++) {
         const sched_step_t *st = &s->steps[i];
         why[0] = '\0';
-        if (st->kind > STEP_COPY) {
+        if (st->kind > STEP_REDUCE) {
             WHY("unknown step kind");
         } else {
             if (st->count == 0) WHY("empty step");
@@ -680,7 +687,7 @@ static void static_check(sim_t *m, int r)
             if (st->flags & ~STEP_F_AVG) WHY("unknown flags 0x%x", st->flags);
             if ((st->flags & STEP_F_AVG) && !m->cfg->avg)
                 WHY("STEP_F_AVG although the operation is not an average");
-            if ((st->flags & STEP_F_AVG) && st->kind != STEP_RECV_REDUCE)
+            if ((st->flags & STEP_F_AVG) && st->kind != STEP_RECV_REDUCE && st->kind != STEP_REDUCE)
                 WHY("STEP_F_AVG on a step that does not reduce");
             if (is_comm(st) && (st->peer < 0 || st->peer >= m->p || st->peer == r))
                 WHY("bad peer (%d ranks)", m->p);
@@ -1014,6 +1021,19 @@ static void do_issue(sim_t *m, int r, size_t i)
         finish(m, r, i);
         return;
     }
+    if (st->kind == STEP_REDUCE) {
+        /* dst = dst op src, element by element (source and destination may not overlap: the
+         * race marks see to it) */
+        uint8_t *t = scratch(m, st->count);
+        uint8_t *dst = elem(m, r, st->dst_buf, st->dst_off);
+        const uint8_t *src = elem(m, r, st->src_buf, st->src_off);
+        for (uint64_t e = 0; e < st->count; e++)
+            val_combine(&m->f, t + e * E, dst + e * E, src + e * E);
+        memcpy(dst, t, st->count * E);
+        apply_avg(m, r, i);
+        finish(m, r, i);
+        return;
+    }
     if (reads_src(st)) mark(m, r, i, st->src_buf, st->src_off, st->count, false, true);
     if (writes_dst(st)) mark(m, r, i, st->dst_buf, st->dst_off, st->count, true, true);
     pair_t *q = &m->pairs[k->pair[i]];
@@ -1147,7 +1167,7 @@ static void run_order(sim_t *m)
             while (k->cursor < s->nsteps && !m->failed) {
                 size_t i = k->cursor;
                 const sched_step_t *st = &s->steps[i];
-                if (st->kind != STEP_SEND && st->kind != STEP_COPY &&
+                if (st->kind != STEP_SEND && !sched_step_local(st->kind) &&
                     m->pairs[k->pair[i]].send_issued <= k->ord[i])
                     break;
                 if (!deps_done(m, r, i)) break; /* cannot happen: dependencies point back */
@@ -1705,6 +1725,10 @@ START_TEST(test_scale_hier)
     scale_node_case(ALG_TREE, 1024, 8, VAL_IVL);
     scale_node_case(ALG_TREE, 1000, 8, VAL_IVL);
     scale_node_case(ALG_TREE, 1023, 8, VAL_IVL); /* 2^10 - 1: the shifted second tree */
+    /* the one-shot's full mesh: the registry offers it up to 16 ranks; its fold in rank order
+     * (every reduction joins adjacent intervals) is proved past that */
+    scale_node_case(ALG_ONESHOT, 16, 8, VAL_IVL);
+    scale_node_case(ALG_ONESHOT, 61, 8, VAL_IVL);
     for (int a = ALG_HIER_TREE; a <= ALG_HIER_RD; a++) {
         scale_node_case((alg_t)a, 128, 8, VAL_VEC);
         scale_node_case((alg_t)a, 128, -8, VAL_VEC);
@@ -2145,7 +2169,8 @@ START_TEST(test_registry_parse)
     const char *e = base_last_error();
     ck_assert_msg(strstr(e,
                          "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
-                         "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ)"),
+                         "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ, "
+                         "oneshot)"),
                   "%s", e);
 }
 END_TEST

@@ -13,6 +13,8 @@
  *                  shard (ring, tree, rabenseifner or rd), node-local allgather
  *   hier_leader.c  hierarchical allreduce through one leader per node (baseline)
  *   ps.c           parameter server allreduce (baseline)
+ *   oneshot.c      one-shot allreduce: every input to every rank, each folds them all in rank
+ *                  order (the smallest buffers on a few ranks)
  *   determ.c       deterministic allreduce, reduce-scatter and reduce (LOOM_DETERMINISTIC=1):
  *                  every element the left fold of the inputs in rank order
  *
@@ -181,6 +183,11 @@ void tree_broadcast(sched_t *s, uint16_t desc, uint64_t count, int root, const r
 /* The hops from the deeper tree's farthest leaf to the root, for p ranks: about log2(p), one
  * more where the second tree hangs below one member (the cost model's step count). */
 int tree_rooted_hops(int p);
+
+/* ---- oneshot.c: every input to every rank at once, folded in rank order on each: one step,
+ * (p-1) buffers in and out per rank, scratch p·count (the smallest buffers on few ranks) */
+void oneshot_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
+                       bool inplace, bool avg);
 
 /* ---- alltoall.c: direct exchange: all-to-all as p-1 rounds of pairwise send/receive (round i
  * sends to r+i and receives from r-i), count elements per pair. Out of place only. */

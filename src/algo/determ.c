@@ -26,8 +26,8 @@
  *   reduce          the reduce-scatter, then each owner sends its block to the root
  * Steps: the fold at an owner is p-1 dependent receives (the ring's reduce-scatter: p-1 steps),
  * all blocks and slices at once; latency, not bandwidth, is what it costs. An allreduce whose p
- * inputs fit one slice together folds the whole buffer on every rank instead (oneshot: no
- * allgather, (p+1) n in and out per rank).
+ * inputs fit one slice together folds the whole buffer on every rank instead (oneshot.c: the
+ * same left fold in rank order, no allgather, (p-1) n in and out per rank, one step).
  */
 #include "algo.h"
 
@@ -63,24 +63,19 @@ static int bouncer(int b)
     return b - 1;
 }
 
-/* Which of a fold's steps to emit: the contributors' sends of their inputs, the rest (the
- * owner's receives and reductions, the bounce), or both. */
-enum { PART_SENDS = 1, PART_REST = 2, PART_ALL = 3 };
-
 /*
  * One slice [o, o+len) (offsets relative to the block) of block b's fold, the steps this rank
- * takes in it (those of `part`). `bounce_off` is where this rank keeps a block it bounces
+ * takes in it. `bounce_off` is where this rank keeps a block it bounces
  * (SCHED_BUF_TMP). Every rank calls it for every (block, slice) in the same order, so sends and
  * receives between each pair come out in the same order on both sides.
  */
 static void fold_slice(sched_t *s, uint16_t desc, int b, const dblock_t *k, uint64_t o,
-                       uint64_t len, uint64_t bounce_off, bool avg, int part)
+                       uint64_t len, uint64_t bounce_off, bool avg)
 {
     int p = s->nranks, r = s->rank;
     if (len == 0) return;
     uint32_t ib = k->in_buf, ab = k->acc_buf;
     uint64_t io = k->in_off + o, ao = k->acc_off + o;
-    bool sends = part & PART_SENDS, rest = part & PART_REST;
     /* the owner's last reduction, the one an average divides */
     int last = b < p - 1 ? p - 1 : (b >= 2 ? b : 0);
     if (b < 2) {
@@ -90,10 +85,10 @@ static void fold_slice(sched_t *s, uint16_t desc, int b, const dblock_t *k, uint
         for (int q = 0; q < p; q++) {
             if (q == b) continue;
             uint8_t f = avg && q == last ? STEP_F_AVG : 0;
-            if (r == b && rest)
+            if (r == b)
                 sched_recv_reduce(s, desc, q, q == first ? ib : ab, q == first ? io : ao, ab, ao,
                                   len, f);
-            else if (r == q && sends)
+            else if (r == q)
                 sched_send(s, desc, b, ib, io, len);
         }
         return;
@@ -101,24 +96,23 @@ static void fold_slice(sched_t *s, uint16_t desc, int b, const dblock_t *k, uint
     int h = bouncer(b);
     /* In place the owner's accumulator is its own input, which the plain receive of x0 below
      * overwrites: the bounce's send comes first (the receive's dependency waits for it). */
-    if (r == b && rest) sched_send(s, desc, h, ib, io, len);
+    if (r == b) sched_send(s, desc, h, ib, io, len);
     for (int q = 0; q < p; q++) {
         uint8_t f = avg && q == last ? STEP_F_AVG : 0;
         if (q == b) {
             /* x_b, back from the bouncer (which sent its own x_h at q = h, before) */
-            if (r == h && rest) {
+            if (r == h) {
                 sched_recv(s, desc, b, SCHED_BUF_TMP, bounce_off, len);
                 sched_send(s, desc, b, SCHED_BUF_TMP, bounce_off, len);
-            } else if (r == b && rest) {
+            } else if (r == b) {
                 sched_recv_reduce(s, desc, h, ab, ao, ab, ao, len, f);
             }
         } else if (r == b) {
-            if (!rest) continue;
             if (q == 0)
                 sched_recv(s, desc, 0, ab, ao, len);
             else
                 sched_recv_reduce(s, desc, q, ab, ao, ab, ao, len, f);
-        } else if (r == q && sends) {
+        } else if (r == q) {
             sched_send(s, desc, b, ib, io, len);
         }
     }
@@ -138,7 +132,7 @@ static void fold_all(sched_t *s, uint16_t desc, uint64_t n, int root, dblock_fn 
         for (int b = 0; b < p; b++) {
             dblock_t k = blk(s, n, b, root);
             fold_slice(s, desc, b, &k, j * sl, sched_slice_len(k.len, sl, j), bounce_off + j * sl,
-                       avg, PART_ALL);
+                       avg);
         }
 }
 
@@ -177,37 +171,13 @@ static void want_tmp(sched_t *s, uint64_t big, uint64_t extra)
     if (s->nranks > 2) s->tmp_elems = LOOM_MAX(s->tmp_elems, big + extra);
 }
 
-/*
- * Small allreduces (every rank's input together within one slice): each rank folds the whole
- * buffer itself, as the owner of a single block would, its own input bounced through rank r-1.
- * All inputs travel at once, so the critical path is one message and the bounce, where the
- * blocked form has the fold and then the allgather. Each rank receives p+1 copies of the
- * buffer (the p-1 others' inputs, its own back, the one it bounces) and sends as many. Every
- * rank's input sends are emitted first, so that none waits behind a fold.
- */
-static void oneshot(sched_t *s, uint16_t desc, uint64_t count, bool inplace, bool avg)
-{
-    int p = s->nranks;
-    dblock_t k = {SCHED_BUF_SEND, 0, SCHED_BUF_RECV, 0, count};
-    /* In place the input is the output, and the fold writing it would wait for every send of
-     * it to finish, which (with transports that complete a send only once its receive is
-     * posted) waits for the others' folds: a cycle. So fold into scratch and copy at the end. */
-    if (inplace) k.acc_buf = SCHED_BUF_TMP, k.acc_off = count;
-    s->tmp_elems = LOOM_MAX(s->tmp_elems, inplace ? 2 * count : p > 2 ? count : 0);
-    for (int b = 0; b < p; b++)
-        fold_slice(s, desc, b, &k, 0, count, 0, avg, PART_SENDS);
-    for (int b = 0; b < p; b++)
-        fold_slice(s, desc, b, &k, 0, count, 0, avg, PART_REST);
-    if (inplace) sched_copy(s, desc, SCHED_BUF_TMP, count, SCHED_BUF_RECV, 0, count, 0);
-}
-
 void determ_allreduce(sched_t *s, uint16_t desc, uint64_t count, const ring_params_t *prm,
                       bool inplace, bool avg)
 {
     int p = s->nranks, r = s->rank;
     if (algo_trivial(s, desc, p, count, inplace)) return;
     if (count * (uint64_t)p <= prm->slice_elems) {
-        oneshot(s, desc, count, inplace, avg);
+        oneshot_allreduce(s, desc, count, prm, inplace, avg); /* the same fold, one step */
         return;
     }
     want_tmp(s, LOOM_DIV_UP(count, (uint64_t)p), 0);

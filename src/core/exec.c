@@ -238,10 +238,13 @@ static loomResult_t try_issue(exec_t *e, size_t i, bool *issued)
     exec_host_t *h = e->h;
     *issued = false;
     if (!deps_done(e, st)) return loomSuccess;
-    if (st->kind == STEP_COPY) {
+    if (sched_step_local(st->kind)) {
         uint8_t *d = buf_at(e, st->dst_buf, st->dst_off);
         const uint8_t *src = buf_at(e, st->src_buf, st->src_off);
-        if (d != src) memcpy(d, src, st->count * e->esize);
+        if (st->kind == STEP_REDUCE)
+            red_host_apply(e->type, e->op, d, d, src, st->count);
+        else if (d != src)
+            memcpy(d, src, st->count * e->esize);
         apply_avg(e, st);
         finish_step(e, i);
         *issued = true;
@@ -288,7 +291,7 @@ static loomResult_t issue(exec_t *e, bool *progressed)
         if (e->state[i] != ST_PENDING) continue;
         const sched_step_t *st = &s->steps[i];
         uint32_t *stamp = NULL;
-        if (st->kind != STEP_COPY) {
+        if (!sched_step_local(st->kind)) {
             stamp = &e->stamp[(size_t)st->peer * 2 + (st->kind == STEP_SEND ? 0 : 1)];
             if (*stamp == e->scan) continue; /* an earlier step to this peer waits: keep order */
         }

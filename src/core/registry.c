@@ -24,6 +24,13 @@ typedef struct {
  * (6 - 2 steps) = 25 us per step, against the transport's 5 us hint. */
 static const double c_wake = 25e-6;
 
+/* A message past the first of one step, as a fraction of the step's latency: the sender posts
+ * them one after another, the receiver takes them one after another (oneshot.c's p - 1).
+ * Measured on 16 idle cores, shm, 8 B (perf/RESULTS.md, session 11): oneshot 6.7 us against
+ * rd's 5.9 at 4 ranks (a(1 + 2c) against 2a), 11.9 against 7.9 at 8 (a(1 + 6c) against 3a):
+ * c = 0.6 both times. So on shm it wins only where rd folds extra ranks (3, 5-7 ranks). */
+static const double c_msg = 0.6;
+
 static model_terms_t terms(const registry_model_t *m)
 {
     bool multi = m->nnodes > 1;
@@ -289,6 +296,35 @@ static void gen_ps(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t
     ps_allreduce(s, desc, count, prm, inplace, avg);
 }
 
+/* ---- oneshot (src/algo/oneshot.c) ---- */
+/* The full mesh it connects: each rank reaches every other one, p - 1 connections apiece. Past
+ * this many ranks the mesh (and p - 1 copies of the buffer per rank) costs more than the steps
+ * it saves: recursive doubling or the tree take those sizes. */
+#define ONESHOT_MAX_RANKS 16
+
+static const char *oneshot_unfit(const registry_model_t *m)
+{
+    return m->nranks > ONESHOT_MAX_RANKS ? "more than 16 ranks (a full mesh of connections)" : NULL;
+}
+
+/* One dependent step; its p - 1 messages leave one after another, each costing the sender (and
+ * the receiver) c_msg of the step's latency on top of the first; p - 1 buffers through each
+ * rank's link and p - 1 reductions of the whole buffer. */
+static double oneshot_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    double extra = t.p - 2 > 0 ? t.p - 2 : 0;
+    return t.a_flat * (1 + c_msg * extra) + (t.p - 1) * nb * t.b_flat + (t.p - 1) * nb * m->gamma;
+}
+
+static void gen_oneshot(sched_t *s, uint16_t desc, const sched_topo_t *topo, uint64_t count,
+                        const ring_params_t *prm, bool inplace, bool avg)
+{
+    (void)topo;
+    oneshot_allreduce(s, desc, count, prm, inplace, avg);
+}
+/* ---- end oneshot ---- */
+
 /* ---- determ (src/algo/determ.c) ---- */
 static const char *determ_only(const registry_model_t *m)
 {
@@ -384,6 +420,13 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
                             "for any algorithm, channels, slice or layout",
                      .unfit = determ_only,
                      .gen = gen_determ},
+    [ALGO_ONESHOT] = {.name = "oneshot",
+                      .applies = "up to 16 ranks",
+                      .doc = "every input to every rank at once, each folds all p in rank order: "
+                             "1 step, p-1 buffers in and out per rank, for the smallest buffers",
+                      .unfit = oneshot_unfit,
+                      .cost = oneshot_cost,
+                      .gen = gen_oneshot},
 };
 
 const registry_algo_t *registry_get(int id)

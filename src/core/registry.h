@@ -29,6 +29,7 @@ enum {
     ALGO_HIER_RAB,
     ALGO_HIER_RD,
     ALGO_DETERM, /* LOOM_DETERMINISTIC=1 (src/algo/determ.c) */
+    ALGO_ONESHOT,
     ALGO_COUNT
 };
 

@@ -146,6 +146,22 @@ void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, u
     add_step(s, st, true, true);
 }
 
+void sched_reduce(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
+                  uint64_t dst_off, uint64_t count, uint8_t flags)
+{
+    sched_step_t st = {.kind = STEP_REDUCE,
+                       .flags = flags,
+                       .desc = desc,
+                       .peer = -1,
+                       .src_buf = src_buf,
+                       .src_off = src_off,
+                       .dst_buf = dst_buf,
+                       .dst_off = dst_off,
+                       .count = count};
+    /* the write's dependencies (on the accumulator's last writer and readers) cover its read */
+    add_step(s, st, true, true);
+}
+
 const char *sched_opkind_name(int kind)
 {
     switch (kind) {

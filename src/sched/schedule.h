@@ -29,7 +29,14 @@ typedef enum {
     STEP_RECV = 1,        /* receive from peer into dst */
     STEP_RECV_REDUCE = 2, /* receive from peer into staging, then dst = src op staging */
     STEP_COPY = 3,        /* dst = src, locally */
+    STEP_REDUCE = 4,      /* dst = dst op src, locally (a fold's own operand) */
 } sched_step_kind_t;
+
+/* The steps that touch no peer (copy, reduce): run where they are issued, peer -1. */
+static inline bool sched_step_local(uint8_t kind)
+{
+    return kind == STEP_COPY || kind == STEP_REDUCE;
+}
 
 /* After this step's result is in dst, divide it by the number of ranks (the last reduction of an
  * avg). */
@@ -127,6 +134,10 @@ void sched_recv_reduce(sched_t *s, uint16_t desc, int peer, uint32_t src_buf, ui
                        uint32_t dst_buf, uint64_t dst_off, uint64_t count, uint8_t flags);
 void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
                 uint64_t dst_off, uint64_t count, uint8_t flags);
+/* dst = dst op src: folds a local operand into an accumulator (the caller's data, or a received
+ * one already in place) at the place the fold's order wants it. */
+void sched_reduce(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
+                  uint64_t dst_off, uint64_t count, uint8_t flags);
 loomResult_t sched_status(const sched_t *s);
 
 /* Cuts [0, len) into fixed slices of `slice` elements starting at 0: the number of slices, and

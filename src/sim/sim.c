@@ -350,7 +350,7 @@ static void post(run_t *r, uint32_t gid, double now)
     const sched_step_t *st = step_of(r, gid);
     int rk = (int)r->rank_of[gid];
     r->state[gid] |= S_WANT;
-    if (st->kind == STEP_COPY) {
+    if (sched_step_local(st->kind)) {
         r->state[gid] |= S_POSTED;
         advance_window(r, rk, now);
         heap_push(&r->q, compute(r, rk, now, (double)st->count * 4.0), gid, EV_DONE);
@@ -559,7 +559,7 @@ loomResult_t sim_collective(const sim_machine_t *m, sim_coll_t coll, int algo, u
                 r.dnt_off[r.off[i] + s->deps[s->steps[k].dep_first + d] + 1]++;
             const sched_step_t *st = &s->steps[k];
             r.pair[gid] = -1;
-            if (st->kind == STEP_COPY) continue;
+            if (sched_step_local(st->kind)) continue;
             bool snd = st->kind == STEP_SEND;
             int32_t pid = snd ? pair_id(&r, &pm, i, st->peer) : pair_id(&r, &pm, st->peer, i);
             if (pid < 0) goto oom;
