@@ -42,7 +42,8 @@
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path), once at 4 KiB (latency path) and once at 4 MiB with both
- *              buffers in symmetric windows (the peer dies with its windows mapped)
+ *              buffers in symmetric windows (the peer dies with its windows mapped); on one GPU
+ *              with LOOM_CUDA_SHARE_GPU=1 (tests/gpu/windows.sh)
  *
  * Exit: 0 all passed, 1 some failed, 77 skipped (no GPU, or nothing selected could run).
  */
@@ -2779,8 +2780,9 @@ static void describe(int st, int watchdog, char *buf, size_t len)
 static void run_group(const group_t *g, int ngpu)
 {
     int np = g->mode == M_ALL ? ngpu : g->mode == M_SINGLE ? 1 : 2;
-    /* windows: two ranks, on two GPUs or sharing the one (LOOM_CUDA_SHARE_GPU=1) */
-    const bool win_shared = g->mode == M_WIN && ngpu < 2;
+    /* windows and the kill test: two ranks, on two GPUs or sharing the one
+     * (LOOM_CUDA_SHARE_GPU=1; main skips these groups on one GPU without it) */
+    const bool win_shared = (g->mode == M_WIN || g->mode == M_TWO) && ngpu < 2;
     memset(tab, 0, sizeof(*tab));
     for (int r = 0; r < MAXR; r++)
         tab->cur[r] = -1;
@@ -3103,16 +3105,19 @@ int main(int argc, char **argv)
     for (int i = 0; i < NGROUPS; i++) {
         const group_t *g = &groups[i];
         if ((only && !listed(only, g->name)) || listed(skip, g->name)) continue;
+        const char *sh = getenv("LOOM_CUDA_SHARE_GPU");
+        bool share = sh && strcmp(sh, "1") == 0;
         if (g->mode == M_WIN && ngpu < 2) {
-            const char *sh = getenv("LOOM_CUDA_SHARE_GPU");
-            if (!sh || strcmp(sh, "1") != 0) {
+            if (!share) {
                 printf("skip %s: one GPU: run with LOOM_CUDA_SHARE_GPU=1 (tests/gpu/%s.sh)\n",
                        g->name, strcmp(g->name, "win") ? g->name : "windows");
                 skipped++;
                 continue;
             }
         }
-        if (g->min_gpu > ngpu) {
+        /* the kill test's two ranks may share one GPU (LOOM_CUDA_SHARE_GPU=1, as
+         * tests/gpu/windows.sh runs it): the peer then dies with its windows mapped there */
+        if (g->min_gpu > ngpu && !(g->mode == M_TWO && share)) {
             printf("skip %s: needs %d GPUs, using %d\n", g->name, g->min_gpu, ngpu);
             skipped++;
             continue;

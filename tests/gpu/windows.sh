@@ -3,8 +3,9 @@
 # (LOOM_CUDA_SHARE_GPU=1, a testing knob; their kernels take turns, so this checks results, not
 # speed). Runs gpu_coll's "win" group twice: with the defaults (small allreduces and
 # reduce-scatters keep the latency path) and with LOOM_CUDA_LL=0 (the window kernels at every
-# size); then loom-perf -R 2 (nccl-tests' symmetric registration) with -c 1 over the four
-# window collectives, and --gpu-time of a window allreduce against an unregistered one.
+# size); its "kill" group (a peer SIGKILLed, once with its windows mapped); then loom-perf -R 2
+# (nccl-tests' symmetric registration) with -c 1 over the four window collectives, and
+# --gpu-time of a window allreduce against an unregistered one.
 # 77 without a GPU.
 # Usage: tests/gpu/windows.sh [BUILD_DIR]
 set -uo pipefail
@@ -34,6 +35,17 @@ for ll in default 0; do
         fail=$((fail + 1))
     fi
 done
+# the kill test on the shared GPU: rank 1 SIGKILLed with its windows mapped by rank 0 (and the
+# direct and latency paths' runs beside it); rank 0 must report rank 1 and drain its stream
+log=$out/windows_kill.txt
+if timeout -k 10 400 "$coll" --only kill >"$log" 2>&1; then
+    echo "ok   windows gpu_coll kill (shared GPU): $(tail -1 "$log")"
+else
+    echo "FAIL windows gpu_coll kill (shared GPU):"
+    grep -E '^FAIL' "$log" | head -20
+    tail -3 "$log"
+    fail=$((fail + 1))
+fi
 for c in allreduce reducescatter allgather broadcast; do
     log=$out/windows_perf_$c.txt
     if timeout -k 10 300 "$perf" -P 2 --mem device -R 2 --collective "$c" -d float -o sum \
