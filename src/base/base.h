@@ -123,6 +123,11 @@ static inline int base_premul_index(loomRedOp_t op)
 const char *base_op_code_name(int code);
 
 uint64_t base_now_ns(void);
+/* The same clock at the kernel tick's resolution (1-4 ms), read in a few nanoseconds where
+ * base_now_ns costs tens: for the stamps that progress loops write on every message and compare
+ * against milliseconds or more (liveness, heartbeats, the listener's rationing). Never lower
+ * than base_now_ns()'s last value minus a tick; compare its values with its own only. */
+uint64_t base_coarse_ns(void);
 static inline double base_now_s(void)
 {
     return (double)base_now_ns() * 1e-9;

@@ -69,6 +69,13 @@ uint64_t base_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t base_coarse_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 loomResult_t base_crypto_init(void)
 {
     /* sodium_init is thread-safe and returns 1 once done, so every user may call it. */

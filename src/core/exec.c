@@ -47,12 +47,13 @@ struct exec {
     int nfree;
     uint32_t *stamp; /* per (peer, direction): scan that found an earlier blocked step */
     uint32_t scan;
-    uint64_t start_ns;
+    uint64_t start_ns;     /* base_coarse_ns, as every stamp here */
     uint64_t last_step_ns; /* when a step last finished */
     bool dirty;            /* a step finished since the last scan: more may be issuable */
-    /* the per-step and per-peer arrays above, in one allocation (one calloc per call, not five:
-     * small calls are a few microseconds) */
+    /* the per-step and per-peer arrays above, in one allocation (one per call, not five: small
+     * calls are a microsecond), kept with the exec for the next call (exec_host_t.spare) */
     void *arrays;
+    size_t arrays_bytes;
 };
 
 /* Metadata as carried in messages: point to point looks the same from both ends. */
@@ -99,9 +100,23 @@ static void desc_str(const sched_desc_t *d, char *buf, size_t len)
 loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, loomDataType_t type,
                          red_op_t op, exec_t **out)
 {
-    exec_t *e = calloc(1, sizeof(*e));
+    /* One schedule runs at a time per communicator: the last one's exec (and its arrays, when
+     * large enough) serves this one, so that a small call allocates nothing. */
+    exec_t *e = h->spare;
+    h->spare = NULL;
     size_t n = s->nsteps;
-    if (e == NULL) goto oom;
+    if (e) {
+        void *arrays = e->arrays;
+        size_t cap = e->arrays_bytes;
+        memset(e, 0, sizeof(*e));
+        e->arrays = arrays;
+        e->arrays_bytes = cap;
+    } else {
+        e = calloc(1, sizeof(*e));
+        if (e == NULL)
+            return base_error(loomSystemError, LOG_COLL,
+                              "out of memory for a schedule of %zu steps", n);
+    }
     e->h = h;
     atomic_fetch_add(&h->running, 1);
     atomic_store(&h->call_state, TRANSPORT_CALL_IN);
@@ -110,39 +125,51 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, lo
     e->esize = red_type_size(type);
     e->type = type;
     e->op = op;
-    /* reqs (8-byte entries) first, then the 4-byte arrays, the bytes last: each aligned */
-    size_t o_slot = (n + 1) * sizeof(*e->reqs), o_infl = o_slot + (n + 1) * sizeof(*e->slot);
-    size_t o_stamp = o_infl + EXEC_MAX_INFLIGHT * sizeof(*e->inflight);
-    size_t o_state = o_stamp + (size_t)h->nranks * 2 * sizeof(*e->stamp);
-    uint8_t *a = e->arrays = calloc(1, o_state + n + 1);
-    if (a == NULL) goto oom;
-    e->reqs = (transport_req_t **)(void *)a;
-    e->slot = (int32_t *)(void *)(a + o_slot);
-    e->inflight = (uint32_t *)(void *)(a + o_infl);
-    e->stamp = (uint32_t *)(void *)(a + o_stamp);
-    e->state = a + o_state;
     uint64_t max_rr = 0;
     for (size_t i = 0; i < n; i++)
         if (s->steps[i].kind == STEP_RECV_REDUCE) max_rr = LOOM_MAX(max_rr, s->steps[i].count);
+    int nslots = max_rr > 0 ? h->slices_in_flight * h->nchannels : 0;
+    /* reqs (8-byte entries) first, then the 4-byte arrays, the bytes last: each aligned; only
+     * what is read before it is written is cleared (requests, stamps, states) */
+    size_t o_slot = (n + 1) * sizeof(*e->reqs), o_infl = o_slot + (n + 1) * sizeof(*e->slot);
+    size_t o_free = o_infl + EXEC_MAX_INFLIGHT * sizeof(*e->inflight);
+    size_t o_stamp = o_free + (size_t)nslots * sizeof(*e->free_slots);
+    size_t o_state = o_stamp + (size_t)h->nranks * 2 * sizeof(*e->stamp);
+    size_t need = o_state + n + 1;
+    if (e->arrays_bytes < need) {
+        free(e->arrays);
+        e->arrays_bytes = 0;
+        e->arrays = malloc(need);
+        if (e->arrays == NULL) goto oom;
+        e->arrays_bytes = need;
+    }
+    uint8_t *a = e->arrays;
+    memset(a, 0, o_slot);
+    memset(a + o_stamp, 0, need - o_stamp);
+    e->reqs = (transport_req_t **)(void *)a;
+    e->slot = (int32_t *)(void *)(a + o_slot);
+    e->inflight = (uint32_t *)(void *)(a + o_infl);
+    e->free_slots = (int *)(void *)(a + o_free);
+    e->stamp = (uint32_t *)(void *)(a + o_stamp);
+    e->state = a + o_state;
     if (max_rr > 0) {
-        e->nslots = h->slices_in_flight * h->nchannels;
+        e->nslots = nslots;
         e->slot_bytes = LOOM_ALIGN_UP(max_rr * e->esize, 64);
-        size_t need = e->slot_bytes * (size_t)e->nslots;
-        if (h->staging_bytes < need) {
+        size_t need_stg = e->slot_bytes * (size_t)e->nslots;
+        if (h->staging_bytes < need_stg) {
             free(h->staging);
             h->staging_bytes = 0;
-            h->staging = aligned_alloc(64, need);
+            h->staging = aligned_alloc(64, need_stg);
             if (h->staging == NULL) goto oom;
-            h->staging_bytes = need;
+            h->staging_bytes = need_stg;
         }
         e->staging = h->staging;
-        e->free_slots = calloc((size_t)e->nslots, sizeof(int));
-        if (!e->free_slots) goto oom;
         for (int i = 0; i < e->nslots; i++)
             e->free_slots[i] = i;
         e->nfree = e->nslots;
     }
-    e->start_ns = e->last_step_ns = base_now_ns();
+    e->start_ns = base_coarse_ns();
+    e->last_step_ns = base_coarse_ns();
     e->dirty = true;
     exec_host_lock(h);
     h->cur = e;
@@ -183,8 +210,11 @@ void exec_free(exec_t *e)
             if (h->tp[t].ctx && h->tp[t].ops->orphan) h->tp[t].ops->orphan(h->tp[t].ctx);
     exec_host_unlock(h);
     if (atomic_fetch_sub(&h->running, 1) == 1) atomic_store(&h->call_state, TRANSPORT_CALL_NONE);
+    if (h->spare == NULL) {
+        h->spare = e;
+        return;
+    }
     free(e->arrays);
-    free(e->free_slots);
     free(e);
 }
 
@@ -218,7 +248,7 @@ static void finish_step(exec_t *e, size_t i)
     e->state[i] = ST_DONE;
     e->ndone++;
     e->dirty = true;
-    e->last_step_ns = base_now_ns();
+    e->last_step_ns = base_coarse_ns();
 }
 
 static void apply_avg(exec_t *e, const sched_step_t *st)
@@ -405,7 +435,7 @@ static void exec_mark_finished(exec_t *e)
     exec_host_t *h = e->h;
     if (e->s->ndescs == 0) return;
     h->finished = e->s->descs[0];
-    h->finished_ns = base_now_ns();
+    h->finished_ns = base_coarse_ns();
     h->any_finished = true;
 }
 
@@ -549,7 +579,7 @@ void exec_host_current(exec_host_t *h, char *buf, size_t len)
 bool exec_host_status(exec_host_t *h, char *buf, size_t len)
 {
     char fin[200] = "nothing finished yet";
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns(); /* the stamps are the coarse clock's */
     /* Asked from the progress thread: a call that holds the lock across a long step (one
      * waiting for the job's verdict) must not stall the answer. */
     struct timespec dl;
@@ -595,7 +625,7 @@ loomResult_t exec_check_timeout(exec_t *e)
 static loomResult_t check_locked(exec_t *e)
 {
     exec_host_t *h = e->h;
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns(); /* the stamps are the coarse clock's */
     /* What this rank's heartbeats say: whether it waits on a rank outside calls (a peer that
      * then waits on us is not in a deadlock with us). */
     bool waits_idle = false;
@@ -689,6 +719,11 @@ static loomResult_t check_locked(exec_t *e)
 
 void exec_host_release(exec_host_t *h)
 {
+    if (h->spare) {
+        free(h->spare->arrays);
+        free(h->spare);
+        h->spare = NULL;
+    }
     free(h->staging);
     h->staging = NULL;
     h->staging_bytes = 0;

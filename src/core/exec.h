@@ -63,6 +63,9 @@ struct exec_host {
      * exec_host_release. */
     uint8_t *staging;
     size_t staging_bytes;
+    /* The last schedule's exec, kept for the next (the same rule: one at a time), freed by
+     * exec_host_release. */
+    exec_t *spare;
     /* Liveness between calls (exec_keepalive_start): the progress thread moves the transports
      * (heartbeats, accepting and authenticating the peers' connections) while no schedule of
      * this communicator runs. `lock` (recursive: an error inside a step aborts the transports

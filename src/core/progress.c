@@ -40,22 +40,53 @@ static void spin_yield(uint64_t idle_ns, uint64_t hot_ns)
     if (idle_ns >= hot_ns) sched_yield();
 }
 
+/* Idle passes between two readings of the clock while spinning. A reading costs tens of
+ * nanoseconds with a clock the vDSO reads, and a system call (a microsecond or more) where it
+ * cannot (some virtual machines' clock sources): read at every pass or after every progress it
+ * was most of a small call's time there. Most waits of a step end within these passes, without
+ * a reading; the spin's window starts at the first one (a few microseconds late at most). */
+#define PROGRESS_CLOCK_EVERY 32
+
+/* A spin's clock: since when nothing progressed (0: no reading since the last progress). */
+typedef struct {
+    uint64_t idle_since;
+    unsigned quiet;
+} idle_clock_t;
+
+static void idle_reset(idle_clock_t *c)
+{
+    c->idle_since = 0;
+    c->quiet = 0;
+}
+
+/* After a pass that moved nothing: true to pass again (spinning, with a yield past hot_ns),
+ * false once spin_ns passed (time to block). */
+static bool idle_spin(idle_clock_t *c, uint64_t spin_ns, uint64_t hot_ns)
+{
+    if (spin_ns > 0 && ++c->quiet < PROGRESS_CLOCK_EVERY) {
+        if (hot_ns == 0) sched_yield();
+        return true;
+    }
+    c->quiet = 0;
+    uint64_t now = base_now_ns();
+    if (c->idle_since == 0) c->idle_since = now;
+    if (now - c->idle_since >= spin_ns) return false;
+    spin_yield(now - c->idle_since, hot_ns);
+    return true;
+}
+
 loomResult_t progress_drive(prog_work_t *w)
 {
-    uint64_t idle_since = base_now_ns();
+    idle_clock_t ic = {0, 0};
     for (;;) {
         bool done = false, progressed = false;
         LOOM_CHECK(w->advance(w, &done, &progressed));
         if (done) return loomSuccess;
-        uint64_t now = base_now_ns();
         if (progressed) {
-            idle_since = now;
+            idle_reset(&ic);
             continue;
         }
-        if (now - idle_since < w->spin_ns) {
-            spin_yield(now - idle_since, w->hot_ns);
-            continue;
-        }
+        if (idle_spin(&ic, w->spin_ns, w->hot_ns)) continue;
         LOOM_CHECK(w->check(w));
         struct pollfd fds[PROGRESS_MAX_FDS];
         int nf = w->pollfds(w, fds, PROGRESS_MAX_FDS);
@@ -183,20 +214,16 @@ static void *thread_main(void *arg)
 {
     (void)arg;
     on_thread = true;
-    uint64_t idle_since = base_now_ns();
+    idle_clock_t ic = {0, 0};
     for (;;) {
         bool progressed = false, again = false;
         uint64_t spin = 0, hot = 0;
         uint64_t sleep_ns = poll_pass(&progressed, &again, &spin, &hot);
-        uint64_t now = base_now_ns();
         if (progressed) {
-            idle_since = now;
+            idle_reset(&ic);
             continue;
         }
-        if (again && now - idle_since < spin) {
-            spin_yield(now - idle_since, hot);
-            continue;
-        }
+        if (again && idle_spin(&ic, spin, hot)) continue;
         thread_sleep(sleep_ns, again);
     }
     return NULL;

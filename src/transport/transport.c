@@ -96,7 +96,7 @@ int transport_conn_handshake(transport_conn_head_t *h, hs_t *hs, bool *progresse
 uint64_t transport_conn_idle_ns(const transport_conn_head_t *h, bool connecting, bool *pending)
 {
     *pending = h->pending > 0 || connecting;
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns(); /* the stamps are the coarse clock's */
     return now > h->last_activity_ns ? now - h->last_activity_ns : 0;
 }
 
@@ -148,7 +148,7 @@ uint64_t transport_ping_ns(void)
 
 bool transport_accept_due(uint64_t *next_accept_ns, bool wanted)
 {
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns();
     if (!wanted && now < *next_accept_ns) return false;
     *next_accept_ns = now + TRANSPORT_ACCEPT_EVERY_NS;
     return true;

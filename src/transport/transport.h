@@ -151,7 +151,7 @@ typedef struct {
 typedef struct {
     transport_fail_t fail;
     char name[96];             /* "rank 3 (10.0.0.2:41234)": how every message names the peer */
-    uint64_t last_activity_ns; /* the last sign of life the transport counts */
+    uint64_t last_activity_ns; /* the last sign of life the transport counts (base_coarse_ns) */
     int pending;               /* requests posted and not yet complete */
     int peer_call;             /* TRANSPORT_CALL_* of the peer's last heartbeat */
     bool peer_call_known;      /* a heartbeat said it (tcp, shm); else the rules assume a call */

@@ -432,7 +432,7 @@ static loomResult_t mpi_connect(transport_ctx_t *ctx, int peer,
     pthread_mutex_unlock(&ml.state);
     c->mrank = prank;
     c->ctrl_rreq = c->ping_sreq = c->abort_sreq = MPI_REQUEST_NULL;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     char where[64];
     snprintf(where, sizeof(where), "MPI rank %d of communicator %08x, pid %u", prank, best, h.pid);
     transport_conn_name(&c->head, peer, where);
@@ -609,7 +609,7 @@ static void req_complete(transport_conn_t *c, transport_req_t *r)
 {
     req_unlink(c, r);
     r->complete = true;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
 }
 
 /* Tests one request (the caller holds the lock). */
@@ -637,7 +637,7 @@ static void req_progress(transport_conn_t *c, transport_req_t *r, bool *progress
         }
         if (!flag) return;
         *progressed = true;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
         if (count != (int)sizeof(mt_hdr_t)) {
@@ -676,7 +676,7 @@ static void ctrl_progress(transport_conn_t *c, bool *progressed)
             return;
         }
         if (!flag) return;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         const mt_hdr_t *h = &c->ctrl_in.h;
         if (h->magic == MT_MAGIC && h->comm_id == c->ctx->setup.comm_id && h->type == MT_ABORT) {
             int count = 0;
@@ -732,7 +732,7 @@ static loomResult_t mpi_progress(transport_ctx_t *ctx, bool *progressed)
             conn_fail(ctx->active[i], tr, "%s", base_last_error());
         return loomSuccess;
     }
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns();
     mpi_lib_lock();
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];

@@ -335,7 +335,7 @@ static transport_conn_t *conn_new(transport_ctx_t *ctx, int peer)
     c->peer = peer;
     c->fd = -1;
     c->bounce_fd = -1;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     c->probe = base_now_ns() ^ 0x5eed5eed5eedull;
     transport_conn_name(&c->head, peer, "same node");
     ctx->conns[peer] = c;
@@ -448,7 +448,7 @@ static void out_flush(transport_conn_t *c, bool *progressed)
         k++;
         *progressed = true;
         /* Only what the peer sends proves it alive: our own messages do not count. */
-        c->last_send_ns = base_now_ns();
+        c->last_send_ns = base_coarse_ns();
     }
     if (k > 0) {
         memmove(c->out, c->out + k, (size_t)(c->nout - k) * sizeof(*c->out));
@@ -549,7 +549,7 @@ static void ring_consume(transport_conn_t *c, const shm_rec_t *rec)
 {
     c->ring_tail += rec_bytes(rec->len);
     atomic_store_explicit(&my_ctrl(c)->tail, c->ring_tail, memory_order_release);
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     ring_wake(c); /* the peer may wait for room */
 }
 
@@ -863,7 +863,7 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
     }
     c->cma = c->cma && m->cma_ok == 1;
     c->state = CS_READY;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     INFO(LOG_SHM, "shm: connected to %s, %s", c->head.name,
          c->cma ? "cross-memory attach (one copy)" : "bounce segments (two copies)");
 }
@@ -893,7 +893,7 @@ static void read_control(transport_conn_t *c, bool *progressed)
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
                 memcpy(&passed_fd, CMSG_DATA(cm), sizeof(int));
         *progressed = true;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         if ((size_t)n < sizeof(uint32_t)) {
             conn_fail(c, loomRemoteError, "malformed control message from %s (%zd bytes)",
                       c->head.name, n);
@@ -1048,7 +1048,7 @@ static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
 {
     if (ctx->abort.aborted) return loomSuccess;
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns();
     /* Data first, then the listener (see tcp_progress). Two passes: first every connection's
      * control messages (descriptors and acknowledgements in and out, which cost microseconds),
      * then the copies (a slice each, hundreds of microseconds). In one pass, a rank that copies

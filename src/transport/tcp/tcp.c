@@ -179,7 +179,7 @@ static transport_conn_t *conn_get(transport_ctx_t *ctx, int peer, const sock_add
     c->ctx = ctx;
     c->peer = peer;
     c->nsocks = ctx->nsocks;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     for (int i = 0; i < TCP_MAX_SOCKS; i++)
         c->socks[i].fd = -1;
     if (addr) c->addr = *addr;
@@ -469,7 +469,7 @@ static int read_header(transport_conn_t *c, tcp_sock_t *s, transport_req_t *r, b
             return -1;
         }
         *progressed = true;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         r->done += (size_t)n;
         if (r->done < H) continue;
         if (s->sec) {
@@ -515,7 +515,7 @@ static bool recv_payload_sealed(transport_conn_t *c, tcp_sock_t *s, transport_re
             return false;
         }
         *progressed = true;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         r->rec += (size_t)got;
         if (r->rec < n + SEAL_TAG_BYTES) continue;
         uint64_t ctr = s->sec->rx.ctr;
@@ -553,7 +553,7 @@ static void sock_progress_recv(transport_conn_t *c, tcp_sock_t *s, bool *progres
                 return;
             }
             *progressed = true;
-            c->head.last_activity_ns = base_now_ns();
+            c->head.last_activity_ns = base_coarse_ns();
             r->done += (size_t)n;
         }
         recv_done(c, s, r);
@@ -594,12 +594,13 @@ static void peek_heartbeats(transport_conn_t *c, tcp_sock_t *s)
             return;
         }
         if (h.type != TCP_FRAME_PING) {
-            c->head.last_activity_ns = base_now_ns(); /* data is waiting: the peer got this far */
+            c->head.last_activity_ns =
+                base_coarse_ns(); /* data is waiting: the peer got this far */
             return;
         }
         if (recv(s->fd, wire, H, MSG_DONTWAIT) != (ssize_t)H) return;
         if (s->sec) s->sec->rx.ctr++;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
         transport_peer_call_set(&c->head, h.flags);
     }
 }
@@ -680,7 +681,7 @@ static ssize_t sock_sendv(transport_conn_t *c, tcp_sock_t *s, struct iovec *iov,
         return -1;
     }
     *progressed = true;
-    c->head.last_activity_ns = s->last_send_ns = base_now_ns();
+    c->head.last_activity_ns = s->last_send_ns = base_coarse_ns();
     return n;
 }
 
@@ -780,7 +781,7 @@ static void mode_start(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s)
                       base_last_error());
     }
     s->mode_out_done = s->mode_in_done = 0;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
 }
 
 /* Both mode frames are there: agree, and derive the socket's keys. */
@@ -846,7 +847,7 @@ static void mode_finish(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s
     }
     s->state = SK_READY;
     c->nready++;
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
 }
 
 /* Sends ours and reads the peer's mode frame, without blocking. */
@@ -867,7 +868,7 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
         }
         *progressed = true;
         s->mode_out_done += (size_t)n;
-        s->last_send_ns = base_now_ns();
+        s->last_send_ns = base_coarse_ns();
     }
     while (s->mode_in_done < M && live) {
         ssize_t n = recv(s->fd, (uint8_t *)&s->mode_in + s->mode_in_done, M - s->mode_in_done,
@@ -881,7 +882,7 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
         }
         *progressed = true;
         s->mode_in_done += (size_t)n;
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
     }
     if (live && s->mode_out_done == M && s->mode_in_done == M) mode_finish(ctx, c, s);
 }
@@ -944,7 +945,7 @@ static void conn_progress(transport_conn_t *c, bool *progressed)
         if (s->sq.head) sock_progress_send(c, s, progressed);
         if (s->rq.head) sock_progress_recv(c, s, progressed);
     }
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns();
     for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++)
         if (c->socks[i].state == SK_READY) maybe_ping(c, &c->socks[i], now);
     if (now >= c->next_peek_ns) {

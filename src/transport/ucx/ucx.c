@@ -217,7 +217,7 @@ static void err_later(transport_conn_t *c, const char *fmt, const char *what)
 {
     if (c->err_waits) return;
     c->err_waits = true;
-    c->err_ns = base_now_ns();
+    c->err_ns = base_coarse_ns();
     snprintf(c->err_text, sizeof(c->err_text), fmt, c->head.name, what);
 }
 
@@ -230,7 +230,7 @@ static void part_done(transport_req_t *r, int part, ucs_status_t status,
     r->parts--;
     if (info) r->info[part] = *info;
     if (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED)
-        c->head.last_activity_ns = base_now_ns();
+        c->head.last_activity_ns = base_coarse_ns();
     if (r->parts == 0) c->head.pending--;
     if (r->parts == 0 && r->bad_len_text[0]) {
         conn_fail(c, loomRemoteError, "%s", r->bad_len_text);
@@ -474,7 +474,7 @@ static loomResult_t ucx_connect_addr(transport_ctx_t *ctx, int peer, const trans
     if (c == NULL) return base_error(loomSystemError, LOG_NET, "out of memory (ucx connection)");
     c->ctx = ctx;
     c->peer = peer;
-    c->head.last_activity_ns = c->last_send_ns = base_now_ns();
+    c->head.last_activity_ns = c->last_send_ns = base_coarse_ns();
     h.host[sizeof(h.host) - 1] = '\0';
     char where[80];
     snprintf(where, sizeof(where), "%s:%u", h.host, h.pid);
@@ -559,7 +559,7 @@ static loomResult_t ucx_isend(transport_conn_t *c, const void *buf, size_t len,
                 ucp_tag_send_nbx(c->ep, r->meta, TRANSPORT_META_BYTES, tag | UCX_TAG_META, &p));
     p.user_data = &r->pt[PART_DATA];
     part_posted(r, PART_DATA, ucp_tag_send_nbx(c->ep, buf, len, tag, &p));
-    c->last_send_ns = base_now_ns();
+    c->last_send_ns = base_coarse_ns();
     *out = r;
     return loomSuccess;
 }
@@ -613,7 +613,7 @@ static void ctrl_handle(transport_conn_t *c)
                       ucs_status_string(c->ctrl_status));
         return;
     }
-    c->head.last_activity_ns = base_now_ns();
+    c->head.last_activity_ns = base_coarse_ns();
     size_t n = LOOM_MIN(c->ctrl_info.length, sizeof(c->ctrl_buf));
     if (n >= 1 && c->ctrl_buf[0] == UCX_CTRL_ABORT) {
         char text[UCX_CTRL_MAX];
@@ -672,7 +672,7 @@ static loomResult_t ucx_progress(transport_ctx_t *ctx, bool *progressed)
     ctx->moved = false;
     for (int i = 0; i < 64 && ucp_worker_progress(ctx->worker); i++)
         *progressed = true;
-    uint64_t now = base_now_ns();
+    uint64_t now = base_coarse_ns();
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (!c->head.fail.failed) conn_progress(c, now);
