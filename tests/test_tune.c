@@ -261,6 +261,41 @@ static int pick_rank(loomComm_t comm, int rank, int nranks, void *arg)
     return 0;
 }
 
+/* The communicator keeps its choices by size: asked again, in another order and after entries
+ * were evicted (48 sizes for 16 entries, sizes that share one), it must answer what the model
+ * answers with nothing kept. The sizes span rd's and the bandwidth algorithms' ranges, so an
+ * entry answered for the wrong size shows. */
+static int repick_rank(loomComm_t comm, int rank, int nranks, void *arg)
+{
+    (void)rank;
+    (void)nranks;
+    (void)arg;
+    uint64_t sizes[48];
+    int first[48], kinds = 0;
+    for (int i = 0; i < 48; i++) {
+        sizes[i] = (8ull << (i % 27)) + (uint64_t)(i / 27) * 4;
+        memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model's own answer */
+        first[i] = comm_pick_allreduce(comm, sizes[i]);
+        kinds |= 1 << first[i];
+    }
+    memset(comm->tune.picks, 0, sizeof(comm->tune.picks));
+    if ((kinds & (kinds - 1)) == 0) return 1; /* one row for every size: the test proves nothing */
+    for (int round = 0; round < 3; round++)
+        for (int k = 0; k < 48; k++) {
+            int i = round == 1 ? 47 - k : (k * 7 + round) % 48;
+            if (comm_pick_allreduce(comm, sizes[i]) != first[i]) return 1;
+        }
+    return 0;
+}
+
+START_TEST(test_pick_cache)
+{
+    unsetenv("LOOM_TUNE_FILE");
+    param_reset_cache();
+    ck_assert_int_eq(h_run_threads(4, repick_rank, NULL), 0);
+}
+END_TEST
+
 /* The automatic choice of 4 ranks on one node (shm) at `bytes`, with LOOM_TUNE_FILE = file
  * (NULL: unset); every rank must agree. The fusion sizes they would use go to *fs (may be
  * NULL). */
@@ -415,6 +450,7 @@ static Suite *tune_suite(void)
         {.name = "specificity", .test = test_specificity},
         {.name = "malformed", .test = test_malformed},
         {.name = "selection", .test = test_selection},
+        {.name = "pick_cache", .test = test_pick_cache},
         {.name = "search", .test = test_search},
         {.name = "fusion_sizes", .test = test_fusion_sizes},
     };

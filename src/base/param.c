@@ -63,9 +63,9 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
          "force the allreduce algorithm: ring, rd, rabenseifner, tree, hier, hier:tree, "
-         "hier:rabenseifner, hier:rd, hier_leader, ps, determ (default: a cost model)",
+         "hier:rabenseifner, hier:rd, hier_leader, ps, determ, oneshot (default: a cost model)",
          NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps|"
-               "determ",
+               "determ|oneshot",
                READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
                          "force one transport for every peer: tcp, shm, mpi or ucx (ibv later)",

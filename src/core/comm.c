@@ -645,6 +645,7 @@ static uint32_t tune_file_hash(void)
  * back to the built-in defaults, and rank 0 says which rank differs. */
 static void comm_tune_load(loomComm_t comm)
 {
+    memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model may change */
     for (int m = 0; m < TUNE_NMEM; m++)
         tune_entry_clear(&comm->tune.file[m]);
     const char *path = param_str(PARAM_TUNE_FILE);
@@ -818,12 +819,21 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     if (comm->tune.deterministic) return ALGO_DETERM;
     if (comm->tune.algo != ALGO_AUTO) return comm->tune.algo;
     if (comm->nranks == 1) return ALGO_RING;
-    registry_model_t m = comm_model(comm);
-    int pick = registry_pick(&m, bytes);
+    size_t slot = (size_t)((bytes * 0x9e3779b97f4a7c15ull) >> 60);
+    int pick;
+    if (comm->tune.picks[slot].algo1 > 0 && comm->tune.picks[slot].bytes == bytes) {
+        pick = comm->tune.picks[slot].algo1 - 1;
+    } else {
+        registry_model_t m = comm_model(comm);
+        pick = registry_pick(&m, bytes);
+        comm->tune.picks[slot].bytes = bytes;
+        comm->tune.picks[slot].algo1 = pick + 1;
+    }
     /* Said at INFO when the choice changes (sizes sweep through it once), else at TRACE. */
     log_level_t lvl = pick != comm->tune.last_pick ? LOG_INFO : LOG_TRACE;
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
+        registry_model_t m = comm_model(comm);
         char why[1024];
         LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s [constants: %s]",
             (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
@@ -882,6 +892,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
     }
     comm->tune.oversubscribed = any;
+    memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model changed */
     int mine = comm->lay.peers[comm->rank].cores;
     if (mine > 0 && comm->lay.local_size > mine) {
         comm->tune.hot_ns = 0;

@@ -93,6 +93,13 @@ typedef struct {
     int algo;                /* LOOM_ALGO, or ALGO_AUTO */
     int last_pick;           /* the model's previous choice (for the log) */
     int last_pick_rooted[2]; /* the same for reduce and broadcast (ROOTED_*) */
+    /* The model's allreduce choices by size (the model is fixed for the communicator's life,
+     * and a training step asks for the same few sizes again and again: evaluating every row
+     * was a tenth of an 8-byte call). algo1: the row + 1, 0 for an empty entry. */
+    struct {
+        uint64_t bytes;
+        int algo1;
+    } picks[16];
     /* LOOM_DETERMINISTIC=1: every reducing collective runs src/algo/determ.c (comm.c's
      * comm_pick_allreduce, coll.c), and device memory reductions are refused (enqueue.c) */
     bool deterministic;
