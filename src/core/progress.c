@@ -40,11 +40,11 @@ static void spin_yield(uint64_t idle_ns, uint64_t hot_ns)
     if (idle_ns >= hot_ns) sched_yield();
 }
 
-/* Idle passes between two readings of the clock while spinning. A reading costs tens of
- * nanoseconds with a clock the vDSO reads, and a system call (a microsecond or more) where it
- * cannot (some virtual machines' clock sources): read at every pass or after every progress it
- * was most of a small call's time there. Most waits of a step end within these passes, without
- * a reading; the spin's window starts at the first one (a few microseconds late at most). */
+/* Idle passes between two readings of the clock while spinning. A reading costs 20-40 ns
+ * through the vDSO (a system call where the clock source has no vDSO path), about a pass over a
+ * few connections: read at every pass and after every progress, the readings were a third of an
+ * 8-byte call's samples on two ranks. Most waits of a step end within these passes, without a
+ * reading; the spin's window starts at the first one (a few microseconds late at most). */
 #define PROGRESS_CLOCK_EVERY 32
 
 /* A spin's clock: since when nothing progressed (0: no reading since the last progress). */
