@@ -131,10 +131,12 @@ void sched_recv_reduce(sched_t *s, uint16_t desc, int peer, uint32_t src_buf, ui
     add_step(s, st, true, true);
 }
 
-void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
-                uint64_t dst_off, uint64_t count, uint8_t flags)
+/* A step on this rank's memory alone (peer -1): a copy, or a reduction into dst (whose write's
+ * dependencies, on the accumulator's last writer and readers, cover its read of dst). */
+static void add_local(sched_t *s, uint8_t kind, uint16_t desc, uint32_t src_buf, uint64_t src_off,
+                      uint32_t dst_buf, uint64_t dst_off, uint64_t count, uint8_t flags)
 {
-    sched_step_t st = {.kind = STEP_COPY,
+    sched_step_t st = {.kind = kind,
                        .flags = flags,
                        .desc = desc,
                        .peer = -1,
@@ -146,20 +148,16 @@ void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, u
     add_step(s, st, true, true);
 }
 
+void sched_copy(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
+                uint64_t dst_off, uint64_t count, uint8_t flags)
+{
+    add_local(s, STEP_COPY, desc, src_buf, src_off, dst_buf, dst_off, count, flags);
+}
+
 void sched_reduce(sched_t *s, uint16_t desc, uint32_t src_buf, uint64_t src_off, uint32_t dst_buf,
                   uint64_t dst_off, uint64_t count, uint8_t flags)
 {
-    sched_step_t st = {.kind = STEP_REDUCE,
-                       .flags = flags,
-                       .desc = desc,
-                       .peer = -1,
-                       .src_buf = src_buf,
-                       .src_off = src_off,
-                       .dst_buf = dst_buf,
-                       .dst_off = dst_off,
-                       .count = count};
-    /* the write's dependencies (on the accumulator's last writer and readers) cover its read */
-    add_step(s, st, true, true);
+    add_local(s, STEP_REDUCE, desc, src_buf, src_off, dst_buf, dst_off, count, flags);
 }
 
 const char *sched_opkind_name(int kind)
