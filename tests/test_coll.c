@@ -335,8 +335,8 @@ static int algo_rank(loomComm_t comm, int r, int p, void *arg)
 }
 
 static const char *const coll_algos[] = {
-    "hier",      "hier_leader",       "ps",      "ring",   "rd", "rabenseifner", "tree",
-    "hier:tree", "hier:rabenseifner", "hier:rd", "oneshot"};
+    "hier",      "hier_leader",       "ps",      "ring",    "rd",     "rabenseifner", "tree",
+    "hier:tree", "hier:rabenseifner", "hier:rd", "oneshot", "segment"};
 #define NCOLL_ALGOS ((int)(sizeof(coll_algos) / sizeof(coll_algos[0])))
 
 START_TEST(hier_algos)

@@ -65,18 +65,20 @@ typedef struct {
 
 typedef struct {
     int victim;
-    int sig; /* SIGKILL or SIGSTOP */
+    int sig;      /* SIGKILL or SIGSTOP */
+    size_t count; /* FR_COUNT, or FR_SMALL: through the node segment (one node, host memory) */
     fail_report_t *rep;
 } fail_arg_t;
+#define FR_SMALL 16
 
 static int fail_rank(loomComm_t comm, int rank, int nranks, void *p)
 {
     (void)nranks;
     fail_arg_t *a = p;
     fail_report_t *rep = a->rep;
-    float *send = malloc(FR_COUNT * sizeof(float)), *recv = malloc(FR_COUNT * sizeof(float));
+    float *send = malloc(a->count * sizeof(float)), *recv = malloc(a->count * sizeof(float));
     if (send == NULL || recv == NULL) return RC_LOOM_ERROR;
-    for (size_t i = 0; i < FR_COUNT; i++)
+    for (size_t i = 0; i < a->count; i++)
         send[i] = (float)(rank + 1);
     int rc = RC_NO_ERROR;
     for (int it = 0; it < FR_MAX_ITERS; it++) {
@@ -88,7 +90,7 @@ static int fail_rank(loomComm_t comm, int rank, int nranks, void *p)
             _exit(RC_OK); /* continued only to be killed */
         }
         double t0 = h_now_s();
-        loomResult_t r = loomAllReduce(send, recv, FR_COUNT, loomFloat, loomSum, comm, NULL);
+        loomResult_t r = loomAllReduce(send, recv, a->count, loomFloat, loomSum, comm, NULL);
         double dt = h_now_s() - t0;
         if (r == loomSuccess) continue;
         rep->res[rank] = r;
@@ -132,9 +134,14 @@ static void check_survivors(const fail_arg_t *a, const int *status, double wall)
     ck_assert_msg(wall < 20, "the job took %.1f s", wall);
 }
 
+/* Loop 0: 4 MiB allreduces over the links; loop 1: 64-byte ones, which go through the node
+ * segment, where no connection closes when a rank dies (its pidfd says so). */
 START_TEST(test_killed_rank)
 {
-    fail_arg_t a = {.victim = 2, .sig = SIGKILL, .rep = h_shared_map(sizeof(fail_report_t))};
+    fail_arg_t a = {.victim = 2,
+                    .sig = SIGKILL,
+                    .count = _i ? FR_SMALL : FR_COUNT,
+                    .rep = h_shared_map(sizeof(fail_report_t))};
     int status[FR_NRANKS];
     double t0 = h_now_s();
     h_run_procs(FR_NRANKS, fail_rank, &a, 30, status);
@@ -169,7 +176,10 @@ static void *reaper_main(void *p)
 
 START_TEST(test_stalled_rank)
 {
-    fail_arg_t a = {.victim = 1, .sig = SIGSTOP, .rep = h_shared_map(sizeof(fail_report_t))};
+    fail_arg_t a = {.victim = 1,
+                    .sig = SIGSTOP,
+                    .count = _i ? FR_SMALL : FR_COUNT,
+                    .rep = h_shared_map(sizeof(fail_report_t))};
     reaper_t rp = {.a = &a};
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, reaper_main, &rp), 0);
@@ -1017,7 +1027,9 @@ END_TEST
 
 #define LV_NRANKS 3
 #define LV_COUNT 65536
-static const char *const lv_transports[] = {"tcp", "shm"};
+/* "segment": no transport forced, LOOM_ALGO=segment, and allreduces that fit the segment */
+static const char *const lv_transports[] = {"tcp", "shm", "segment"};
+static size_t lv_count = LV_COUNT;
 
 typedef struct {
     int sleeper;            /* the rank that computes */
@@ -1058,14 +1070,14 @@ static int live_allreduce(loomComm_t comm, int rank, int nranks, int it, int32_t
 static int live_rank(loomComm_t comm, int rank, int nranks, void *p)
 {
     live_t *L = p;
-    int32_t *send = malloc(LV_COUNT * sizeof(int32_t)), *recv = malloc(LV_COUNT * sizeof(int32_t));
+    int32_t *send = malloc(lv_count * sizeof(int32_t)), *recv = malloc(lv_count * sizeof(int32_t));
     if (send == NULL || recv == NULL) return RC_LOOM_ERROR;
     L->res[rank] = loomSuccess;
     for (int it = 0; it < L->iters; it++) {
         if (rank == L->sleeper && it == L->sleep_before) usleep((useconds_t)(L->sleep_s * 1e6));
         double t0 = h_now_s();
         loomResult_t r;
-        int bad = live_allreduce(comm, rank, nranks, it, send, recv, LV_COUNT, &r, L->text[rank]);
+        int bad = live_allreduce(comm, rank, nranks, it, send, recv, lv_count, &r, L->text[rank]);
         if (bad) {
             L->res[rank] = r;
             L->iter[rank] = it;
@@ -1082,7 +1094,16 @@ static int live_rank(loomComm_t comm, int rank, int nranks, void *p)
 
 static live_t *live_setup(int transport, const char *timeout, const char *op_timeout)
 {
-    setenv("LOOM_TRANSPORT", lv_transports[transport], 1);
+    bool seg = strcmp(lv_transports[transport], "segment") == 0;
+    if (seg) {
+        unsetenv("LOOM_TRANSPORT");
+        setenv("LOOM_ALGO", "segment", 1);
+        lv_count = 4096;
+    } else {
+        setenv("LOOM_TRANSPORT", lv_transports[transport], 1);
+        unsetenv("LOOM_ALGO");
+        lv_count = LV_COUNT;
+    }
     setenv("LOOM_TIMEOUT", timeout, 1);
     if (op_timeout)
         setenv("LOOM_OP_TIMEOUT", op_timeout, 1);
@@ -1173,7 +1194,7 @@ typedef struct {
 static void *lv_drive(void *p)
 {
     lv_driver_t *d = p;
-    size_t count = LV_COUNT / 4;
+    size_t count = lv_count / 4;
     int32_t *send = malloc(count * sizeof(int32_t)), *recv = malloc(count * sizeof(int32_t));
     d->res = loomSuccess;
     for (int it = 0; it < d->iters && send && recv; it++) {
@@ -1286,8 +1307,16 @@ int main(void)
      * LOOM_TRANSPORT=ucx and CK_INCLUDE_TAGS=transport). */
     Suite *s = suite_create("fail");
     const h_case_t cases[] = {
-        {.name = "killed_rank", .tags = "transport", .test = test_killed_rank, .timeout_s = 40},
-        {.name = "stalled_rank", .tags = "transport", .test = test_stalled_rank, .timeout_s = 40},
+        {.name = "killed_rank",
+         .tags = "transport",
+         .test = test_killed_rank,
+         .timeout_s = 40,
+         .loops = 2},
+        {.name = "stalled_rank",
+         .tags = "transport",
+         .test = test_stalled_rank,
+         .timeout_s = 40,
+         .loops = 2},
         {.name = "mismatch",
          .tags = "transport",
          .test = test_mismatch,
@@ -1305,22 +1334,22 @@ int main(void)
          .tags = "transport",
          .test = test_late_rank,
          .timeout_s = 60,
-         .loops = 2},
+         .loops = 3},
         {.name = "busy_rank",
          .tags = "transport",
          .test = test_busy_rank,
          .timeout_s = 40,
-         .loops = 2},
+         .loops = 3},
         {.name = "op_timeout",
          .tags = "transport",
          .test = test_op_timeout,
          .timeout_s = 45,
-         .loops = 2},
+         .loops = 3},
         {.name = "two_comms",
          .tags = "transport",
          .test = test_two_comms,
          .timeout_s = 80,
-         .loops = 2},
+         .loops = 3},
     };
     h_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 30);
     /* Each test in its own process: tests kill and stop children, and set parameters. */

@@ -2135,8 +2135,11 @@ START_TEST(test_registry_covered)
         ck_assert_ptr_nonnull(row->applies);
         ck_assert_ptr_nonnull(row->doc);
         bool proved = false;
+        /* (a row that reuses a proven row's generator, as segment does oneshot's, is proven
+         * with it; what segment runs instead of that schedule is core's, tested by running) */
         for (int a = 0; a < ALG_COUNT; a++)
-            proved |= alg_plan[a].kind == OPK_ALLREDUCE && alg_plan[a].algo == i;
+            proved |= alg_plan[a].kind == OPK_ALLREDUCE && alg_plan[a].algo >= 0 &&
+                      registry_get(alg_plan[a].algo)->gen == row->gen;
         ck_assert_msg(proved, "registry row %s has no symbolic proof here", row->name);
         /* its reduce and broadcast forms too (the plain rows run the ring's: algo -1) */
         for (int op = 0; op < ROOTED_COUNT; op++) {
@@ -2170,7 +2173,7 @@ START_TEST(test_registry_parse)
     ck_assert_msg(strstr(e,
                          "LOOM_ALGO=hier:ps: unknown algorithm (ring, hier, hier_leader, ps, "
                          "rd, rabenseifner, tree, hier:tree, hier:rabenseifner, hier:rd, determ, "
-                         "oneshot)"),
+                         "oneshot, segment)"),
                   "%s", e);
 }
 END_TEST
@@ -2183,7 +2186,7 @@ START_TEST(test_registry_pick)
     const double lat[] = {0.5e-6, 20e-6}, bw[] = {1.25e9, 12e9};
     for (int p = 2; p <= 1024; p = p < 9 ? p + 1 : p * 4)
         for (int nn = 1; nn <= 3 && nn <= p; nn++)
-            for (int k = 0; k < 8; k++) {
+            for (int k = 0; k < 16; k++) {
                 bool shm = k & 1;
                 registry_model_t m = {.nranks = p,
                                       .nnodes = nn,
@@ -2191,20 +2194,23 @@ START_TEST(test_registry_pick)
                                       .b_net = 1 / bw[0],
                                       .a_loc = shm ? lat[(k >> 1) & 1] : lat[1],
                                       .b_loc = shm ? 1 / bw[(k >> 2) & 1] : 1 / bw[0],
-                                      .shared_mem = shm};
+                                      .shared_mem = shm,
+                                      /* a node segment of 64 KiB (one node only, as comm.c) */
+                                      .seg_bytes = (k & 8) && nn == 1 && shm ? 65536 : 0};
                 for (uint64_t bytes = 1; bytes <= (1ull << 30); bytes *= 32) {
                     int pick = registry_pick(&m, bytes);
                     const registry_algo_t *w = registry_get(pick);
                     ck_assert_ptr_nonnull(w);
                     ck_assert(w->unfit == NULL || w->unfit(&m) == NULL);
-                    const char *why = w->preferred ? w->preferred(&m) : NULL;
-                    ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm);
+                    const char *why = w->preferred ? w->preferred(&m, bytes) : NULL;
+                    ck_assert_int_eq(why != NULL, p == 2 && nn == 1 && shm && bytes > m.seg_bytes);
                     char text[1024];
                     registry_explain(&m, bytes, pick, text, sizeof(text));
                     ck_assert_msg(strstr(text, why ? "(preferred: " : ", predicted "), "%s", text);
                     for (int i = 0; i < ALGO_COUNT; i++) {
                         const registry_algo_t *a = &registry_algos[i];
-                        bool fits = (a->unfit == NULL || a->unfit(&m) == NULL) && a->cost;
+                        bool fits = (a->unfit == NULL || a->unfit(&m) == NULL) && a->cost &&
+                                    (a->max_bytes == NULL || bytes <= a->max_bytes(&m));
                         char na[64];
                         snprintf(na, sizeof(na), "; %s n/a (", a->name);
                         ck_assert_msg(i == pick || (strstr(text, na) != NULL) == !fits, "%s", text);

@@ -344,7 +344,8 @@ START_TEST(test_fusion_sizes)
 END_TEST
 
 /* The built-in constants take a bandwidth algorithm at 64 MiB (ring, or rabenseifner where the
- * ranks outnumber the cores and every step costs a wake-up) and rd at 8 bytes on 4 ranks; a file
+ * ranks outnumber the cores and every step costs a wake-up) and the node segment at 8 bytes on 4
+ * ranks of one node (rd with LOOM_SEGMENT=0: no segment); a file
  * whose shm latency is a full second makes rd (2 steps against 4 or 6) clearly cheapest at
  * 64 MiB, and one of zero latency makes ring (1.5 buffers sent and 0.75 reduced, the least of
  * all) cheapest at 8 bytes. The TUNING log names the
@@ -360,7 +361,12 @@ START_TEST(test_selection)
     write_text(fast, "[ranks=* mem=host]\nalpha.shm.local = 0\nbeta.shm.local = 1e-10\n");
     int big = choice(NULL, 64u << 20);
     ck_assert_msg(big == ALGO_RING || big == ALGO_RAB, "64 MiB took row %d", big);
+    ck_assert_int_eq(choice(NULL, 8), ALGO_SEGMENT);
+    setenv("LOOM_SEGMENT", "0", 1);
+    param_reset_cache();
     ck_assert_int_eq(choice(NULL, 8), ALGO_RD);
+    unsetenv("LOOM_SEGMENT");
+    param_reset_cache();
     log_to(logp, "INFO");
     setenv("LOOM_DEBUG_SUBSYS", "TUNING", 1);
     log_reset();
@@ -372,7 +378,7 @@ START_TEST(test_selection)
     ck_assert_int_eq(choice(fast, 8), ALGO_RING);
     /* a file with nothing for this key leaves the defaults */
     write_text(fast, "[ranks=3]\nalpha.shm.local = 0\n");
-    ck_assert_int_eq(choice(fast, 8), ALGO_RD);
+    ck_assert_int_eq(choice(fast, 8), ALGO_SEGMENT);
     remove_dir();
 }
 END_TEST

@@ -63,9 +63,10 @@ static const param_desc_t params[PARAM_COUNT] = {
     [PARAM_ALGO] =
         {"ALGO", PARAM_T_STR, "", "",
          "force the allreduce algorithm: ring, rd, rabenseifner, tree, hier, hier:tree, "
-         "hier:rabenseifner, hier:rd, hier_leader, ps, determ, oneshot (default: a cost model)",
+         "hier:rabenseifner, hier:rd, hier_leader, ps, determ, oneshot, segment (default: a cost "
+         "model)",
          NAMES("ring|rd|rabenseifner|tree|hier|hier:tree|hier:rabenseifner|hier:rd|hier_leader|ps|"
-               "determ|oneshot",
+               "determ|oneshot|segment",
                READER)},
     [PARAM_TRANSPORT] = {"TRANSPORT", PARAM_T_STR, "", "",
                          "force one transport for every peer: tcp, shm, mpi or ucx (ibv later)",
@@ -184,6 +185,13 @@ static const param_desc_t params[PARAM_COUNT] = {
                                "fusion: a partial bucket leaves once its oldest tensor waited "
                                "this long (the cut is agreed among the ranks)",
                                NUM(1, 1e9, CLAMP)},
+    /* 64K: past it the fold of p inputs on every rank costs more than the steps it saves
+     * (perf/RESULTS.md, session 13). */
+    [PARAM_SEGMENT] = {"SEGMENT", PARAM_T_SIZE, "64K", "bytes",
+                       "largest allreduce that may go through the node's shared segment (every "
+                       "rank copies its input in once and folds all of them in rank order; one "
+                       "node, host memory); 0: no segment. Rank 0's value holds for the job",
+                       NUM(0, 1 << 20, CLAMP)},
     [PARAM_FUSION_WIRE] = {"FUSION_WIRE", PARAM_T_STR, "exact", "",
                            "fusion: how float32 sums travel: exact, bf16 or fp16 (a power-of-two "
                            "scale per 256 values, float32 accumulation)",

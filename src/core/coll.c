@@ -30,6 +30,8 @@ typedef struct {
     int *ops;           /* this communicator's, as indices into q, in call order */
     int nops, next;
     exec_t *exec;
+    bool seg_on; /* an allreduce through the node segment runs instead of a schedule */
+    nodeseg_call_t seg;
     void **bufs; /* bufs_here, or memory of its own past JOB_BUFS_HERE */
     uint32_t nbufs;
     void *bufs_here[JOB_BUFS_HERE];
@@ -54,6 +56,11 @@ static void job_release(comm_job_t *j)
 {
     exec_free(j->exec);
     j->exec = NULL;
+    if (j->seg_on) {
+        j->seg_on = false;
+        exec_host_side_end(&j->comm->exech, false); /* (ended already unless it failed) */
+        atomic_store(&j->comm->exech.call_state, TRANSPORT_CALL_NONE);
+    }
     free(j->scaled);
     j->scaled = NULL;
 }
@@ -180,6 +187,16 @@ static loomResult_t plan_collective(comm_job_t *j, const coll_op_t *o, sched_t *
     uint64_t cut[4] = {key[2] >> 8, key[4], key[5], o->tag};
     d.shape = base_hash64(cut, sizeof(cut), 0x7368617065);
     call.desc.shape = d.shape;
+    nodeseg_t *seg = comm->net.seg;
+    if (algo == ALGO_SEGMENT && seg && o->count > 0 && o->count * es <= nodeseg_max_bytes(seg)) {
+        /* no schedule: the node segment (nodeseg.h); heartbeats say this rank is in a call */
+        *out = NULL;
+        j->seg_on = true;
+        atomic_store(&comm->exech.call_state, TRANSPORT_CALL_IN);
+        return nodeseg_start(seg, &j->seg, &d, send, recv, o->count, o->type, base_op(o->op), avg);
+    }
+    /* peers waiting in the segment see what this rank runs as this collective */
+    nodeseg_arrive(seg, &d);
     bool hit;
     sched_t *s = cache_slot(comm, key, &hit);
     *out = s;
@@ -303,6 +320,7 @@ static loomResult_t job_next(comm_job_t *j)
     } else {
         LOOM_CHECK(plan_collective(j, o, &s));
         j->next++;
+        if (s == NULL) return loomSuccess; /* through the node segment */
     }
     j->type = type;
     if (s->nsteps == 0) return job_next(j);
@@ -327,6 +345,7 @@ struct coll_group {
     int njobs;
     int *idx;
     uint64_t idle_since; /* coll_test: when the group last moved */
+    bool no_fds;         /* a transport of the group has no descriptors (work.no_fds's base) */
 };
 
 static coll_group_t *group_of(prog_work_t *w)
@@ -338,12 +357,14 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
 {
     coll_group_t *g = group_of(w);
     *all_done = true;
+    bool seg = false;
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];
         if (j->done) continue;
         log_set_rank(j->comm->rank);
         bool done = false;
-        loomResult_t r = exec_progress(j->exec, &done, progressed);
+        loomResult_t r = j->seg_on ? nodeseg_test(&j->seg, &done, progressed)
+                                   : exec_progress(j->exec, &done, progressed);
         if (r != loomSuccess) {
             job_fail(j, r);
             continue;
@@ -357,7 +378,10 @@ static loomResult_t group_advance(prog_work_t *w, bool *all_done, bool *progress
         /* a job that just ended counts now: a waiter told "not done" would sleep on the
          * descriptors of a group that has none left to wait on */
         if (!j->done) *all_done = false;
+        /* nothing signals an arrival in the segment: a wait on one sleeps in short pieces */
+        seg |= !j->done && j->seg_on;
     }
+    g->work.no_fds = g->no_fds || seg;
     return loomSuccess;
 }
 
@@ -369,7 +393,7 @@ static loomResult_t group_check(prog_work_t *w)
         comm_job_t *j = &g->jobs[k];
         if (j->done) continue;
         log_set_rank(j->comm->rank);
-        loomResult_t r = exec_check_timeout(j->exec);
+        loomResult_t r = j->seg_on ? nodeseg_check(&j->seg) : exec_check_timeout(j->exec);
         if (r != loomSuccess) job_fail(j, r);
     }
     return loomSuccess;
@@ -380,7 +404,9 @@ static int group_pollfds(prog_work_t *w, struct pollfd *fds, int max)
     coll_group_t *g = group_of(w);
     int nf = 0;
     for (int k = 0; k < g->njobs; k++)
-        if (!g->jobs[k].done) nf += exec_pollfds(g->jobs[k].exec, fds + nf, max - nf);
+        if (!g->jobs[k].done)
+            nf += g->jobs[k].seg_on ? nodeseg_pollfds(&g->jobs[k].seg, fds + nf, max - nf)
+                                    : exec_pollfds(g->jobs[k].exec, fds + nf, max - nf);
     return nf;
 }
 
@@ -395,6 +421,7 @@ static loomResult_t group_finish(coll_group_t *g)
             base_set_error_text(j->err);
         }
         job_release(j);
+        nodeseg_state(j->comm->net.seg, false);
         atomic_fetch_sub(&j->comm->st.active_calls, 1);
         if (j->bufs != j->bufs_here) free(j->bufs);
     }
@@ -433,8 +460,10 @@ static loomResult_t group_create(const coll_op_t *q, int n, coll_group_t **out)
             if (q[o].comm == q[i].comm) j->ops[j->nops++] = o;
         used += j->nops;
         atomic_fetch_add(&j->comm->st.active_calls, 1);
-        g->work.no_fds |= exec_host_no_fds(&j->comm->exech);
+        nodeseg_state(j->comm->net.seg, true);
+        g->no_fds |= exec_host_no_fds(&j->comm->exech);
     }
+    g->work.no_fds = g->no_fds;
     for (int k = 0; k < g->njobs; k++) {
         comm_job_t *j = &g->jobs[k];
         /* a broken or aborted communicator runs nothing more (the public entry points refuse

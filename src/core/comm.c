@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "comm.h"
 #include "fork.h"
 #include "loom_internal.h"
@@ -254,6 +255,7 @@ void comm_abort_transports(loomComm_t comm, const char *reason)
     exec_host_lock(&comm->exech); /* the progress thread's keepalive moves them too */
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->abort(comm->net.tp[t].ctx, reason);
+    nodeseg_abort(comm->net.seg, reason);
     exec_host_unlock(&comm->exech);
 }
 
@@ -368,6 +370,7 @@ void comm_free(loomComm_t comm)
     js_client_stop(comm->js); /* a goodbye: a destroyed communicator is not a dead rank */
     comm->js = NULL;
     exec_keepalive_stop(&comm->exech);
+    nodeseg_free(comm->net.seg);
     for (int t = 0; t < TP_MAX; t++)
         if (comm->net.tp[t].ctx) comm->net.tp[t].ops->fini(comm->net.tp[t].ctx);
     if (comm->st.wake_fd >= 0) close(comm->st.wake_fd);
@@ -803,7 +806,8 @@ static registry_model_t comm_model(loomComm_t comm)
                           .a_loc = PICK(f->alpha[lt][TUNE_LOCAL], ref_loc->alpha_s),
                           .b_loc = PICK(f->beta[lt][TUNE_LOCAL], ref_loc->beta_s_per_byte),
                           .gamma = PICK(f->gamma, ref_gamma),
-                          .shared_mem = shm};
+                          .shared_mem = shm,
+                          .seg_bytes = nodeseg_max_bytes(comm->net.seg)};
 #undef PICK
     m.source = measured ? f->where
                         : "built-in defaults (node-local: measured on the reference host; across "
@@ -907,6 +911,83 @@ static void comm_tune_for_cores(loomComm_t comm)
              comm->tune.hot_ns == 0 ? ", spinning here with a yield on every pass" : "");
 }
 
+/*
+ * The node segment (nodeseg.h), for a communicator made by init whose ranks share one node:
+ * every rank maps rank 0's, then one allgather says whether all did (each rank's own reason is
+ * its INFO line). Uses of it must be the same on every rank, so a rank that cannot map it takes
+ * it from all. The allgather is not one of the application's collectives: the operation count
+ * and the statistics are put back.
+ */
+static loomResult_t comm_seg_setup(loomComm_t comm, int fd)
+{
+    const peer_info_t *p0 = &comm->lay.peers[0];
+    /* (LOOM_TRANSPORT and the shm transport are the job's configuration, the same on every
+     * rank: no exchange when they rule the segment out) */
+    if (comm->lay.nnodes != 1 || comm->nranks < 2 || p0->seg.nonce == 0 ||
+        comm->net.forced_tp >= 0 || comm->net.tp[TP_SHM].ctx == NULL) {
+        if (fd >= 0) close(fd);
+        if (p0->seg.nonce && comm->lay.nnodes == 1)
+            INFO(LOG_INIT, "no node segment: %s",
+                 comm->net.forced_tp >= 0 ? "LOOM_TRANSPORT is set" : "no shared-memory transport");
+        return loomSuccess;
+    }
+    const char *why = NULL;
+    nodeseg_t *s = NULL;
+    int32_t *pids = malloc((size_t)comm->nranks * sizeof(*pids));
+    if (pids == NULL) {
+        why = "out of memory";
+    } else {
+        for (int q = 0; q < comm->nranks; q++)
+            pids[q] = comm->lay.peers[q].pid;
+        s = nodeseg_attach(&comm->exech, comm->lay.comm_id, &p0->seg, fd, pids, &why);
+        free(pids);
+    }
+    uint8_t ok = s != NULL, *all = malloc((size_t)comm->nranks);
+    if (all == NULL) {
+        nodeseg_free(s);
+        if (fd >= 0) close(fd);
+        return base_error(loomSystemError, LOG_INIT, "out of memory");
+    }
+    uint64_t seq = comm->seq.coll;
+    loomStats_t stats = comm->stats;
+    /* the hang report's last operations are the application's */
+    exec_host_t *h = &comm->exech;
+    sched_desc_t started = h->started, finished = h->finished;
+    uint64_t started_ns = h->started_ns, finished_ns = h->finished_ns;
+    bool any_started = h->any_started, any_finished = h->any_finished;
+    const void *send = &ok;
+    void *recv = all;
+    loomResult_t r = coll_allgather_many(&comm, &send, &recv, 1, 1);
+    comm->seq.coll = seq;
+    comm->stats = stats;
+    exec_host_lock(h);
+    h->started = started;
+    h->finished = finished;
+    h->started_ns = started_ns;
+    h->finished_ns = finished_ns;
+    h->any_started = any_started;
+    h->any_finished = any_finished;
+    exec_host_unlock(h);
+    if (fd >= 0) close(fd); /* every rank has opened it (or given up) */
+    int lacking = -1;
+    for (int q = 0; r == loomSuccess && q < comm->nranks && lacking < 0; q++)
+        if (!all[q]) lacking = q;
+    free(all);
+    if (r != loomSuccess || lacking >= 0) {
+        nodeseg_free(s);
+        if (r == loomSuccess && !ok)
+            INFO(LOG_INIT, "no node segment: %s", why);
+        else if (r == loomSuccess)
+            INFO(LOG_INIT, "no node segment: rank %d could not map it (its log says why)", lacking);
+        return r;
+    }
+    comm->net.seg = s;
+    memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model changed */
+    INFO(LOG_INIT, "node segment: allreduce up to %zu bytes through one shared segment of %d ranks",
+         nodeseg_max_bytes(s), comm->nranks);
+    return loomSuccess;
+}
+
 typedef struct {
     loomComm_t comm;
     uid_layout_t uid;
@@ -954,8 +1035,14 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     LOOM_CHECK(comm_start_transport(comm, mine.handle));
     mine.addr_bytes = comm->net.my_addr_len;
     LOOM_CHECK(comm_shrink_listen(comm, mine.shrink_addr));
-    LOOM_CHECK(boot_rendezvous(comm, uid, &mine));
-    LOOM_CHECK(comm_layout(comm));
+    mine.pid = (int32_t)getpid();
+    int seg_fd = comm->rank == 0 ? nodeseg_create(comm->nranks, &mine.seg) : -1;
+    loomResult_t br = boot_rendezvous(comm, uid, &mine);
+    if (br == loomSuccess) br = comm_layout(comm);
+    if (br != loomSuccess) {
+        if (seg_fd >= 0) close(seg_fd);
+        return br;
+    }
     for (int q = 0; q < comm->nranks; q++) {
         const peer_info_t *p = &comm->lay.peers[q];
         if (q == comm->rank || mine.gpu_dev < 0 || p->gpu_dev < 0 ||
@@ -969,6 +1056,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
                           comm->rank, q, mine.gpu_dev, p->gpu_dev);
     }
     comm_tune_for_cores(comm);
+    LOOM_CHECK(comm_seg_setup(comm, seg_fd));
     INFO(LOG_INIT,
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "
          "%d channels, slice %llu bytes",

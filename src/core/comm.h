@@ -12,6 +12,7 @@
 #include "exec.h"
 #include "jobstate.h"
 #include "lru.h"
+#include "nodeseg.h"
 #include "reduce.h"
 #include "registry.h"
 #include "schedule.h"
@@ -42,6 +43,9 @@ typedef struct {
     uint32_t tune_hash;      /* LOOM_TUNE_FILE's contents hashed (0: unset): ranks that read
                                 different files would choose different algorithms */
     uint8_t shrink_addr[32]; /* its shrink listener (shrink.c), packed; all zero: none */
+    int32_t pid;
+    int32_t pad;
+    nodeseg_offer_t seg; /* rank 0's node segment (nodeseg.h); zero elsewhere or none */
 } peer_info_t;
 
 /* The unique id's layout inside its 128 bytes. */
@@ -85,6 +89,9 @@ typedef struct {
     uint8_t *my_addr;     /* this rank's large addresses (comm_peer_addr's layout) */
     uint32_t my_addr_len;
     int shrink_fd; /* the shrink listener (shrink.c), -1: none */
+    /* The node segment (nodeseg.h): NULL unless every rank of a one-node communicator made by
+     * init mapped it. */
+    nodeseg_t *seg;
 } comm_net_t;
 
 /* Tuning: fixed at init from the parameters, the config and the job's layout (comm.c); read

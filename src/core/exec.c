@@ -67,7 +67,7 @@ static void meta_pack(const sched_desc_t *d, uint8_t meta[TRANSPORT_META_BYTES])
     memcpy(meta, &m, sizeof(m));
 }
 
-static void desc_str(const sched_desc_t *d, char *buf, size_t len)
+void exec_desc_str(const sched_desc_t *d, char *buf, size_t len)
 {
     const char *type = red_type_name((loomDataType_t)d->dtype);
     unsigned long long seq = (unsigned long long)d->seq, count = (unsigned long long)d->count;
@@ -186,6 +186,32 @@ oom:
     return base_error(loomSystemError, LOG_COLL, "out of memory for a schedule of %zu steps", n);
 }
 
+void exec_host_side_begin(exec_host_t *h, const sched_desc_t *d,
+                          void (*waits)(const void *arg, char *buf, size_t len), const void *arg)
+{
+    exec_host_lock(h);
+    h->side = *d;
+    h->side_ns = base_coarse_ns();
+    h->side_waits = waits;
+    h->side_arg = arg;
+    h->started = *d;
+    h->started_ns = h->side_ns;
+    h->any_started = true;
+    exec_host_unlock(h);
+}
+
+void exec_host_side_end(exec_host_t *h, bool finished)
+{
+    exec_host_lock(h);
+    if (finished && h->side_waits) {
+        h->finished = h->side;
+        h->finished_ns = base_coarse_ns();
+        h->any_finished = true;
+    }
+    h->side_waits = NULL;
+    exec_host_unlock(h);
+}
+
 void exec_free(exec_t *e)
 {
     if (e == NULL) return;
@@ -234,7 +260,7 @@ static loomResult_t step_error(exec_t *e, const sched_step_t *st, const exec_lin
                                loomResult_t res)
 {
     char d[160];
-    desc_str(&e->s->descs[st->desc], d, sizeof(d));
+    exec_desc_str(&e->s->descs[st->desc], d, sizeof(d));
     const char *why = l && l->conn ? l->ops->conn_error(l->conn) : base_last_error();
     char text[EXEC_TEXT_MAX];
     snprintf(text, sizeof(text), "%s: %s", d, why);
@@ -337,6 +363,33 @@ static loomResult_t issue(exec_t *e, bool *progressed)
     return loomSuccess;
 }
 
+void exec_mismatch_text(int peer, const sched_desc_t *theirs, int rank, const sched_desc_t *mine,
+                        char *text, size_t len)
+{
+    char a[160], b[160];
+    exec_desc_str(theirs, a, sizeof(a));
+    exec_desc_str(mine, b, sizeof(b));
+    sched_desc_t same = *theirs;
+    same.shape = mine->shape;
+    uint8_t m1[TRANSPORT_META_BYTES], m2[TRANSPORT_META_BYTES];
+    meta_pack(&same, m2);
+    meta_pack(mine, m1);
+    if (memcmp(m2, m1, TRANSPORT_META_BYTES) == 0)
+        snprintf(
+            text, len,
+            "operation mismatch: ranks %d and %d both called %s but cut it differently "
+            "(shape %016llx against %016llx): LOOM_ALGO, LOOM_DETERMINISTIC, LOOM_SLICE_SIZE or "
+            "LOOM_NCHANNELS "
+            "differ between them, or it fuses calls that differ (the allreduces of a "
+            "group or a fusion bucket: their counts, types, ops or order)",
+            peer, rank, b, (unsigned long long)theirs->shape, (unsigned long long)mine->shape);
+    else
+        snprintf(text, len,
+                 "operation mismatch: rank %d called %s but rank %d called %s; every rank must "
+                 "issue the same operations in the same order",
+                 peer, a, rank, b);
+}
+
 static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t *meta)
 {
     uint8_t want[TRANSPORT_META_BYTES];
@@ -345,29 +398,8 @@ static loomResult_t check_meta(exec_t *e, const sched_step_t *st, const uint8_t 
     if (memcmp(want, meta, TRANSPORT_META_BYTES) == 0) return loomSuccess;
     sched_desc_t theirs;
     memcpy(&theirs, meta, sizeof(theirs));
-    char a[160], b[160];
-    desc_str(&theirs, a, sizeof(a));
-    desc_str(mine, b, sizeof(b));
     char text[EXEC_TEXT_MAX];
-    sched_desc_t same = theirs;
-    same.shape = mine->shape;
-    uint8_t m2[TRANSPORT_META_BYTES];
-    meta_pack(&same, m2);
-    if (memcmp(m2, want, TRANSPORT_META_BYTES) == 0)
-        snprintf(
-            text, sizeof(text),
-            "operation mismatch: ranks %d and %d both called %s but cut it differently "
-            "(shape %016llx against %016llx): LOOM_ALGO, LOOM_DETERMINISTIC, LOOM_SLICE_SIZE or "
-            "LOOM_NCHANNELS "
-            "differ between them, or it fuses calls that differ (the allreduces of a "
-            "group or a fusion bucket: their counts, types, ops or order)",
-            st->peer, e->h->rank, b, (unsigned long long)theirs.shape,
-            (unsigned long long)mine->shape);
-    else
-        snprintf(text, sizeof(text),
-                 "operation mismatch: rank %d called %s but rank %d called %s; every rank must "
-                 "issue the same operations in the same order",
-                 st->peer, a, e->h->rank, b);
+    exec_mismatch_text(st->peer, &theirs, e->h->rank, mine, text, sizeof(text));
     loomResult_t r = base_error(loomInvalidUsage, LOG_COLL, "%s", text);
     e->h->set_error(e->h, r, base_last_error());
     return r;
@@ -453,7 +485,7 @@ static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
         int a = atomic_load(h->async_error);
         if (a != loomSuccess && a != loomInProgress) {
             char d[160] = "operation";
-            if (e->s->ndescs) desc_str(&e->s->descs[0], d, sizeof(d));
+            if (e->s->ndescs) exec_desc_str(&e->s->descs[0], d, sizeof(d));
             return base_error((loomResult_t)a, LOG_COLL, "%s: %s", d, h->async_text);
         }
     }
@@ -558,7 +590,7 @@ static loomResult_t op_timeout_error(exec_t *e, uint64_t waited)
     exec_host_t *h = e->h;
     const sched_step_t *w = &e->s->steps[e->inflight[0]];
     char d[160], peers[640];
-    desc_str(&e->s->descs[w->desc], d, sizeof(d));
+    exec_desc_str(&e->s->descs[w->desc], d, sizeof(d));
     waits_on(e, peers, sizeof(peers));
     loomResult_t r = base_error(loomRemoteError, LOG_COLL,
                                 "%s: not finished within LOOM_OP_TIMEOUT=%g s (%.1f s); rank %d "
@@ -572,7 +604,8 @@ void exec_host_current(exec_host_t *h, char *buf, size_t len)
 {
     exec_host_lock(h);
     buf[0] = '\0';
-    if (h->cur && h->cur->s->ndescs) desc_str(&h->cur->s->descs[0], buf, len);
+    if (h->cur && h->cur->s->ndescs) exec_desc_str(&h->cur->s->descs[0], buf, len);
+    if (h->cur == NULL && h->side_waits) exec_desc_str(&h->side, buf, len);
     exec_host_unlock(h);
 }
 
@@ -595,16 +628,22 @@ bool exec_host_status(exec_host_t *h, char *buf, size_t len)
     }
     if (h->any_finished) {
         char d[160];
-        desc_str(&h->finished, d, sizeof(d));
+        exec_desc_str(&h->finished, d, sizeof(d));
         snprintf(fin, sizeof(fin), "last finished %s, %.1f s ago", d,
                  (double)(now - h->finished_ns) * 1e-9);
     }
     if (h->cur && h->cur->s->ndescs) {
         char d[160], peers[640];
-        desc_str(&h->cur->s->descs[0], d, sizeof(d));
+        exec_desc_str(&h->cur->s->descs[0], d, sizeof(d));
         waits_on(h->cur, peers, sizeof(peers));
         snprintf(buf, len, "in %s for %.1f s, waiting on %s; %s", d,
                  (double)(now - h->cur->start_ns) * 1e-9, peers, fin);
+    } else if (h->side_waits) {
+        char d[160], peers[640];
+        exec_desc_str(&h->side, d, sizeof(d));
+        h->side_waits(h->side_arg, peers, sizeof(peers));
+        snprintf(buf, len, "in %s for %.1f s, waiting on %s; %s", d,
+                 (double)(now - h->side_ns) * 1e-9, peers, fin);
     } else {
         snprintf(buf, len, "outside calls; %s", fin);
     }
@@ -680,7 +719,7 @@ static loomResult_t check_locked(exec_t *e)
         if (!p2p) return loomSuccess;
         bool sending = w->kind == STEP_SEND;
         char d[160], more[48] = "";
-        desc_str(wd, d, sizeof(d));
+        exec_desc_str(wd, d, sizeof(d));
         if (e->ninflight > 1)
             snprintf(more, sizeof(more), " (and %d more steps)", e->ninflight - 1);
         const char *peer = h->links[w->peer].ops->peer_name(h->links[w->peer].conn);
@@ -706,7 +745,7 @@ static loomResult_t check_locked(exec_t *e)
     for (int k = 0; k < e->ninflight; k++)
         if (e->s->steps[e->inflight[k]].peer == worst_peer) st = &e->s->steps[e->inflight[k]];
     char d[160];
-    desc_str(&e->s->descs[st->desc], d, sizeof(d));
+    exec_desc_str(&e->s->descs[st->desc], d, sizeof(d));
     loomResult_t r = base_error(
         loomRemoteError, LOG_COLL,
         "%s: no progress from %s for %.1f s (LOOM_TIMEOUT=%g) while %s it; the peer is stalled "

@@ -85,6 +85,13 @@ struct exec_host {
     /* For the hang report (exec_host_status), under `lock`: the schedule running now, and the
      * last operation started and finished (one store each per call). */
     exec_t *cur;
+    /* An operation that runs without a schedule (the node segment's allreduce), for the same
+     * report: its descriptor, when it started, and who it waits on (written by waits under
+     * `lock`); waits NULL: none runs. Set by exec_host_side_begin/end. */
+    sched_desc_t side;
+    uint64_t side_ns;
+    void (*side_waits)(const void *arg, char *buf, size_t len);
+    const void *side_arg;
     sched_desc_t started, finished;
     uint64_t started_ns, finished_ns;
     bool any_started, any_finished;
@@ -125,6 +132,17 @@ void exec_free(exec_t *e);
 bool exec_host_status(exec_host_t *h, char *buf, size_t len); /* false: busy (locked) */
 /* The operation running now ("allreduce seq 12 (count ...)"), or "" outside calls. */
 void exec_host_current(exec_host_t *h, char *buf, size_t len);
+/* "allreduce seq 12 (count 4, float32, sum)": how every error names an operation. */
+void exec_desc_str(const sched_desc_t *d, char *buf, size_t len);
+/* The text of a mismatch between this rank's operation and the one `peer` runs at the same
+ * place (the same operation cut differently, or another operation). */
+void exec_mismatch_text(int peer, const sched_desc_t *theirs, int rank, const sched_desc_t *mine,
+                        char *text, size_t len);
+/* An operation without a schedule starts or ends (finished: it completed), for the hang report
+ * and exec_host_current. */
+void exec_host_side_begin(exec_host_t *h, const sched_desc_t *d,
+                          void (*waits)(const void *arg, char *buf, size_t len), const void *arg);
+void exec_host_side_end(exec_host_t *h, bool finished);
 /* Frees what the executor keeps in `h` between calls. */
 void exec_host_release(exec_host_t *h);
 

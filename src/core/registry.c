@@ -235,9 +235,10 @@ static const char *baseline_nodes(const registry_model_t *m)
  * 2-core VM, real data): rd 36-40 ms, ring 54-61 ms out of place, in place alike
  * (perf/RESULTS.md). Over TCP the ring stays ahead (34-41 against 53-58 ms), so the model
  * decides there. */
-static const char *rd_preferred(const registry_model_t *m)
+static const char *rd_preferred(const registry_model_t *m, uint64_t bytes)
 {
-    if (m->nranks == 2 && m->nnodes <= 1 && m->shared_mem)
+    /* (not where the node segment takes the size: it has no messages to send) */
+    if (m->nranks == 2 && m->nnodes <= 1 && m->shared_mem && bytes > m->seg_bytes)
         return "two ranks sharing memory, measured";
     return NULL;
 }
@@ -324,6 +325,34 @@ static void gen_oneshot(sched_t *s, uint16_t desc, const sched_topo_t *topo, uin
     oneshot_allreduce(s, desc, count, prm, inplace, avg);
 }
 /* ---- end oneshot ---- */
+
+/* ---- segment (core/nodeseg.c: the one-shot fold through one shared segment) ---- */
+/* The fixed cost of one exchange through the segment: every rank's arrival word crosses to
+ * every other core once (a cache line each) and the waiter notices it; no system call, no
+ * message. Measured: perf/RESULTS.md, session 13. */
+static const double c_seg = 1.0e-6;
+
+static const char *segment_unfit(const registry_model_t *m)
+{
+    return m->seg_bytes ? NULL
+                        : "no node segment (several nodes, a split communicator, LOOM_TRANSPORT, "
+                          "LOOM_SEGMENT=0, or a rank could not map it)";
+}
+
+static uint64_t segment_max(const registry_model_t *m)
+{
+    return m->seg_bytes;
+}
+
+/* One dependent step of c_seg (plus the wake-up where ranks block); the input copied in once
+ * and p inputs read by every rank, p - 1 reductions of the whole buffer. */
+static double segment_cost(const registry_model_t *m, double nb)
+{
+    model_terms_t t = terms(m);
+    double wake = m->oversubscribed ? c_wake : 0;
+    return c_seg + wake + (t.p + 1) * nb * m->b_loc + (t.p - 1) * nb * m->gamma;
+}
+/* ---- end segment ---- */
 
 /* ---- determ (src/algo/determ.c) ---- */
 static const char *determ_only(const registry_model_t *m)
@@ -427,6 +456,16 @@ const registry_algo_t registry_algos[ALGO_COUNT] = {
                       .unfit = oneshot_unfit,
                       .cost = oneshot_cost,
                       .gen = gen_oneshot},
+    [ALGO_SEGMENT] = {.name = "segment",
+                      .applies = "one node, host memory, up to LOOM_SEGMENT bytes",
+                      .doc = "oneshot's fold through the node's shared segment: each rank "
+                             "copies its input in once, waits for every rank's arrival word, "
+                             "folds all p in rank order; no messages (without a segment: "
+                             "oneshot's schedule)",
+                      .unfit = segment_unfit,
+                      .max_bytes = segment_max,
+                      .cost = segment_cost,
+                      .gen = gen_oneshot},
 };
 
 const registry_algo_t *registry_get(int id)
@@ -457,11 +496,12 @@ static const char *const rooted_none[ROOTED_COUNT] = {"no reduce form", "no broa
 
 /* Whether automatic selection may take row i for op (-1: allreduce, else ROOTED_*), and why not
  * (NULL: it may). */
-static const char *row_unfit(const registry_model_t *m, int i, int op)
+static const char *row_unfit(const registry_model_t *m, int i, int op, uint64_t bytes)
 {
     const registry_algo_t *a = &registry_algos[i];
     if (op >= 0 && a->rooted[op].gen == NULL) return rooted_none[op];
     if (a->unfit && a->unfit(m)) return a->unfit(m);
+    if (op < 0 && a->max_bytes && bytes > a->max_bytes(m)) return "larger than its limit";
     if ((op < 0 ? a->cost : a->rooted[op].cost) == NULL) return "no cost model";
     return NULL;
 }
@@ -473,20 +513,21 @@ static double row_cost(const registry_model_t *m, int i, int op, double nb)
 }
 
 /* Preference is measured for allreduce only. */
-static const char *row_preferred(const registry_model_t *m, int i, int op)
+static const char *row_preferred(const registry_model_t *m, int i, int op, uint64_t bytes)
 {
     const registry_algo_t *a = &registry_algos[i];
-    return op < 0 && row_unfit(m, i, op) == NULL && a->preferred ? a->preferred(m) : NULL;
+    return op < 0 && row_unfit(m, i, op, bytes) == NULL && a->preferred ? a->preferred(m, bytes)
+                                                                        : NULL;
 }
 
 static int pick_op(const registry_model_t *m, int op, uint64_t bytes)
 {
     for (int i = 0; i < ALGO_COUNT; i++)
-        if (row_preferred(m, i, op)) return i;
+        if (row_preferred(m, i, op, bytes)) return i;
     int pick = -1;
     double best = 0;
     for (int i = 0; i < ALGO_COUNT; i++) {
-        if (row_unfit(m, i, op)) continue;
+        if (row_unfit(m, i, op, bytes)) continue;
         double c = row_cost(m, i, op, (double)bytes);
         if (pick < 0 || c < best) pick = i, best = c;
     }
@@ -519,8 +560,8 @@ static const char *explain_op(const registry_model_t *m, int op, uint64_t bytes,
     } while (0)
     double nb = (double)bytes;
     const registry_algo_t *pa = &registry_algos[pick];
-    const char *why = row_preferred(m, pick, op);
-    bool costed = row_unfit(m, pick, op) == NULL;
+    const char *why = row_preferred(m, pick, op, bytes);
+    bool costed = row_unfit(m, pick, op, bytes) == NULL;
     double pc = costed ? row_cost(m, pick, op, nb) : 0;
     if (len) buf[0] = '\0';
     if (why)
@@ -532,7 +573,7 @@ static const char *explain_op(const registry_model_t *m, int op, uint64_t bytes,
     for (int i = 0; i < ALGO_COUNT; i++) {
         if (i == pick) continue;
         const registry_algo_t *a = &registry_algos[i];
-        const char *unfit = row_unfit(m, i, op);
+        const char *unfit = row_unfit(m, i, op, bytes);
         if (unfit) {
             PUT("; %s n/a (%s)", a->name, unfit);
             continue;

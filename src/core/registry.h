@@ -30,6 +30,7 @@ enum {
     ALGO_HIER_RD,
     ALGO_DETERM, /* LOOM_DETERMINISTIC=1 (src/algo/determ.c) */
     ALGO_ONESHOT,
+    ALGO_SEGMENT, /* the node segment's one-shot (core/nodeseg.c); its schedule is oneshot's */
     ALGO_COUNT
 };
 
@@ -42,6 +43,8 @@ typedef struct {
     double a_loc, b_loc;
     double gamma;    /* seconds per byte reduced on the host */
     bool shared_mem; /* a memory transport is started for same-node peers */
+    /* The largest allreduce the node segment takes (nodeseg.h), 0: the communicator has none. */
+    uint64_t seg_bytes;
     /* Some node has more ranks than cores: its ranks block instead of spinning, and every
      * dependent step costs a wake-up (registry.c, c_wake). The same on every rank. */
     bool oversubscribed;
@@ -73,11 +76,13 @@ typedef struct {
     /* Why automatic selection cannot take this row on this layout (NULL: it can). LOOM_ALGO
      * runs any row on any layout. */
     const char *(*unfit)(const registry_model_t *m);
+    /* The largest allreduce automatic selection gives it (NULL: no limit). */
+    uint64_t (*max_bytes)(const registry_model_t *m);
     /* Predicted seconds for an allreduce of `bytes`. */
     double (*cost)(const registry_model_t *m, double bytes);
     /* Why this row wins on this layout whatever the costs say (NULL: it does not); for what
      * was measured and the model does not capture. */
-    const char *(*preferred)(const registry_model_t *m);
+    const char *(*preferred)(const registry_model_t *m, uint64_t bytes);
     registry_gen_fn gen;
     /* Its reduce and broadcast forms (indexed by ROOTED_*; zero: none). */
     registry_rooted_t rooted[ROOTED_COUNT];
