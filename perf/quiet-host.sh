@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -25,7 +25,7 @@ lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
   ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos shm8}
+stages=${*:-mpi fusion tune ddp algos shm8 shm24}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -57,7 +57,7 @@ fi
 if want algos; then
     # the automatic choice against every flat algorithm, 4 ranks on shm, checked runs
     limit=400 run algos-4 /usr/bin/python3 perf/sweep -b 8 -e 64M -f 8 -P 4 \
-        --algos "auto ring rd rabenseifner tree oneshot" --peers "" -r 3 --no-plots --loom $b/loom-perf \
+        --algos "auto ring rd rabenseifner tree oneshot segment" --peers "" -r 3 --no-plots --loom $b/loom-perf \
         -o "$out/sweep-algos"
     cat "$out/sweep-algos/summary.md" >>"$out/results.txt" 2>/dev/null
 fi
@@ -67,11 +67,20 @@ if want shm8; then
     # get 2000 timed calls (a call of a few microseconds timed 20 times is at the mercy of one
     # preemption: 200 us of it is 10 us a call), the large ones the sweep's default.
     limit=420 run algos-8-small /usr/bin/python3 perf/sweep -b 8 -e 32K -f 8 -P 8 -n 2000 -w 200 \
-        --algos "auto ring rd rabenseifner tree oneshot" --peers mpi-vader -r 3 --no-plots \
+        --algos "auto ring rd rabenseifner tree oneshot segment" --peers mpi-vader -r 3 --no-plots \
         --loom $b/loom-perf --peers-dir $b/perf-peers -o "$out/sweep-algos8-small"
     cat "$out/sweep-algos8-small/summary.md" >>"$out/results.txt" 2>/dev/null
     limit=420 run algos-8 /usr/bin/python3 perf/sweep -b 256K -e 32M -f 8 -P 8 \
-        --algos "auto ring rd rabenseifner tree oneshot" --peers mpi-vader -r 3 --no-plots \
+        --algos "auto ring rd rabenseifner tree oneshot segment" --peers mpi-vader -r 3 --no-plots \
         --loom $b/loom-perf --peers-dir $b/perf-peers -o "$out/sweep-algos8"
     cat "$out/sweep-algos8/summary.md" >>"$out/results.txt" 2>/dev/null
+fi
+if want shm24; then
+    # the small sizes on 2 and 4 ranks: the node segment against rd and vader
+    for p in 2 4; do
+        limit=300 run algos-$p-small /usr/bin/python3 perf/sweep -b 8 -e 32K -f 8 -P $p -n 2000 \
+            -w 200 --algos "auto rd oneshot segment" --peers mpi-vader -r 3 --no-plots \
+            --loom $b/loom-perf --peers-dir $b/perf-peers -o "$out/sweep-algos$p-small"
+        cat "$out/sweep-algos$p-small/summary.md" >>"$out/results.txt" 2>/dev/null
+    done
 fi
