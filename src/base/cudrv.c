@@ -67,6 +67,21 @@ const cudrv_t *cudrv_get(const char **why)
     return loaded;
 }
 
+static pthread_once_t peek_once = PTHREAD_ONCE_INIT;
+static cudrv_attrs_fn peek_attrs;
+
+static void peek_load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h) peek_attrs = (cudrv_attrs_fn)dlsym(h, "cuPointerGetAttributes");
+}
+
+cudrv_attrs_fn cudrv_peek_attrs(void)
+{
+    pthread_once(&peek_once, peek_load);
+    return peek_attrs;
+}
+
 const char *cudrv_err(CUresult r)
 {
     static _Thread_local char buf[160];

@@ -114,6 +114,10 @@ typedef struct {
  * says what was missing. Thread-safe; loads once. cuInit(0) is called, which creates no
  * context. */
 const cudrv_t *cudrv_get(const char **why);
+/* The driver's cuPointerGetAttributes, found without initialising CUDA (NULL: no driver): before
+ * anyone's cuInit it answers CUDA_ERROR_NOT_INITIALIZED at once (base/memtype.c). */
+typedef CUresult (*cudrv_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+cudrv_attrs_fn cudrv_peek_attrs(void);
 /* "CUDA_ERROR_X (text)" for a result, into a static per-thread buffer. */
 const char *cudrv_err(CUresult r);
 

@@ -19,7 +19,11 @@
 #define SEG_MAGIC 0x6c6f6f6d7365676dull /* "loomsegm" */
 #define SEG_HEAD_BYTES 4096u
 #define SEG_CTL_BYTES 1024u
-#define SEG_HDR_BYTES 64u
+/* A slot: its header (32 bytes) and its data in one run, data first in the header's line, so
+ * that a small input travels in the cache line that says it is there; 64 bytes per slot beyond
+ * the data keep slots on lines of their own. */
+#define SEG_HDR_BYTES 32u
+#define SEG_SLOT_EXTRA 64u
 #define SEG_REASON_MAX 880u
 
 typedef struct {
@@ -31,7 +35,7 @@ typedef struct {
 typedef struct {
     _Atomic uint64_t arrive; /* 1 + the sequence number of the last collective it started */
     uint8_t pad0[56];
-    uint64_t last[3]; /* that collective's descriptor (desc_words) */
+    uint64_t last[3];       /* that collective's descriptor (desc_words) */
     _Atomic uint32_t state; /* 1: inside a call of the communicator */
     int32_t pid;
     uint8_t pad1[32];
@@ -40,7 +44,7 @@ typedef struct {
 } seg_ctl_t;
 _Static_assert(sizeof(seg_ctl_t) <= SEG_CTL_BYTES, "segment control words");
 
-/* A slot's header; its data follows. */
+/* A slot's header; its data follows at once. */
 typedef struct {
     _Atomic uint64_t seq; /* 1 + the sequence number of the collective whose input is here */
     uint64_t w[3];        /* its descriptor */
@@ -59,7 +63,7 @@ struct nodeseg {
 
 static size_t seg_len(int p, size_t slot)
 {
-    return SEG_HEAD_BYTES + (size_t)p * SEG_CTL_BYTES + (size_t)p * 2 * (SEG_HDR_BYTES + slot);
+    return SEG_HEAD_BYTES + (size_t)p * SEG_CTL_BYTES + (size_t)p * 2 * (SEG_SLOT_EXTRA + slot);
 }
 
 static seg_ctl_t *ctl(const nodeseg_t *s, int q)
@@ -70,7 +74,7 @@ static seg_ctl_t *ctl(const nodeseg_t *s, int q)
 static seg_hdr_t *slot_of(const nodeseg_t *s, int q, int ph)
 {
     size_t off = SEG_HEAD_BYTES + (size_t)s->p * SEG_CTL_BYTES +
-                 ((size_t)q * 2 + (size_t)ph) * (SEG_HDR_BYTES + s->slot);
+                 ((size_t)q * 2 + (size_t)ph) * (SEG_SLOT_EXTRA + s->slot);
     return (seg_hdr_t *)(void *)(s->base + off);
 }
 
@@ -180,8 +184,8 @@ nodeseg_t *nodeseg_attach(exec_host_t *h, uint64_t comm_id, const nodeseg_offer_
         s->pid[q] = pids[q];
         /* A pidfd fires when the peer exits, even before its parent reaps it. Where there is
          * none (old kernels), kill(pid, 0) in nodeseg_check stands for it. */
-        s->pidfd[q] = q == s->r || pids[q] == getpid() ? -1
-                                                       : (int)syscall(SYS_pidfd_open, pids[q], 0);
+        s->pidfd[q] =
+            q == s->r || pids[q] == getpid() ? -1 : (int)syscall(SYS_pidfd_open, pids[q], 0);
     }
     seg_ctl_t *me = ctl(s, s->r);
     me->pid = (int32_t)getpid();
@@ -258,9 +262,9 @@ static void seg_waits(const void *arg, char *buf, size_t len)
             continue;
         }
         bool in = atomic_load_explicit(&ctl(s, q)->state, memory_order_relaxed) != 0;
-        int n = snprintf(buf + o, len - o, "%srank %d (pid %d, node segment): %s",
-                         listed ? "; " : "", q, (int)s->pid[q],
-                         in ? "inside a call" : "outside calls (computing?)");
+        int n =
+            snprintf(buf + o, len - o, "%srank %d (pid %d, node segment): %s", listed ? "; " : "",
+                     q, (int)s->pid[q], in ? "inside a call" : "outside calls (computing?)");
         o = LOOM_MIN(o + (size_t)LOOM_MAX(n, 0), len - 1);
         listed++;
     }
@@ -268,9 +272,8 @@ static void seg_waits(const void *arg, char *buf, size_t len)
     if (more && o + 24 < len) snprintf(buf + o, len - o, " and %d more", more);
 }
 
-loomResult_t nodeseg_start(nodeseg_t *s, nodeseg_call_t *c, const sched_desc_t *d,
-                           const void *send, void *recv, size_t count, loomDataType_t type,
-                           red_op_t op, bool avg)
+loomResult_t nodeseg_start(nodeseg_t *s, nodeseg_call_t *c, const sched_desc_t *d, const void *send,
+                           void *recv, size_t count, loomDataType_t type, red_op_t op, bool avg)
 {
     *c = (nodeseg_call_t){.s = s,
                           .d = *d,
@@ -323,6 +326,13 @@ loomResult_t nodeseg_test(nodeseg_call_t *c, bool *done, bool *progressed)
     for (; c->next < s->p; c->next++) {
         int q = c->next;
         if (q == s->r) continue;
+        /* the slot's header first: where the peer is on time, it is the one line read */
+        seg_hdr_t *hd = slot_of(s, q, ph);
+        uint64_t sq = atomic_load_explicit(&hd->seq, memory_order_acquire);
+        if (sq == want && memcmp(hd->w, mine, sizeof(mine)) == 0) {
+            *progressed = true;
+            continue;
+        }
         seg_ctl_t *pc = ctl(s, q);
         uint64_t a = atomic_load_explicit(&pc->arrive, memory_order_acquire);
         if (a < want) {
@@ -330,8 +340,8 @@ loomResult_t nodeseg_test(nodeseg_call_t *c, bool *done, bool *progressed)
             if (why) return call_error(c, loomRemoteError, "rank %d failed: %s", q, why);
             return loomSuccess; /* not there yet */
         }
-        seg_hdr_t *hd = slot_of(s, q, ph);
-        uint64_t sq = atomic_load_explicit(&hd->seq, memory_order_acquire);
+        /* (it arrived: its slot, written before its arrival, is read again) */
+        sq = atomic_load_explicit(&hd->seq, memory_order_acquire);
         if (sq == want && memcmp(hd->w, mine, sizeof(mine)) == 0) {
             *progressed = true;
             continue;
@@ -401,8 +411,8 @@ loomResult_t nodeseg_check(nodeseg_call_t *c)
         if (why) return call_error(c, loomRemoteError, "rank %d failed: %s", q, why);
         if (peer_exited(s, q))
             return call_error(c, loomRemoteError,
-                              "rank %d (pid %d) exited or died before it reached this operation",
-                              q, (int)s->pid[q]);
+                              "rank %d (pid %d) exited or died before it reached this operation", q,
+                              (int)s->pid[q]);
         if (late < 0) late = q;
         if (h->timeout_s > 0 && waited > (uint64_t)(h->timeout_s * 1e9)) {
             char st = proc_state(s->pid[q]);

@@ -79,9 +79,8 @@ typedef struct {
 } nodeseg_call_t;
 
 /* Copies the input in and arrives (d: the collective's descriptor, seq and shape set). */
-loomResult_t nodeseg_start(nodeseg_t *s, nodeseg_call_t *c, const sched_desc_t *d,
-                           const void *send, void *recv, size_t count, loomDataType_t type,
-                           red_op_t op, bool avg);
+loomResult_t nodeseg_start(nodeseg_t *s, nodeseg_call_t *c, const sched_desc_t *d, const void *send,
+                           void *recv, size_t count, loomDataType_t type, red_op_t op, bool avg);
 /* Without blocking: *done once every rank arrived and the fold is in recv. */
 loomResult_t nodeseg_test(nodeseg_call_t *c, bool *done, bool *progressed);
 /* When nothing moved for the spin time: the liveness and timeout rules. */
