@@ -7,6 +7,7 @@
  * Build: cc -O2 -pthread perf/probes/callcost.c -o callcost -ldl
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -15,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <dlfcn.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -77,8 +77,8 @@ int main(int argc, char **argv)
     pin(ca);
     struct timespec ts;
     TIME("clock_gettime(MONOTONIC)", clock_gettime(CLOCK_MONOTONIC, &ts); sink += ts.tv_nsec);
-    TIME("clock_gettime(MONOTONIC_COARSE)",
-         clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); sink += ts.tv_nsec);
+    TIME("clock_gettime(MONOTONIC_COARSE)", clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+         sink += ts.tv_nsec);
     TIME("malloc(2048) + free", void *m = malloc(2048); sink += (uintptr_t)m; free(m));
     TIME("calloc(1, 2048) + free", void *m = calloc(1, 2048); sink += (uintptr_t)m; free(m));
     static char buf[2048];
@@ -103,7 +103,8 @@ int main(int argc, char **argv)
         unsigned ty = 0;
         if (attr) {
             int e = attr(&ty, 2, (unsigned long long)(uintptr_t)buf);
-            TIME("cuPointerGetAttribute, no cuInit", sink += (uint64_t)attr(&ty, 2, (uintptr_t)buf));
+            TIME("cuPointerGetAttribute, no cuInit",
+                 sink += (uint64_t)attr(&ty, 2, (uintptr_t)buf));
             printf("%-34s %8d\n", "  (its result)", e);
         }
         if (init && attr && init(0) == 0) {
