@@ -939,7 +939,7 @@ static loomResult_t comm_seg_setup(loomComm_t comm, int fd)
     } else {
         for (int q = 0; q < comm->nranks; q++)
             pids[q] = comm->lay.peers[q].pid;
-        s = nodeseg_attach(&comm->exech, comm->lay.comm_id, &p0->seg, fd, pids, &why);
+        s = nodeseg_attach(&comm->exech, &p0->seg, fd, pids, &why);
         free(pids);
     }
     uint8_t ok = s != NULL, *all = malloc((size_t)comm->nranks);
@@ -952,21 +952,16 @@ static loomResult_t comm_seg_setup(loomComm_t comm, int fd)
     loomStats_t stats = comm->stats;
     /* the hang report's last operations are the application's */
     exec_host_t *h = &comm->exech;
-    sched_desc_t started = h->started, finished = h->finished;
-    uint64_t started_ns = h->started_ns, finished_ns = h->finished_ns;
-    bool any_started = h->any_started, any_finished = h->any_finished;
+    exec_host_lock(h);
+    exec_report_t rep = h->rep;
+    exec_host_unlock(h);
     const void *send = &ok;
     void *recv = all;
     loomResult_t r = coll_allgather_many(&comm, &send, &recv, 1, 1);
     comm->seq.coll = seq;
     comm->stats = stats;
     exec_host_lock(h);
-    h->started = started;
-    h->finished = finished;
-    h->started_ns = started_ns;
-    h->finished_ns = finished_ns;
-    h->any_started = any_started;
-    h->any_finished = any_finished;
+    h->rep = rep;
     exec_host_unlock(h);
     if (fd >= 0) close(fd); /* every rank has opened it (or given up) */
     int lacking = -1;

@@ -174,9 +174,9 @@ loomResult_t exec_create(exec_host_t *h, const sched_t *s, void *const *bufs, lo
     exec_host_lock(h);
     h->cur = e;
     if (s->ndescs) {
-        h->started = s->descs[0];
-        h->started_ns = e->start_ns;
-        h->any_started = true;
+        h->rep.started = s->descs[0];
+        h->rep.started_ns = e->start_ns;
+        h->rep.any_started = true;
     }
     exec_host_unlock(h);
     *out = e;
@@ -194,9 +194,9 @@ void exec_host_side_begin(exec_host_t *h, const sched_desc_t *d,
     h->side_ns = base_coarse_ns();
     h->side_waits = waits;
     h->side_arg = arg;
-    h->started = *d;
-    h->started_ns = h->side_ns;
-    h->any_started = true;
+    h->rep.started = *d;
+    h->rep.started_ns = h->side_ns;
+    h->rep.any_started = true;
     exec_host_unlock(h);
 }
 
@@ -204,9 +204,9 @@ void exec_host_side_end(exec_host_t *h, bool finished)
 {
     exec_host_lock(h);
     if (finished && h->side_waits) {
-        h->finished = h->side;
-        h->finished_ns = base_coarse_ns();
-        h->any_finished = true;
+        h->rep.finished = h->side;
+        h->rep.finished_ns = base_coarse_ns();
+        h->rep.any_finished = true;
     }
     h->side_waits = NULL;
     exec_host_unlock(h);
@@ -466,9 +466,9 @@ static void exec_mark_finished(exec_t *e)
 {
     exec_host_t *h = e->h;
     if (e->s->ndescs == 0) return;
-    h->finished = e->s->descs[0];
-    h->finished_ns = base_coarse_ns();
-    h->any_finished = true;
+    h->rep.finished = e->s->descs[0];
+    h->rep.finished_ns = base_coarse_ns();
+    h->rep.any_finished = true;
 }
 
 static loomResult_t progress_locked(exec_t *e, bool *done, bool *progressed)
@@ -626,11 +626,11 @@ bool exec_host_status(exec_host_t *h, char *buf, size_t len)
         snprintf(buf, len, "busy (a call holds the communicator: failing?)");
         return false;
     }
-    if (h->any_finished) {
+    if (h->rep.any_finished) {
         char d[160];
-        exec_desc_str(&h->finished, d, sizeof(d));
+        exec_desc_str(&h->rep.finished, d, sizeof(d));
         snprintf(fin, sizeof(fin), "last finished %s, %.1f s ago", d,
-                 (double)(now - h->finished_ns) * 1e-9);
+                 (double)(now - h->rep.finished_ns) * 1e-9);
     }
     if (h->cur && h->cur->s->ndescs) {
         char d[160], peers[640];

@@ -41,6 +41,14 @@ typedef struct {
     transport_conn_t *conn;
 } exec_link_t;
 
+/* What the hang report says of the last operations started and finished (one store each per
+ * call). */
+typedef struct {
+    sched_desc_t started, finished;
+    uint64_t started_ns, finished_ns;
+    bool any_started, any_finished;
+} exec_report_t;
+
 typedef struct exec_host exec_host_t;
 typedef struct exec exec_t;
 struct exec_host {
@@ -92,9 +100,7 @@ struct exec_host {
     uint64_t side_ns;
     void (*side_waits)(const void *arg, char *buf, size_t len);
     const void *side_arg;
-    sched_desc_t started, finished;
-    uint64_t started_ns, finished_ns;
-    bool any_started, any_finished;
+    exec_report_t rep;
 };
 
 /* Fills the executor's own parts of h (lock, states, LOOM_OP_TIMEOUT); once, before any use. */

@@ -27,7 +27,7 @@
 #define SEG_REASON_MAX 880u
 
 typedef struct {
-    uint64_t magic, comm_id, nonce;
+    uint64_t magic, nonce;
     uint32_t nranks, slot_bytes;
 } seg_head_t;
 
@@ -136,8 +136,8 @@ int nodeseg_create(int nranks, nodeseg_offer_t *offer)
     return fd;
 }
 
-nodeseg_t *nodeseg_attach(exec_host_t *h, uint64_t comm_id, const nodeseg_offer_t *offer, int fd,
-                          const int32_t *pids, const char **why)
+nodeseg_t *nodeseg_attach(exec_host_t *h, const nodeseg_offer_t *offer, int fd, const int32_t *pids,
+                          const char **why)
 {
     static _Thread_local char text[200];
     *why = text;
@@ -179,7 +179,6 @@ nodeseg_t *nodeseg_attach(exec_host_t *h, uint64_t comm_id, const nodeseg_offer_
         return NULL;
     }
     *s = (nodeseg_t){.h = h, .base = m, .len = len, .slot = head.slot_bytes, .p = p, .r = h->rank};
-    ((seg_head_t *)m)->comm_id = comm_id; /* (the same value from every rank) */
     for (int q = 0; q < p; q++) {
         s->pid[q] = pids[q];
         /* A pidfd fires when the peer exits, even before its parent reaps it. Where there is

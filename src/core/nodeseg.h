@@ -52,8 +52,8 @@ int nodeseg_create(int nranks, nodeseg_offer_t *offer);
 /* Every rank, after the layout is known: maps rank 0's segment (fd: rank 0's own, which it
  * keeps open until every rank has mapped it; -1 on the others). NULL with *why set when it
  * cannot (why says it for the INFO line). */
-nodeseg_t *nodeseg_attach(exec_host_t *h, uint64_t comm_id, const nodeseg_offer_t *offer, int fd,
-                          const int32_t *pids, const char **why);
+nodeseg_t *nodeseg_attach(exec_host_t *h, const nodeseg_offer_t *offer, int fd, const int32_t *pids,
+                          const char **why);
 void nodeseg_free(nodeseg_t *s);
 /* The largest allreduce in bytes that fits a slot. */
 size_t nodeseg_max_bytes(const nodeseg_t *s);
