@@ -386,7 +386,8 @@ typedef struct loomFusionConfig_v1 {
             0, loomFusionWireExact                                                                 \
     }
 
-/* Called once per tensor when its result is in place (or it failed: result and
+/* Called once per tensor when its result is in place (device tensors: when its bucket's work is
+ * ordered on the context's stream; see loomFusionWait) or it failed (result and
  * loomGetLastError's text on that thread say why), on loom's progress thread or the thread
  * inside loomFusionWaitAll. It must not block and must not call into loom. */
 typedef void (*loomFusionCallback_t)(uint64_t id, loomResult_t result, void *arg);
@@ -400,9 +401,11 @@ loomResult_t loomFusionGetConfig(loomFusion_t fusion, loomFusionConfig_t *config
 /*
  * Enqueues buff (count elements of type, reduced with op across the ranks, in place). id names
  * the tensor in errors (a parameter index, a hash of its name). stream: NULL for host memory;
- * for CUDA device memory the caller's stream, on which the tensor is packed when it is enqueued
- * and the result is unpacked (no host synchronisation of the stream). callback (may be NULL) is
- * called when done; *handle (handle may be NULL) waits for this tensor alone. Returns at once.
+ * for CUDA device memory the tensor's stream: what was ordered there before the enqueue comes
+ * before the tensor is read, and the bucket runs on the context's own stream (no host
+ * synchronisation of either). A context's tensors are all host or all device memory (its first
+ * tensor's kind). callback (may be NULL) is called when done; *handle (handle may be NULL) waits
+ * for this tensor alone. Returns at once.
  */
 loomResult_t loomFusionEnqueue(loomFusion_t fusion, void *buff, size_t count,
                                loomDataType_t datatype, loomRedOp_t op, uint64_t id,
@@ -414,13 +417,15 @@ loomResult_t loomFusionEnqueue(loomFusion_t fusion, void *buff, size_t count,
 loomResult_t loomFusionFlush(loomFusion_t fusion);
 
 /* Waits for one tensor; returns its result. Its bucket leaves when full, at the cycle time or at
- * a flush: with cycleUs = LOOM_FUSION_NEVER, flush first (on every rank). */
+ * a flush: with cycleUs = LOOM_FUSION_NEVER, flush first (on every rank). A device tensor's
+ * stream is then ordered after its bucket (the host does not wait for the GPU). */
 loomResult_t loomFusionWait(loomFusionHandle_t handle);
 /* *done = 1 once the tensor finished (then returns its result), else 0 and loomSuccess. */
 loomResult_t loomFusionTest(loomFusionHandle_t handle, int *done);
 
 /* Flushes and waits for every tensor enqueued so far (collective: the ranks also agree that
- * nobody enqueued more). Returns the first error; the context stays usable after success. */
+ * nobody enqueued more); every stream that enqueued device tensors is then ordered after the
+ * step's last bucket. Returns the first error; the context stays usable after success. */
 loomResult_t loomFusionWaitAll(loomFusion_t fusion);
 
 typedef struct {

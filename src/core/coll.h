@@ -86,6 +86,23 @@ void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment);
 int coll_layout(loomComm_t comm, const int **node_of, const int **node_start,
                 const int **node_ranks);
 
+/* ---- for src/fusion: device buckets (builds with CUDA only) ----
+ * coll_dev_prepare binds comm to the GPU `ord` of device buffer p and sets the device executor
+ * up on its first use (collective over comm, as a first device call is); from the caller's
+ * thread. coll_dev_allreduce orders an allreduce of device memory on `stream`, as a public
+ * call with that stream would (never from the progress thread: a large one may exchange
+ * buffer handles over the host, which the progress thread drives). coll_dev_copy orders byte
+ * copies between device buffers on `stream` (pack and unpack). */
+loomResult_t coll_dev_prepare(loomComm_t comm, const void *p, int ord, const char *fn);
+loomResult_t coll_dev_allreduce(loomComm_t comm, void *buf, size_t count, loomDataType_t type,
+                                loomRedOp_t op, cudaStream_t stream);
+typedef struct {
+    const void *src;
+    void *dst;
+    size_t bytes;
+} coll_copy_t;
+loomResult_t coll_dev_copy(loomComm_t comm, const coll_copy_t *c, int n, cudaStream_t stream);
+
 /* Whether the communicator runs in deterministic mode (LOOM_DETERMINISTIC=1, read at init). */
 bool coll_deterministic(loomComm_t comm);
 

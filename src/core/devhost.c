@@ -11,6 +11,7 @@
 #include "coll.h"
 #include "comm.h"
 #include "dev.h"
+#include "memtype.h"
 #include "progress.h"
 
 static loomComm_t comm_of(dev_host_t *h)
@@ -152,4 +153,55 @@ void comm_devhost_fill(loomComm_t comm)
     h->progress_wake = host_progress_wake;
     h->stage_stop = host_stage_stop;
     h->stage_close = host_stage_close;
+}
+
+/* ---- device buckets of fusion contexts (coll.h) ---- */
+
+loomResult_t coll_dev_prepare(loomComm_t comm, const void *p, int ord, const char *fn)
+{
+    if (comm->dev.cuda_dev >= 0 && ord != comm->dev.cuda_dev)
+        return base_error(
+            loomInvalidUsage, LOG_CUDA,
+            "%s: %p is on GPU %d, but rank %d of this communicator is bound to GPU %d", fn, p, ord,
+            comm->rank, comm->dev.cuda_dev);
+    comm->dev.cuda_dev = ord;
+    dev_host_t *h = &comm->dev.host;
+    if (dev_ready(h)) return loomSuccess;
+    /* the first device use: collective, as a first device call is */
+    atomic_fetch_add(&comm->st.active_calls, 1);
+    comm_devhost_fill(comm);
+    loomResult_t r = dev_setup(&h, 1);
+    atomic_fetch_sub(&comm->st.active_calls, 1);
+    return r;
+}
+
+loomResult_t coll_dev_allreduce(loomComm_t comm, void *buf, size_t count, loomDataType_t type,
+                                loomRedOp_t op, cudaStream_t stream)
+{
+    LOOM_CHECK(coll_usable(comm, "loomFusion"));
+    dev_op_t d = {.kind = OPK_ALLREDUCE,
+                  .send = buf,
+                  .recv = buf,
+                  .count = count,
+                  .type = type,
+                  .op = op,
+                  .root = -1,
+                  .stream = stream};
+    int pm = base_premul_index(op);
+    if (pm >= 0) { /* the pre-multiplied sum's scalar */
+        d.scale_host = comm->premul[pm].scalar;
+        d.scale_dev = comm->premul[pm].dev_ptr;
+    }
+    atomic_fetch_add(&comm->st.active_calls, 1);
+    log_set_rank(comm->rank);
+    loomResult_t r = dev_run(&comm->dev.host, &d, 1);
+    if (r == loomSuccess) comm->stats.collectives++;
+    atomic_fetch_sub(&comm->st.active_calls, 1);
+    return r;
+}
+
+loomResult_t coll_dev_copy(loomComm_t comm, const coll_copy_t *c, int n, cudaStream_t stream)
+{
+    _Static_assert(sizeof(coll_copy_t) == sizeof(dev_copy_t), "one copy, two names");
+    return dev_copy(&comm->dev.host, (const dev_copy_t *)(const void *)c, n, stream);
 }

@@ -7,6 +7,7 @@
  */
 #include <stdint.h>
 
+#include "coll.h"
 #include "comm.h"
 #include "memtype.h"
 
@@ -34,21 +35,11 @@ static loomResult_t window_register(loomComm_t comm, void *buff, size_t size, lo
             "%s: rank %d: %p is %s memory; a window is CUDA device memory (cudaMalloc, "
             "loomMemAlloc)",
             fn, comm->rank, buff, mt == MEM_MANAGED ? "CUDA managed" : "host");
-    if (comm->dev.cuda_dev >= 0 && ord != comm->dev.cuda_dev)
-        return base_error(
-            loomInvalidUsage, LOG_CUDA,
-            "%s: %p is on GPU %d, but rank %d of this communicator is bound to GPU %d", fn, buff,
-            ord, comm->rank, comm->dev.cuda_dev);
-    comm->dev.cuda_dev = ord;
+    LOOM_CHECK(coll_dev_prepare(comm, buff, ord, fn));
     dev_host_t *h = &comm->dev.host;
     atomic_fetch_add(&comm->st.active_calls, 1);
-    loomResult_t r = loomSuccess;
-    if (!dev_ready(h)) { /* the first device use: collective, as a first device call is */
-        comm_devhost_fill(comm);
-        r = dev_setup(&h, 1);
-    }
     dev_win_t *w = NULL;
-    if (r == loomSuccess) r = dev_win_register(h, buff, size, winFlags, &w);
+    loomResult_t r = dev_win_register(h, buff, size, winFlags, &w);
     atomic_fetch_sub(&comm->st.active_calls, 1);
     if (r == loomSuccess) *win = (loomWindow_t)(void *)w;
     return r;

@@ -102,6 +102,14 @@ loomResult_t dev_setup(dev_host_t *const *hs, int k);
 /* Orders ops (all on one communicator, all with device buffers, in call order) on their
  * streams. */
 loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops);
+/* Byte ranges copied between device buffers on `stream`, in as few launches as fit (a fusion
+ * context's pack and unpack of a bucket); after dev_setup. */
+typedef struct {
+    const void *src;
+    void *dst;
+    size_t bytes;
+} dev_copy_t;
+loomResult_t dev_copy(dev_host_t *h, const dev_copy_t *c, int n, cudaStream_t stream);
 /* Turns a failure seen by a kernel or the watchdog into the communicator's error. */
 void dev_poll(dev_host_t *h);
 /* Stops kernels in flight (abort) and frees the device state. */

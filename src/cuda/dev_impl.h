@@ -66,6 +66,7 @@ struct dev_state {
         CUmodule mod;
         CUfunction fn, fn_ce, fn_lla[loomNumTypes][4]; /* loom_exchange; loom_ce;
                                                         * loom_lla_<dtype>_<op> */
+        CUfunction fn_copy;                            /* loom_fuse_copy */
     } drv;
     /* who is on this node and how the exchange is cut (rank 0's parameters hold for all) */
     struct dev_layout {

@@ -207,6 +207,41 @@ static loomResult_t go(dev_state_t *s, dev_args_t *a, unsigned grid, unsigned th
     return loomSuccess;
 }
 
+loomResult_t dev_copy(dev_host_t *h, const dev_copy_t *c, int n, cudaStream_t stream)
+{
+    dev_state_t *s = h->state;
+    if (s == NULL) return base_error(loomInternalError, LOG_CUDA, "device executor not set up");
+    CUcontext prev = dev_ctx_enter(s);
+    CUresult cr = CUDA_SUCCESS;
+    for (int i = 0; i < n && cr == CUDA_SUCCESS;) {
+        dev_copies_t a;
+        memset(&a, 0, sizeof(a));
+        size_t most = 0;
+        for (; i < n && a.n < DEV_COPY_MAX; i++) {
+            if (c[i].bytes == 0) continue;
+            a.src[a.n] = (unsigned long long)(uintptr_t)c[i].src;
+            a.dst[a.n] = (unsigned long long)(uintptr_t)c[i].dst;
+            a.bytes[a.n++] = c[i].bytes;
+            most = LOOM_MAX(most, c[i].bytes);
+        }
+        if (a.n == 0) break;
+        /* 16 bytes a thread per pass, four passes for the largest range, at most 64 blocks a
+         * range */
+        const unsigned threads = 256;
+        size_t per_block = (size_t)threads * 16 * 4;
+        unsigned gx = (unsigned)LOOM_MAX(1, LOOM_MIN(64, (most + per_block - 1) / per_block));
+        void *params[] = {&a};
+        cr = s->drv.d->cuLaunchKernel(s->drv.fn_copy, gx, (unsigned)a.n, 1, threads, 1, 1, 0,
+                                      (CUstream)stream, params, NULL);
+    }
+    dev_ctx_leave(s, prev);
+    if (cr != CUDA_SUCCESS)
+        return base_error(loomUnhandledCudaError, LOG_CUDA,
+                          "rank %d: launching the copies of a fused bucket (%d ranges): %s",
+                          h->rank, n, cudrv_err(cr));
+    return loomSuccess;
+}
+
 /* DEV_DIRECT: every block, on every rank (blocks meet their peers' blocks of the same index). */
 loomResult_t dev_launch_direct(dev_state_t *s, dev_args_t *a, CUstream st, const char *path)
 {

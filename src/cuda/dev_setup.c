@@ -81,6 +81,8 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     cr = d->cuModuleLoadData(&s->drv.mod, loom_kernels_fatbin);
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->drv.fn, s->drv.mod, "loom_exchange");
     if (cr == CUDA_SUCCESS) cr = d->cuModuleGetFunction(&s->drv.fn_ce, s->drv.mod, "loom_ce");
+    if (cr == CUDA_SUCCESS)
+        cr = d->cuModuleGetFunction(&s->drv.fn_copy, s->drv.mod, "loom_fuse_copy");
     for (int t = 0; t < loomNumTypes && cr == CUDA_SUCCESS; t++)
         for (int o = 0; o < 4 && cr == CUDA_SUCCESS; o++) {
             char name[32];

@@ -958,3 +958,34 @@ LLA_ENTRIES(8)
 LLA_ENTRIES(9)
 LLA_ENTRIES(10)
 LLA_ENTRIES(11)
+
+/* A fusion context's pack and unpack (dev_copies_t in kernels.h). */
+template <typename T>
+static __device__ __forceinline__ void copy_words(const char *s, char *d, u64 bytes)
+{
+    const T *S = (const T *)s;
+    T *D = (T *)d;
+    const u64 n = bytes / sizeof(T), stride = (u64)gridDim.x * blockDim.x;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride)
+        D[k] = S[k];
+}
+
+extern "C" __global__ void __launch_bounds__(DEV_MAX_THREADS)
+    loom_fuse_copy(const __grid_constant__ dev_copies_t a)
+{
+    const int i = blockIdx.y;
+    if (i >= a.n) return;
+    const char *s = (const char *)a.src[i];
+    char *d = (char *)a.dst[i];
+    const u64 b = a.bytes[i], al = a.src[i] | a.dst[i] | b;
+    if ((al & 15) == 0)
+        copy_words<uint4>(s, d, b);
+    else if ((al & 7) == 0)
+        copy_words<u64>(s, d, b);
+    else if ((al & 3) == 0)
+        copy_words<unsigned>(s, d, b);
+    else if ((al & 1) == 0)
+        copy_words<unsigned short>(s, d, b);
+    else
+        copy_words<unsigned char>(s, d, b);
+}

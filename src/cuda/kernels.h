@@ -253,4 +253,13 @@ typedef struct {
     dev_io_t io[DEV_MAX_LOCAL];
 } dev_args_t;
 
+/* loom_fuse_copy: up to DEV_COPY_MAX byte ranges copied in one launch (a fusion context's pack
+ * and unpack of a device bucket, src/fusion). Grid (x, n): the blocks of row i copy range i, in
+ * the widest word that the range's addresses and length allow. */
+#define DEV_COPY_MAX 64
+typedef struct {
+    unsigned long long src[DEV_COPY_MAX], dst[DEV_COPY_MAX], bytes[DEV_COPY_MAX];
+    int n;
+} dev_copies_t;
+
 #endif

@@ -51,6 +51,9 @@
 #include "progress.h"
 #include "reduce.h"
 #include "schedule.h"
+#ifdef LOOM_HAVE_CUDA
+#include "fusion_dev.h"
+#endif
 
 #define FZ_TEXT 1024
 
@@ -68,6 +71,8 @@ struct loomFusionTensor {
     atomic_int done;
     loomResult_t res;
     struct loomFusionTensor *next;
+    cudaStream_t stream;  /* a device tensor's */
+    struct fzd_event *ev; /* ... and its event (fusion_dev.h) */
 };
 
 typedef struct {
@@ -90,7 +95,8 @@ typedef struct {
     uint64_t first_pos;   /* that segment's tensor position in the step */
 } fz_rec_t;
 
-enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_PIPE };
+enum { ST_IDLE, ST_ROUND, ST_VERIFY, ST_DIAG, ST_DATA, ST_Z_PIPE, ST_DEV };
+enum { FZ_MEM_UNSET = -1 }; /* else a mem_type_t: a context's tensors are of one kind */
 
 struct loomFusion {
     loomComm_t comm;
@@ -111,6 +117,8 @@ struct loomFusion {
     bool waiting;          /* a thread is inside loomFusionWaitAll */
     bool step_done;        /* the closing round agreed */
     bool claimed;
+    int mem;         /* FZ_MEM_UNSET until the first tensor with values */
+    struct fzd *dev; /* the device side (fusion_dev.h) of a context of device tensors */
     loomResult_t err;
     char errtext[FZ_TEXT];
     loomFusionStats_t st;
@@ -1081,6 +1089,23 @@ static loomResult_t start_bucket(struct loomFusion *f)
     f->bk_inplace = true;
     for (size_t k = 0; k + 1 < n && f->bk_inplace; k++)
         f->bk_inplace = seg_ptr(&f->bk[k], es) + f->bk[k].d.len * es == seg_ptr(&f->bk[k + 1], es);
+#ifdef LOOM_HAVE_CUDA
+    if (f->dev) { /* ordered on the context's stream by its launcher (fusion_dev.h) */
+        fzd_seg_t *v = fzd_segs(f->dev, n);
+        if (v == NULL) return base_error(loomSystemError, LOG_COLL, "loomFusion: out of memory");
+        for (size_t k = 0; k < n; k++) {
+            const fz_seg_t *s = &f->bk[k];
+            v[k] = (fzd_seg_t){.ptr = seg_ptr(s, es),
+                               .bytes = s->d.len * es,
+                               .ev = s->t->ev,
+                               .first = s->d.off == 0,
+                               .last = s->d.off + s->d.len == s->d.count};
+        }
+        f->state = ST_DEV;
+        fzd_submit(f->dev, n, f->bk_elems, f->bk_type, f->bk_op, f->bk_inplace);
+        return loomSuccess;
+    }
+#endif
     if (!compressed(f)) {
         void *buf;
         if (f->bk_inplace) {
@@ -1157,6 +1182,24 @@ static uint64_t fz_poll(void *arg, bool *progressed)
         if (f->state != ST_IDLE || sleep == UINT64_MAX) return sleep;
         return maybe_round(f, progressed);
     }
+#ifdef LOOM_HAVE_CUDA
+    if (f->state == ST_DEV) {
+        loomResult_t r;
+        char text[FZ_TEXT];
+        if (!fzd_done(f->dev, &r, text, sizeof(text))) return UINT64_MAX; /* it wakes us */
+        *progressed = true;
+        if (r != loomSuccess) {
+            char why[FZ_TEXT + 64];
+            snprintf(why, sizeof(why), "loomFusion: bucket %llu (device) failed: %s",
+                     (unsigned long long)f->st.buckets, text);
+            f->state = ST_IDLE;
+            fz_fail(f, r, why);
+            return UINT64_MAX;
+        }
+        bucket_done(f);
+        return maybe_round(f, progressed);
+    }
+#endif
     if (f->g) {
         bool done = false, moved = false;
         loomResult_t r = coll_advance(f->g, &done, &moved);
@@ -1171,7 +1214,8 @@ static uint64_t fz_poll(void *arg, bool *progressed)
                                                "the digest round",
                                                "the mismatch report",
                                                "the allreduce",
-                                               "the compressed pipeline"};
+                                               "the compressed pipeline",
+                                               "the device bucket"};
             char text[FZ_TEXT];
             snprintf(text, sizeof(text), "loomFusion: bucket %llu (%s) failed: %s",
                      (unsigned long long)f->st.buckets, what[f->state], base_last_error());
@@ -1261,6 +1305,7 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
                       ? UINT64_MAX
                       : c.cycleUs * 1000;
     f->h_base = 0x6c6f6f6d66757365ull;
+    f->mem = FZ_MEM_UNSET;
     f->ttail = &f->thead;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
@@ -1293,6 +1338,53 @@ LOOM_EXPORT loomResult_t loomFusionGetConfig(loomFusion_t f, loomFusionConfig_t 
     return loomSuccess;
 }
 
+/* A tensor's memory against its context's (lock held): the first tensor with values fixes it
+ * (and a device one opens the device side, collective over the communicator when its device
+ * executor is not set up yet); every later one must be of the same kind. */
+static loomResult_t tensor_memory(struct loomFusion *f, const char *fn, uint64_t id, void *buff,
+                                  mem_type_t mt, int ord, cudaStream_t stream)
+{
+    static const char *const kind[] = {"host", "CUDA device", "CUDA managed"};
+    unsigned long long tid = (unsigned long long)id;
+    if (mt == MEM_MANAGED)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: tensor %llu: %p is CUDA managed memory, which loom does not move "
+                          "(use device or host memory)",
+                          fn, tid, buff);
+    if (mt == MEM_HOST && stream != NULL)
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: tensor %llu: %p is host memory but a stream was given (a stream "
+                          "orders device tensors only)",
+                          fn, tid, buff);
+    if (f->mem != FZ_MEM_UNSET) {
+        if ((int)mt == f->mem) return loomSuccess;
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: tensor %llu: %p is %s memory, but this context's tensors are %s "
+                          "memory (its first tensor's); use one context per kind of memory",
+                          fn, tid, buff, kind[mt], kind[f->mem]);
+    }
+    if (mt == MEM_DEVICE) {
+#ifdef LOOM_HAVE_CUDA
+        if (f->cfg.wire != loomFusionWireExact)
+            return base_error(loomInvalidUsage, LOG_COLL,
+                              "%s: tensor %llu: %p is CUDA device memory and the context's wire "
+                              "is %s: the 16-bit wires encode on the host, so device tensors "
+                              "travel exact (loomFusionWireExact)",
+                              fn, tid, buff, f->cfg.wire == loomFusionWireBf16 ? "bf16" : "fp16");
+        size_t stage = LOOM_MAX(f->cfg.bucketBytes, f->cfg.firstBucketBytes);
+        LOOM_CHECK(fzd_open(f->comm, buff, ord, stage, &f->dev));
+#else
+        (void)ord;
+        return base_error(loomInvalidUsage, LOG_COLL,
+                          "%s: tensor %llu: %p is CUDA device memory, and this build of loom has "
+                          "no device executor (it was built without the CUDA toolkit)",
+                          fn, tid, buff);
+#endif
+    }
+    f->mem = (int)mt;
+    return loomSuccess;
+}
+
 LOOM_EXPORT loomResult_t loomFusionEnqueue(loomFusion_t f, void *buff, size_t count,
                                            loomDataType_t type, loomRedOp_t op, uint64_t id,
                                            cudaStream_t stream, loomFusionCallback_t cb,
@@ -1312,16 +1404,24 @@ LOOM_EXPORT loomResult_t loomFusionEnqueue(loomFusion_t f, void *buff, size_t co
     if (count > 0 && buff == NULL)
         return base_error(loomInvalidArgument, LOG_COLL, "%s: tensor %llu: buff is NULL", fn,
                           (unsigned long long)id);
-    if (count > 0 && (stream != NULL || mem_type_of(buff) != MEM_HOST))
-        return base_error(loomInvalidUsage, LOG_COLL,
-                          "%s: tensor %llu: %p is not host memory (or a stream was given); this "
-                          "build's fusion contexts reduce host memory only",
-                          fn, (unsigned long long)id, buff);
+    int ord = -1;
+    mem_type_t mt = MEM_HOST;
+    if (count > 0) {
+#ifdef LOOM_HAVE_CUDA
+        mt = mem_type_dev(buff, &ord);
+#else
+        mt = mem_type_of(buff);
+#endif
+    }
     pthread_mutex_lock(&f->lock);
     loomResult_t r = f->err;
     if (r != loomSuccess) {
         pthread_mutex_unlock(&f->lock);
         return fz_error(f);
+    }
+    if (count > 0 && (r = tensor_memory(f, fn, id, buff, mt, ord, stream)) != loomSuccess) {
+        pthread_mutex_unlock(&f->lock);
+        return r;
     }
     if ((r = coll_usable(f->comm, fn)) != loomSuccess ||
         (r = coll_check_op(f->comm, fn, op, type)) != loomSuccess) {
@@ -1355,7 +1455,15 @@ LOOM_EXPORT loomResult_t loomFusionEnqueue(loomFusion_t f, void *buff, size_t co
                                    .cb = cb,
                                    .arg = cb_arg,
                                    .pos = f->step_tensors++,
-                                   .nseg = nseg};
+                                   .nseg = nseg,
+                                   .stream = stream};
+#ifdef LOOM_HAVE_CUDA
+    if (f->dev && nseg && (r = fzd_tensor(f->dev, stream, &t->ev)) != loomSuccess) {
+        free(t);
+        pthread_mutex_unlock(&f->lock);
+        return r;
+    }
+#endif
     *f->ttail = t;
     f->ttail = &t->next;
     f->pending++;
@@ -1409,7 +1517,12 @@ LOOM_EXPORT loomResult_t loomFusionWait(loomFusionHandle_t h)
     while (!atomic_load(&h->done))
         pthread_cond_wait(&f->cond, &f->lock);
     pthread_mutex_unlock(&f->lock);
-    return h->res == loomSuccess ? loomSuccess : fz_error(f);
+    if (h->res != loomSuccess) return fz_error(f);
+#ifdef LOOM_HAVE_CUDA
+    /* a device tensor: its stream waits for the bucket that finished it */
+    if (h->ev) return fzd_wait_tensor(f->dev, h->ev, h->stream);
+#endif
+    return loomSuccess;
 }
 
 /* Frees the step's tensors and segments (lock held; all finished). */
@@ -1417,6 +1530,9 @@ static void step_reset_locked(struct loomFusion *f)
 {
     for (struct loomFusionTensor *t = f->thead, *n; t; t = n) {
         n = t->next;
+#ifdef LOOM_HAVE_CUDA
+        if (t->ev) fzd_tensor_free(f->dev, t->ev);
+#endif
         free(t);
     }
     f->thead = NULL;
@@ -1443,11 +1559,26 @@ LOOM_EXPORT loomResult_t loomFusionWaitAll(loomFusion_t f)
     f->waiting = false;
     f->step_done = false;
     loomResult_t r = f->err;
+#ifdef LOOM_HAVE_CUDA
+    /* device tensors: their streams wait for the step's last bucket (each stream once) */
+    for (struct loomFusionTensor *t = f->thead; t && r == loomSuccess; t = t->next) {
+        if (t->ev == NULL) continue;
+        bool seen = false;
+        for (struct loomFusionTensor *u = f->thead; u != t && !seen; u = u->next)
+            seen = u->ev && u->stream == t->stream;
+        if (!seen) r = fzd_wait_all(f->dev, t->stream);
+    }
+    loomResult_t werr = r == f->err ? loomSuccess : r; /* the stream wait's own */
+    if (werr != loomSuccess) r = f->err;
+#endif
     if (r == loomSuccess) step_reset_locked(f);
     /* a failed context runs nothing more: the communicator is the caller's again */
     if (f->claimed) coll_unclaim(f->comm, f);
     f->claimed = false;
     pthread_mutex_unlock(&f->lock);
+#ifdef LOOM_HAVE_CUDA
+    if (werr != loomSuccess) return werr;
+#endif
     return r == loomSuccess ? loomSuccess : fz_error(f);
 }
 
@@ -1470,6 +1601,9 @@ LOOM_EXPORT loomResult_t loomFusionDestroy(loomFusion_t f)
     pthread_mutex_unlock(&f->lock);
     if (busy) (void)loomFusionWaitAll(f);
     if (f->attached) progress_detach(f);
+#ifdef LOOM_HAVE_CUDA
+    fzd_close(f->dev); /* after the bucket it runs; waits for the context's stream */
+#endif
     /* a group can still run only when the context failed outside a round: drive it out */
     while (f->g) {
         bool done = false;

@@ -2647,6 +2647,218 @@ static void grp_ce(ctx_t *c)
     reg_free(c, &B);
 }
 
+/* ---- fusion contexts on device tensors ------------------------------------------------- */
+
+typedef struct {
+    int t, o;
+    size_t count;
+    reg_t r;      /* its own allocation (NULL base: a view of the flat buffer at off) */
+    size_t off;   /* where its values start: in r, or in the flat buffer */
+    uint8_t *exp; /* the exact result */
+    bool second;  /* enqueued on the second stream */
+    loomFusionHandle_t h;
+} fz_t;
+
+static uint64_t fz_rng(uint64_t *s)
+{
+    *s = mix(*s + 0x9e3779b97f4a7c15ull);
+    return *s;
+}
+
+enum { FZ_FLAT = 1, FZ_MIXED = 2, FZ_STREAMS = 4, FZ_WAIT_EACH = 8 };
+
+/* One step of n tensors through a context with buckets of `bucket` bytes and segments of
+ * `seg` (the same list on every rank, from `seed`), each rank sleeping at random between its
+ * enqueues; the results bit for bit after loomFusionWaitAll (checked on the first stream, which
+ * the step's end orders after the buckets). FZ_FLAT: float tensors back to back in one
+ * allocation (buckets reduced in place); FZ_MIXED: several types and ops (separate buckets);
+ * FZ_STREAMS: every other tensor written and enqueued on a second stream; FZ_WAIT_EACH:
+ * loomFusionWait on every tensor before the step's end. `steps` steps on one context. */
+static void fz_case(ctx_t *c, const char *label, int n, uint64_t seed, int flags, size_t bucket,
+                    size_t seg, int steps)
+{
+    static const size_t sizes[] = {1, 3, 255, 1000, 4097, 65537, 300001, 1048577};
+    static const int mtypes[] = {F32, I32, BF16, F64, U8, I64};
+    case_begin(c, c->nranks, "fusion %s: %d tensors, buckets %zu, segments %zu, %d step%s", label,
+               n, bucket, seg, steps, steps > 1 ? "s" : "");
+    loomFusionConfig_t cfg = LOOM_FUSION_CONFIG_INITIALIZER;
+    cfg.bucketBytes = bucket;
+    cfg.firstBucketBytes = bucket / 4;
+    cfg.segmentBytes = seg;
+    cfg.cycleUs = 500;
+    loomFusion_t f = NULL;
+    if (!lok(c, loomFusionCreate(&f, c->comm, &cfg), c->comm, "loomFusionCreate")) {
+        case_end(c);
+        return;
+    }
+    CUstream s2 = NULL;
+    if (flags & FZ_STREAMS) CU(c->d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    fz_t *v = calloc((size_t)n, sizeof(*v));
+    if (v == NULL) fatal(c, "out of host memory");
+    uint64_t rs = seed, js = mix(seed ^ (uint64_t)(c->rank + 1) * 0x51ull);
+    size_t flat_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        fz_t *x = &v[i];
+        x->t = F32;
+        x->o = K_SUM;
+        if (flags & FZ_MIXED) {
+            x->t = mtypes[fz_rng(&rs) % 6];
+            x->o = (int)(fz_rng(&rs) % 5);
+            if (x->o == K_PROD && x->t == U8) x->o = K_MAX;
+        }
+        x->count = sizes[fz_rng(&rs) % 8];
+        x->second = (flags & FZ_STREAMS) && (i & 1);
+        x->off = flat_bytes;
+        flat_bytes += x->count * TS[x->t];
+    }
+    reg_t flat = {0};
+    if (flags & FZ_FLAT) reg_alloc(c, &flat, flat_bytes + 2 * GUARD);
+    for (int i = 0; i < n; i++) {
+        fz_t *x = &v[i];
+        size_t b = x->count * TS[x->t];
+        x->exp = halloc(c, b);
+        if (!(flags & FZ_FLAT)) reg_alloc(c, &x->r, b + 2 * GUARD);
+    }
+    uint8_t *in = halloc(c, 1048577 * 8);
+    for (int step = 0; step < steps && !c->failed; step++) {
+        if (flags & FZ_FLAT) reg_poison(c, &flat, flat_bytes + 2 * GUARD);
+        for (int i = 0; i < n; i++) {
+            fz_t *x = &v[i];
+            size_t b = x->count * TS[x->t];
+            uint64_t salt = mix(seed ^ ((uint64_t)i << 20) ^ (uint64_t)step);
+            gen_fill(x->o, x->t, salt, c->rank, c->nranks, 0, x->count, in);
+            ref_fill(x->o, x->o, x->t, salt, c->nranks, 0, x->count, x->exp);
+            reg_t *R = (flags & FZ_FLAT) ? &flat : &x->r;
+            size_t at = (flags & FZ_FLAT) ? GUARD + x->off : GUARD;
+            if (!(flags & FZ_FLAT)) reg_poison(c, R, b + 2 * GUARD);
+            if (x->second) { /* written on the second stream, after the first's poison */
+                CU(c->d->cuStreamSynchronize(c->s));
+                CU(c->d->cuMemcpyHtoDAsync(R->base + at, in, b, s2));
+                memcpy(R->img + at, in, b);
+            } else {
+                reg_put(c, R, at, in, b);
+            }
+            reg_expect(R, at, x->exp, b);
+            /* the producer's kernels would run here: the ranks reach tensors at other times */
+            if (fz_rng(&js) % 4 == 0) usleep((useconds_t)(fz_rng(&js) % 400));
+            char what[64];
+            snprintf(what, sizeof(what), "loomFusionEnqueue (tensor %d)", i);
+            if (!lok(c,
+                     loomFusionEnqueue(f, P(R->base + at), x->count, (loomDataType_t)x->t,
+                                       (loomRedOp_t)x->o, (uint64_t)i,
+                                       x->second ? (cudaStream_t)s2 : (cudaStream_t)c->s, NULL,
+                                       NULL, &x->h),
+                     c->comm, what))
+                break;
+        }
+        if (flags & FZ_WAIT_EACH)
+            for (int i = 0; i < n && !c->failed; i++)
+                lok(c, loomFusionWait(v[i].h), c->comm, "loomFusionWait");
+        if (!c->failed) lok(c, loomFusionWaitAll(f), c->comm, "loomFusionWaitAll");
+        if (c->failed) break;
+        if (s2) CU(c->d->cuStreamSynchronize(s2));
+        if (flags & FZ_FLAT) {
+            reg_check(c, &flat, GUARD, flat_bytes, F32, "flat buffer");
+        } else {
+            for (int i = 0; i < n && !c->failed; i++) {
+                char what[64];
+                snprintf(what, sizeof(what), "tensor %d (%s %s, %zu)", i, TN[v[i].t], ON[v[i].o],
+                         v[i].count);
+                reg_check(c, &v[i].r, GUARD, v[i].count * TS[v[i].t], v[i].t, what);
+            }
+        }
+    }
+    loomFusionStats_t st;
+    if (!c->failed && lok(c, loomFusionGetStats(f, &st), c->comm, "loomFusionGetStats")) {
+        if (st.tensors != (uint64_t)n * (uint64_t)steps || st.buckets < 2)
+            case_fail(c, "stats: %llu tensors (want %d), %llu buckets (want >= 2)",
+                      (unsigned long long)st.tensors, n * steps, (unsigned long long)st.buckets);
+        else
+            case_info(c, "%llu buckets, %llu segments, cuts: %llu full %llu timer %llu flush",
+                      (unsigned long long)st.buckets, (unsigned long long)st.segments,
+                      (unsigned long long)st.fullCuts, (unsigned long long)st.timerCuts,
+                      (unsigned long long)st.flushCuts);
+    }
+    lok(c, loomFusionDestroy(f), c->comm, "loomFusionDestroy");
+    for (int i = 0; i < n; i++) {
+        free(v[i].exp);
+        if (!(flags & FZ_FLAT)) reg_free(c, &v[i].r);
+    }
+    if (flags & FZ_FLAT) reg_free(c, &flat);
+    if (s2) c->d->cuStreamDestroy(s2);
+    free(v);
+    free(in);
+    case_end(c);
+}
+
+/* An error that must be loomInvalidUsage with `want` in its text. */
+static void fz_expect(ctx_t *c, loomResult_t r, const char *want, const char *what)
+{
+    const char *txt = loomGetLastError(c->comm);
+    if (r != loomInvalidUsage)
+        case_fail(c, "%s returned %s (want loomInvalidUsage): %s", what, loomGetErrorString(r),
+                  txt);
+    else if (strstr(txt, want) == NULL)
+        case_fail(c, "%s: text \"%s\" lacks \"%s\"", what, txt, want);
+}
+
+static void grp_fusion(ctx_t *c)
+{
+    fz_case(c, "float sum, own allocations", 60, 0x66757331, 0, 1 << 20, 256 << 10, 2);
+    fz_case(c, "mixed types and ops", 48, 0x66757332, FZ_MIXED, 1 << 20, 128 << 10, 1);
+    fz_case(c, "flat buffer (in place)", 40, 0x66757333, FZ_FLAT, 2 << 20, 512 << 10, 2);
+    fz_case(c, "two streams, loomFusionWait each", 30, 0x66757334, FZ_STREAMS | FZ_WAIT_EACH,
+            1 << 20, 256 << 10, 2);
+    fz_case(c, "default sizes", 24, 0x66757335, FZ_MIXED, 0, 0, 1);
+
+    /* misuse: a host tensor after a device one; a 16-bit wire; a disagreement between ranks */
+    reg_t R;
+    reg_alloc(c, &R, 4096 * 4);
+    loomFusion_t f = NULL;
+    case_begin(c, c->nranks, "fusion: a host tensor in a context of device tensors is refused");
+    if (lok(c, loomFusionCreate(&f, c->comm, NULL), c->comm, "loomFusionCreate")) {
+        float host[16] = {0};
+        lok(c,
+            loomFusionEnqueue(f, P(R.base), 4096, loomFloat32, loomSum, 1, (cudaStream_t)c->s, NULL,
+                              NULL, NULL),
+            c->comm, "loomFusionEnqueue (device)");
+        fz_expect(c,
+                  loomFusionEnqueue(f, host, 16, loomFloat32, loomSum, 2, NULL, NULL, NULL, NULL),
+                  "this context's tensors are CUDA device memory", "loomFusionEnqueue (host)");
+        lok(c, loomFusionWaitAll(f), c->comm, "loomFusionWaitAll");
+        sync_ok(c, c->s, c->comm);
+        loomFusionDestroy(f);
+    }
+    case_end(c);
+    case_begin(c, c->nranks, "fusion: device tensors on a bf16 wire are refused");
+    loomFusionConfig_t cfg = LOOM_FUSION_CONFIG_INITIALIZER;
+    cfg.wire = loomFusionWireBf16;
+    if (lok(c, loomFusionCreate(&f, c->comm, &cfg), c->comm, "loomFusionCreate")) {
+        fz_expect(c,
+                  loomFusionEnqueue(f, P(R.base), 4096, loomFloat32, loomSum, 1, (cudaStream_t)c->s,
+                                    NULL, NULL, NULL),
+                  "device tensors travel exact", "loomFusionEnqueue");
+        lok(c, loomFusionWaitAll(f), c->comm, "loomFusionWaitAll");
+        loomFusionDestroy(f);
+    }
+    case_end(c);
+    case_begin(c, c->nranks, "fusion: ranks that enqueue different counts are told which tensor");
+    if (lok(c, loomFusionCreate(&f, c->comm, NULL), c->comm, "loomFusionCreate")) {
+        for (int i = 0; i < 4; i++) {
+            size_t cnt = i == 2 && c->rank == 1 ? 1000 : 1024;
+            lok(c,
+                loomFusionEnqueue(f, P(R.base + (size_t)i * 4096), cnt, loomFloat32, loomSum,
+                                  (uint64_t)(100 + i), (cudaStream_t)c->s, NULL, NULL, NULL),
+                c->comm, "loomFusionEnqueue");
+        }
+        fz_expect(c, loomFusionWaitAll(f), "ranks disagree at tensor position 2",
+                  "loomFusionWaitAll");
+        loomFusionDestroy(f);
+    }
+    case_end(c);
+    reg_free(c, &R);
+}
+
 /* ---- groups and the parent ------------------------------------------------------------ */
 
 enum { M_ALL, M_SINGLE, M_SAMEGPU, M_TWO, M_WIN };
@@ -2677,6 +2889,9 @@ static const group_t groups[] = {
     {"ce", grp_ce, M_WIN, 1, 420, 1,
      "the copy-engine path: allreduce (6 types, 3 ops), reduce-scatter, allgather, broadcast on "
      "plain buffers (2 ranks; run with LOOM_CUDA_CE=1M as tests/gpu/copyengine.sh does)"},
+    {"fusion", grp_fusion, M_WIN, 1, 300, 1,
+     "fusion contexts on device tensors: buckets, segments, types, streams, misuse (2 ranks; "
+     "on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
     {"graphs", grp_graphs, M_WIN, 1, 420, 1,
      "every same-node path captured in one CUDA graph, 100 replays; graphs' mappings let go (2 "
      "ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
