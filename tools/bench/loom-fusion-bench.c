@@ -31,6 +31,7 @@ typedef struct {
     double gflops; /* simulated compute rate, GFLOP/s; 0: none */
     int batch;
     unsigned modes; /* bit per mode run (--modes); every mode when 0 */
+    bool dev;       /* --mem device */
 } opts_t;
 
 enum { M_PER, M_FUSED, M_TUNED, M_HOROVOD, M_MONO, M_BF16, M_FUSED_C, M_COMPUTE, M_N };
@@ -60,7 +61,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     }
     replay_t r;
     double spf = o->gflops > 0 ? (double)o->batch / (o->gflops * 1e9) : 0;
-    if (replay_init(&r, comm, &m, spf) != 0) {
+    if (replay_init(&r, comm, &m, spf, o->dev) != 0) {
         fprintf(stderr, "loom-fusion-bench: rank %d: %s\n", rank, r.err);
         return 2;
     }
@@ -71,12 +72,15 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     fx[M_FUSED] = fx[M_FUSED_C] = replay_fusion(&r, 0, 0, 0, 0, loomFusionWireExact);
     fx[M_TUNED] = replay_fusion(&r, tb, 0, ts, 0, loomFusionWireExact);
     fx[M_HOROVOD] = replay_fusion(&r, 64000000, 64000000, 64000000, 5000, loomFusionWireExact);
-    fx[M_BF16] = replay_fusion(&r, 0, 0, 0, 0, loomFusionWireBf16);
+    /* device tensors travel exact: the compressed mode is host memory's */
+    fx[M_BF16] = replay_fusion(&r, 0, 0, 0, 0, o->dev ? loomFusionWireExact : loomFusionWireBf16);
     if (!fx[M_FUSED] || !fx[M_TUNED] || !fx[M_HOROVOD] || !fx[M_BF16]) {
         fprintf(stderr, "loom-fusion-bench: %s\n", r.err);
         return 2;
     }
     int nm = o->gflops > 0 ? M_N : M_FUSED_C;
+    unsigned modes = o->modes;
+    if (o->dev) modes = (modes ? modes : (1u << M_N) - 1) & ~(1u << M_BF16);
     double *t[M_N];
     for (int k = 0; k < M_N; k++)
         t[k] = calloc((size_t)o->iters, sizeof(double));
@@ -84,8 +88,9 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         loomFusionConfig_t c = LOOM_FUSION_CONFIG_INITIALIZER;
         loomFusionGetConfig(fx[M_FUSED], &c);
         printf("# loom-fusion-bench: model %s, %d tensors, %zu floats (%.1f MB), %d ranks, "
-               "%d rounds after %d warm-up\n",
-               m.name, m.n, m.total, (double)m.total * 4 / 1e6, nranks, o->iters, o->warmup);
+               "%d rounds after %d warm-up, %s memory\n",
+               m.name, m.n, m.total, (double)m.total * 4 / 1e6, nranks, o->iters, o->warmup,
+               o->dev ? "device" : "host");
         printf("# fused: bucket %zu, first bucket %zu, segment %zu, cycle %llu us\n", c.bucketBytes,
                c.firstBucketBytes, c.segmentBytes, (unsigned long long)c.cycleUs);
         loomFusionGetConfig(fx[M_TUNED], &c);
@@ -104,7 +109,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
                                  : k == M_MONO    ? REPLAY_MONOLITHIC
                                  : k == M_COMPUTE ? REPLAY_COMPUTE_ONLY
                                                   : REPLAY_FUSED;
-            if (o->modes && !(o->modes >> k & 1)) continue;
+            if (modes && !(modes >> k & 1)) continue;
             double s = replay_step(&r, mode, fx[k], k >= M_FUSED_C);
             if (s < 0) {
                 fprintf(stderr, "loom-fusion-bench: %s\n", r.err);
@@ -115,7 +120,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
         }
     double med[M_N] = {0};
     for (int k = 0; k < nm && rc == 0; k++)
-        if (!o->modes || o->modes >> k & 1) med[k] = median(t[k], o->iters);
+        if (!modes || modes >> k & 1) med[k] = median(t[k], o->iters);
     /* every rank's wrong elements, summed */
     double wrong = (double)r.wrong;
     if (loomAllReduce(&wrong, &wrong, 1, loomFloat64, loomSum, comm, NULL) != loomSuccess) rc = 2;
@@ -127,7 +132,7 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
     if (rank == 0 && rc == 0) {
         printf("# %-14s %12s %10s\n", "mode", "median_us", "vs_fused");
         for (int k = 0; k < nm; k++)
-            if (!o->modes || o->modes >> k & 1)
+            if (!modes || modes >> k & 1)
                 printf("  %-14s %12.1f %10.2f\n", mode_names[k], med[k] * 1e6,
                        med[M_FUSED] > 0 ? med[k] / med[M_FUSED] : 0);
         if (nm == M_N)
@@ -138,8 +143,8 @@ static int bench_rank(loomComm_t comm, int rank, int nranks, void *arg)
                m.name, nranks, med[M_PER] * 1e6, med[M_FUSED] * 1e6, med[M_TUNED] * 1e6,
                med[M_MONO] * 1e6, hidden, wrong);
         printf("# horovod_us=%.1f\n", med[M_HOROVOD] * 1e6);
-        loomFusionStats_t st;
-        if (loomFusionGetStats(fx[M_BF16], &st) == loomSuccess)
+        loomFusionStats_t st = {0};
+        if (!o->dev && loomFusionGetStats(fx[M_BF16], &st) == loomSuccess)
             printf("# fused_bf16_us=%.1f wire_bytes_per_step=%.0f exact_bytes_per_step=%.0f "
                    "max_rel_error=%.3g mean_rel_error=%.3g\n",
                    med[M_BF16] * 1e6, (double)st.wireBytes / (o->iters + o->warmup),
@@ -180,6 +185,9 @@ static void usage(void)
             "  --batch B        samples per rank for the compute (default 32)\n"
             "  --tune-file F    the tuning file for the tuned mode (default: LOOM_TUNE_FILE)\n"
             "  --modes LIST     run only these modes, comma-separated (say fused,fused_bf16)\n"
+            "  --mem host|device  where the tensors live (default host); device: each rank's GPU "
+            "(its local rank), the calls on a stream, a step timed until the stream is done; no "
+            "fused_bf16, no --gflops\n"
             "Ends with: fusion model=.. ranks=.. per_tensor_us=.. fused_us=.. tuned_us=.. "
             "monolithic_us=.. hidden_pct=.. wrong=..\n");
 }
@@ -221,6 +229,12 @@ int main(int argc, char **argv)
                 o.modes |= 1u << m;
             }
             if (o.modes & (1u << M_FUSED)) o.modes |= 1u << M_FUSED_C | 1u << M_COMPUTE;
+        } else if (!strcmp(a, "--mem")) {
+            end = (char *)"";
+            if (!strcmp(v, "device"))
+                o.dev = true;
+            else if (strcmp(v, "host") != 0)
+                end = (char *)"x";
         } else if (!strcmp(a, "--tune-file"))
             setenv("LOOM_TUNE_FILE", v, 1), end = (char *)"";
         else
@@ -231,6 +245,11 @@ int main(int argc, char **argv)
             return 2;
         }
         i++;
+    }
+    if (o.dev && o.gflops > 0) {
+        fprintf(stderr, "loom-fusion-bench: --gflops simulates compute on the host; it does not "
+                        "apply to --mem device\n");
+        return 2;
     }
     return ranks_run("loom-fusion-bench", k, bench_rank, &o);
 }

@@ -62,7 +62,7 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
         return 2;
     }
     replay_t r;
-    if (replay_init(&r, comm, &m, 0) != 0) {
+    if (replay_init(&r, comm, &m, 0, false) != 0) {
         fprintf(stderr, "loom-tune: rank %d: %s\n", rank, r.err);
         return 2;
     }

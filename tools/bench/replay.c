@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cudrv.h"
+#endif
 #include "ranks.h"
 
 #ifndef LOOM_DATA_DIR
@@ -122,10 +126,69 @@ static uint64_t check(replay_t *r, double tol)
     return bad;
 }
 
-int replay_init(replay_t *r, loomComm_t comm, const replay_model_t *m, double spf)
+#ifdef LOOM_HAVE_CUDA
+/* The device side: the rank's GPU made current, a stream, the buffer. 0, or -1 with r->err. */
+static int dev_init(replay_t *r)
+{
+    const char *why = NULL;
+    const cudrv_t *d = cudrv_get(&why);
+    if (d == NULL) {
+        snprintf(r->err, sizeof(r->err), "--mem device: %s", why ? why : "no usable GPU");
+        return -1;
+    }
+    int local = r->comm->lay.local_rank;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream st;
+    CUresult cr = d->cuDeviceGet(&dev, local % d->ndev);
+    if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (cr == CUDA_SUCCESS) cr = d->cuCtxSetCurrent(ctx);
+    if (cr == CUDA_SUCCESS) cr = d->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
+    if (cr != CUDA_SUCCESS) {
+        snprintf(r->err, sizeof(r->err), "rank %d: --mem device: GPU %d: %s", r->rank,
+                 local % d->ndev, cudrv_err(cr));
+        return -1;
+    }
+    r->stream = (cudaStream_t)st;
+    if (loomMemAlloc(&r->dflat, r->m->total * sizeof(float)) != loomSuccess) {
+        snprintf(r->err, sizeof(r->err), "rank %d: loomMemAlloc(%zu floats): %s", r->rank,
+                 r->m->total, loomGetLastError(NULL));
+        return -1;
+    }
+    return 0;
+}
+
+/* Host buffer to the GPU (to_dev) or back, on the replay's stream, waited for. */
+static int host_dev_copy(replay_t *r, bool to_dev)
+{
+    const cudrv_t *d = cudrv_get(NULL);
+    size_t b = r->m->total * sizeof(float);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)r->dflat;
+    CUresult cr = to_dev ? d->cuMemcpyHtoDAsync(p, r->flat, b, (CUstream)r->stream)
+                         : d->cuMemcpyDtoHAsync(r->flat, p, b, (CUstream)r->stream);
+    if (cr == CUDA_SUCCESS) cr = d->cuStreamSynchronize((CUstream)r->stream);
+    if (cr != CUDA_SUCCESS) {
+        snprintf(r->err, sizeof(r->err), "rank %d: copying the tensors %s the GPU: %s", r->rank,
+                 to_dev ? "to" : "from", cudrv_err(cr));
+        return -1;
+    }
+    return 0;
+}
+
+static int dev_sync(replay_t *r)
+{
+    CUresult cr = cudrv_get(NULL)->cuStreamSynchronize((CUstream)r->stream);
+    if (cr == CUDA_SUCCESS) return 0;
+    snprintf(r->err, sizeof(r->err), "rank %d: waiting for the step's stream: %s", r->rank,
+             cudrv_err(cr));
+    return -1;
+}
+#endif
+
+int replay_init(replay_t *r, loomComm_t comm, const replay_model_t *m, double spf, bool dev)
 {
     memset(r, 0, sizeof(*r));
-    r->comm = comm, r->m = m, r->spf = spf;
+    r->comm = comm, r->m = m, r->spf = spf, r->dev = dev;
     loomCommUserRank(comm, &r->rank);
     loomCommCount(comm, &r->nranks);
     r->off = calloc((size_t)m->n, sizeof(size_t));
@@ -138,11 +201,24 @@ int replay_init(replay_t *r, loomComm_t comm, const replay_model_t *m, double sp
     for (int i = 0; i < m->n; i++)
         r->off[i] = o, o += m->t[i].count;
     fill(r);
+    if (dev) {
+#ifdef LOOM_HAVE_CUDA
+        return dev_init(r);
+#else
+        snprintf(r->err, sizeof(r->err), "--mem device: this build has no CUDA support");
+        return -1;
+#endif
+    }
     return 0;
 }
 
 void replay_free(replay_t *r)
 {
+#ifdef LOOM_HAVE_CUDA
+    if (r->dflat) loomMemFree(r->dflat);
+    if (r->stream) cudrv_get(NULL)->cuStreamDestroy((CUstream)r->stream);
+    r->dflat = NULL, r->stream = NULL;
+#endif
     free(r->flat);
     free(r->off);
     r->flat = NULL, r->off = NULL;
@@ -167,27 +243,37 @@ static void compute(const replay_t *r, int i)
 double replay_step(replay_t *r, replay_mode_t mode, loomFusion_t fx, bool compute_on)
 {
     fill(r);
+#ifdef LOOM_HAVE_CUDA
+    if (r->dev && host_dev_copy(r, true) != 0) return -1;
+#endif
     if (ranks_max(r->comm, 0) < 0) FAIL("barrier (allreduce of one double)");
     double t0 = ranks_now();
     const replay_model_t *m = r->m;
+    float *base = r->dev ? (float *)r->dflat : r->flat;
     for (int i = 0; i < m->n; i++) {
         if (compute_on && r->spf > 0) compute(r, i);
-        float *p = r->flat + r->off[i];
+        float *p = base + r->off[i];
         if (mode == REPLAY_PER_TENSOR) {
-            if (loomAllReduce(p, p, m->t[i].count, loomFloat32, loomSum, r->comm, NULL) !=
+            if (loomAllReduce(p, p, m->t[i].count, loomFloat32, loomSum, r->comm, r->stream) !=
                 loomSuccess)
                 FAIL("loomAllReduce");
         } else if (mode == REPLAY_FUSED) {
-            if (loomFusionEnqueue(fx, p, m->t[i].count, loomFloat32, loomSum, (uint64_t)i, NULL,
-                                  NULL, NULL, NULL) != loomSuccess)
+            if (loomFusionEnqueue(fx, p, m->t[i].count, loomFloat32, loomSum, (uint64_t)i,
+                                  r->stream, NULL, NULL, NULL) != loomSuccess)
                 FAIL("loomFusionEnqueue");
         }
     }
     if (mode == REPLAY_FUSED && loomFusionWaitAll(fx) != loomSuccess) FAIL("loomFusionWaitAll");
-    if (mode == REPLAY_MONOLITHIC && loomAllReduce(r->flat, r->flat, m->total, loomFloat32, loomSum,
-                                                   r->comm, NULL) != loomSuccess)
+    if (mode == REPLAY_MONOLITHIC && loomAllReduce(base, base, m->total, loomFloat32, loomSum,
+                                                   r->comm, r->stream) != loomSuccess)
         FAIL("loomAllReduce (monolithic)");
+#ifdef LOOM_HAVE_CUDA
+    if (r->dev && dev_sync(r) != 0) return -1; /* all-reduced means the GPU is done */
+#endif
     double t = ranks_now() - t0;
+#ifdef LOOM_HAVE_CUDA
+    if (r->dev && host_dev_copy(r, false) != 0) return -1;
+#endif
     double tol = 0;
     loomFusionConfig_t c = LOOM_FUSION_CONFIG_INITIALIZER;
     loomFusionStats_t st;

@@ -43,10 +43,16 @@ typedef struct {
     double spf;    /* simulated compute: seconds per FLOP of the list (0: none) */
     uint64_t wrong; /* elements wrong so far (checked after every step) */
     char err[512];
+    /* --mem device: the tensors live in GPU memory (dflat), written and read back around each
+     * step, all-reduced on `stream`; a step ends when the stream is done */
+    bool dev;
+    void *dflat;
+    cudaStream_t stream;
 } replay_t;
 
-/* Allocates and fills the buffer. 0, or -1 with r->err. */
-int replay_init(replay_t *r, loomComm_t comm, const replay_model_t *m, double spf);
+/* Allocates and fills the buffer (device: also in GPU memory, on the rank's GPU: its local
+ * rank, modulo the GPUs seen). 0, or -1 with r->err. */
+int replay_init(replay_t *r, loomComm_t comm, const replay_model_t *m, double spf, bool dev);
 void replay_free(replay_t *r);
 
 /* One step in `mode` (fusion: through fx, made by the caller on r->comm), with compute when
