@@ -203,7 +203,8 @@ static const param_desc_t params[PARAM_COUNT] = {
                                  NUM(256, 1 << 26, CLAMP)},
     [PARAM_FUSION_GROUP] = {"FUSION_GROUP", PARAM_T_SIZE, "256K", "bytes",
                             "allreduces of at most this size inside loomGroupStart/End (one "
-                            "communicator, type and op, host memory) are fused into one; 0: never",
+                            "communicator, type and op; host memory, or device memory on one "
+                            "stream) are fused into one; 0: never",
                             NUM(0, INFINITY, CLAMP)},
     [PARAM_TUNE_FILE] = {"TUNE_FILE", PARAM_T_STR, "", "",
                          "tuning file written by loom-tune: fusion parameters and the cost "

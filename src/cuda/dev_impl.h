@@ -92,6 +92,12 @@ struct dev_state {
         uint32_t *flags; /* host-mapped: [0] ready (stream -> host), [1] done (host -> stream) */
         CUdeviceptr flags_dev;
     } xg;
+    /* a group's small allreduces fused (dev_local.c, run_fused): the packed values, ordered
+     * after this communicator's previous work like any call, so one buffer serves every stream */
+    struct dev_fuse {
+        CUdeviceptr buf;
+        size_t cap;
+    } fz;
     /* the order of this communicator's work across streams, and its launches */
     struct dev_run {
         CUevent ev;
@@ -103,6 +109,7 @@ struct dev_state {
         bool counted;         /* this call's launch was counted (set by run_lla) */
         uint64_t ldone_want;  /* blocks of the counted DEV_LLA launches so far */
         uint64_t seq;
+        uint64_t fused; /* allreduces run inside fused group runs (run_fused) */
         int opkind[64]; /* kind of the last launches, by seq, for error texts */
     } run;
     /* direct allreduce: user buffers mapped through CUDA IPC, cached by allocation identity

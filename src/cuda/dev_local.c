@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dev_impl.h"
+#include "param.h"
 #include "reduce.h"
 
 /* ---- launching ---- */
@@ -686,6 +687,78 @@ static loomResult_t run_p2p(dev_state_t *s, const dev_op_t *ops, int nops, CUstr
     }
 }
 
+/* How many allreduces from ops[0] fuse into one (0 or 1: none): consecutive, on one stream,
+ * one type and op, each of at most LOOM_FUSION_GROUP bytes, together at most the larger of
+ * that and LOOM_FUSION_BUCKET; *total their elements. */
+static int fuse_span(const dev_op_t *ops, int n, size_t *total)
+{
+    size_t max = param_size(PARAM_FUSION_GROUP), es = red_type_size(ops[0].type);
+    size_t cap = LOOM_MAX(param_size(PARAM_FUSION_BUCKET), max);
+    int k = 0;
+    *total = 0;
+    for (; k < n; k++) {
+        const dev_op_t *o = &ops[k];
+        if (o->kind != OPK_ALLREDUCE || o->stream != ops[0].stream || o->type != ops[0].type ||
+            o->op != ops[0].op || o->count * es > max || (*total + o->count) * es > cap)
+            break;
+        *total += o->count;
+    }
+    return k;
+}
+
+/* A run of fuse_span's allreduces as one: ordered after the communicator's previous work, the
+ * inputs packed into the communicator's fusion buffer (one copy kernel), one allreduce in
+ * place, the results unpacked, and the run's end marked by an event after the unpack (so the
+ * next call on any stream, which may pack into the same buffer, comes after it). */
+static loomResult_t run_fused(dev_state_t *s, const dev_op_t *ops, int k, size_t total, CUstream st)
+{
+    const cudrv_t *d = s->drv.d;
+    size_t es = red_type_size(ops[0].type), bytes = total * es;
+    LOOM_CHECK(order_stream(s, st, false));
+    s->run.counted = false;
+    if (bytes > s->fz.cap) { /* cuMemFree waits for the kernels that still use the old one */
+        size_t want = LOOM_MAX(bytes, 2 * s->fz.cap);
+        if (s->fz.buf) d->cuMemFree(s->fz.buf);
+        s->fz.buf = 0;
+        s->fz.cap = 0;
+        CUresult cr = d->cuMemAlloc(&s->fz.buf, want);
+        if (cr != CUDA_SUCCESS) {
+            s->fz.buf = 0;
+            return base_error(loomUnhandledCudaError, LOG_CUDA,
+                              "rank %d: allocating %zu bytes for a group's fused allreduces: %s",
+                              s->h->rank, want, cudrv_err(cr));
+        }
+        s->fz.cap = want;
+    }
+    dev_copy_t few[32] = {{0}}, *c = few;
+    if (k > (int)LOOM_ARRAY_SIZE(few) && (c = malloc((size_t)k * sizeof(*c))) == NULL)
+        return base_error(loomSystemError, LOG_CUDA, "out of memory (group fusion)");
+    size_t off = 0;
+    for (int i = 0; i < k; i++) {
+        size_t b = ops[i].count * es;
+        c[i] =
+            (dev_copy_t){.src = ops[i].send, .dst = (char *)(uintptr_t)s->fz.buf + off, .bytes = b};
+        off += b;
+    }
+    loomResult_t res = dev_copy(s->h, c, k, (cudaStream_t)st);
+    dev_op_t fo = ops[0];
+    fo.send = fo.recv = (void *)(uintptr_t)s->fz.buf;
+    fo.count = total;
+    if (res == loomSuccess)
+        res = s->stg.multinode ? dev_stage_allreduce(s, &fo, st, false)
+                               : run_local(s, &fo, st, false);
+    for (int i = 0; i < k; i++) { /* the same ranges, the other way */
+        const void *src = c[i].dst;
+        c[i].dst = ops[i].recv;
+        c[i].src = src;
+    }
+    if (res == loomSuccess) res = dev_copy(s->h, c, k, (cudaStream_t)st);
+    if (c != few) free(c);
+    s->run.counted = false; /* the event after the unpack marks the run's end */
+    if (res == loomSuccess) res = mark_stream(s, st, false);
+    return res;
+}
+
 loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
 {
     dev_state_t *s = h->state;
@@ -704,6 +777,18 @@ loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
         if (o->kind == OPK_SEND || o->kind == OPK_RECV)
             while (i + k < nops && (ops[i + k].kind == OPK_SEND || ops[i + k].kind == OPK_RECV))
                 k++;
+        /* a group's small allreduces on one stream: one (not under capture, where a replay
+         * would share the buffer with calls outside the graph) */
+        size_t total = 0;
+        int f = cap || o->kind != OPK_ALLREDUCE ? 0 : fuse_span(o, nops - i, &total);
+        if (f >= 2) {
+            res = run_fused(s, o, f, total, st);
+            if (res == loomSuccess) s->run.fused += (uint64_t)f;
+            TRACE(LOG_CUDA, "rank %d: %d allreduces of a group fused into one of %zu x %s", h->rank,
+                  f, total, red_type_name(o->type));
+            i += f;
+            continue;
+        }
         res = order_stream(s, st, cap);
         s->run.counted = false;
         /* the other streams of a point-to-point run wait for the first, and it for them */

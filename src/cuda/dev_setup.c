@@ -340,6 +340,7 @@ void dev_free(dev_host_t *h)
     if (s->stg.staged) h->stage_close(h);
     dev_win_free_all(s);
     dev_ce_free(s);
+    if (s->fz.buf) d->cuMemFree(s->fz.buf);
     dev_ipc_close_all(s);
     for (int j = 0; j < DEV_MAX_LOCAL; j++) {
         if (s->xg.mem[j].mapped || s->xg.mem[j].fd > 0) cuda_tp_release(d, &s->xg.mem[j]);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Fusion contexts on device tensors: gpu_coll's "fusion" group, two ranks sharing GPU 0
+# Fusion on device tensors: gpu_coll's "fusion" group (fusion contexts) and "groupfuse" group (a
+# group's small allreduces fused by the device executor), two ranks sharing GPU 0
 # (LOOM_CUDA_SHARE_GPU=1, a testing knob: this checks results, not speed), once with the
-# defaults and once with LOOM_CUDA_LL=0 (the buckets' allreduces on the slot and direct paths
-# at every size). 77 without a GPU.
+# defaults and once with LOOM_CUDA_LL=0 (the allreduces on the slot and direct paths at every
+# size); then groupfuse again with LOOM_DEBUG=TRACE, which must log fused runs (a check that the
+# fusion ran, not only that the results are right). 77 without a GPU.
 # Usage: tests/gpu/fusion.sh [BUILD_DIR]
 set -uo pipefail
 dir=${1:-${LOOM_BUILD_DIR:-build}}
@@ -16,9 +18,9 @@ fail=0
 for ll in default 0; do
     log=$out/fusion_coll_ll$ll.txt
     if [ "$ll" = default ]; then
-        timeout -k 10 300 "$coll" --only fusion >"$log" 2>&1
+        timeout -k 10 300 "$coll" --only fusion,groupfuse >"$log" 2>&1
     else
-        LOOM_CUDA_LL=0 timeout -k 10 300 "$coll" --only fusion >"$log" 2>&1
+        LOOM_CUDA_LL=0 timeout -k 10 300 "$coll" --only fusion,groupfuse >"$log" 2>&1
     fi
     rc=$?
     if [ $rc -eq 0 ]; then
@@ -30,4 +32,15 @@ for ll in default 0; do
         fail=$((fail + 1))
     fi
 done
+log=$out/fusion_groupfuse_trace.txt
+LOOM_DEBUG=TRACE LOOM_DEBUG_SUBSYS=CUDA timeout -k 10 300 "$coll" --only groupfuse >"$log" 2>&1
+rc=$?
+runs=$(grep -c 'allreduces of a group fused into one' "$log" || true)
+if [ $rc -eq 0 ] && [ "${runs:-0}" -gt 0 ]; then
+    echo "ok   fusion groupfuse with LOOM_DEBUG=TRACE: $runs fused runs logged: $(tail -1 "$log")"
+else
+    echo "FAIL fusion groupfuse with LOOM_DEBUG=TRACE: exit $rc, ${runs:-0} fused runs logged"
+    grep -E '^FAIL' "$log" | head -5
+    fail=$((fail + 1))
+fi
 [ $fail -eq 0 ]

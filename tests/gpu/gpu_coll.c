@@ -2859,6 +2859,106 @@ static void grp_fusion(ctx_t *c)
     reg_free(c, &R);
 }
 
+/* ---- a group's small device allreduces fused (src/cuda/dev_local.c, run_fused) ----------- */
+
+typedef struct {
+    int t, o;
+    size_t count;
+    bool inplace;
+    int stream; /* 0: c->s, 1: the second stream */
+    reg_t A, B;
+    uint8_t *exp;
+} gf_op_t;
+
+/* One group of n allreduces (the same list on every rank, from seed), then, without a sync in
+ * between, a second group of the same list on the other stream, whose fused run packs into the
+ * buffer the first run may still read; both checked bit for bit. big: every 7th call above
+ * LOOM_FUSION_GROUP (it breaks the run). */
+static void gf_case(ctx_t *c, const char *label, int n, uint64_t seed, bool mixed, bool big,
+                    CUstream s2)
+{
+    static const int mtypes[] = {F32, I32, BF16, F64, U8, I64};
+    case_begin(c, c->nranks, "group fusion %s: 2 groups of %d allreduces on 2 streams", label, n);
+    gf_op_t *v = calloc((size_t)(2 * n), sizeof(*v));
+    if (v == NULL) fatal(c, "out of host memory");
+    uint64_t rs = seed;
+    uint8_t *in = halloc(c, 1 << 20);
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < n; i++) {
+            gf_op_t *x = &v[g * n + i];
+            if (g == 0) {
+                x->t = mixed ? mtypes[fz_rng(&rs) % 6] : F32;
+                x->o = mixed ? (int)(fz_rng(&rs) % 5) : K_SUM;
+                x->count = 1 + fz_rng(&rs) % (big && i % 7 == 6 ? 120000 : 30000);
+                if (big && i % 7 == 6) x->count += 70000;
+                x->inplace = fz_rng(&rs) % 2;
+            } else {
+                *x = v[i];
+            }
+            x->stream = g;
+            size_t b = x->count * TS[x->t];
+            reg_alloc(c, &x->A, b + 2 * GUARD);
+            if (!x->inplace) reg_alloc(c, &x->B, b + 2 * GUARD);
+            x->exp = halloc(c, b);
+            uint64_t salt = mix(seed ^ ((uint64_t)(g * n + i) << 16));
+            gen_fill(x->o, x->t, salt, c->rank, c->nranks, 0, x->count, in);
+            ref_fill(x->o, x->o, x->t, salt, c->nranks, 0, x->count, x->exp);
+            reg_poison(c, &x->A, b + 2 * GUARD);
+            reg_put(c, &x->A, GUARD, in, b);
+            if (!x->inplace) reg_poison(c, &x->B, b + 2 * GUARD);
+        }
+    CU(c->d->cuStreamSynchronize(c->s)); /* the inputs are in place before either stream runs */
+    for (int g = 0; g < 2 && !c->failed; g++) {
+        lok(c, loomGroupStart(), c->comm, "loomGroupStart");
+        for (int i = 0; i < n; i++) {
+            gf_op_t *x = &v[g * n + i];
+            CUdeviceptr sp = x->A.base + GUARD, rp = x->inplace ? sp : x->B.base + GUARD;
+            if (!lok(c,
+                     loomAllReduce(P(sp), P(rp), x->count, (loomDataType_t)x->t, (loomRedOp_t)x->o,
+                                   c->comm, g ? (cudaStream_t)s2 : (cudaStream_t)c->s),
+                     c->comm, "loomAllReduce"))
+                break;
+        }
+        lok(c, loomGroupEnd(), c->comm, "loomGroupEnd");
+    }
+    CU(c->d->cuStreamSynchronize(s2));
+    sync_ok(c, c->s, c->comm);
+    for (int i = 0; i < 2 * n && !c->failed; i++) {
+        gf_op_t *x = &v[i];
+        size_t b = x->count * TS[x->t];
+        char what[96];
+        snprintf(what, sizeof(what), "group %d call %d (%s %s, %zu, %s)", i / n, i % n, TN[x->t],
+                 ON[x->o], x->count, x->inplace ? "in place" : "out of place");
+        if (x->inplace) {
+            reg_expect(&x->A, GUARD, x->exp, b);
+            reg_check(c, &x->A, GUARD, b, x->t, what);
+        } else {
+            reg_check(c, &x->A, GUARD, b, x->t, "sendbuff (must stay unchanged)");
+            reg_expect(&x->B, GUARD, x->exp, b);
+            reg_check(c, &x->B, GUARD, b, x->t, what);
+        }
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        reg_free(c, &v[i].A);
+        if (!v[i].inplace) reg_free(c, &v[i].B);
+        free(v[i].exp);
+    }
+    free(v);
+    free(in);
+    case_end(c);
+}
+
+static void grp_groupfuse(ctx_t *c)
+{
+    CUstream s2 = NULL;
+    if (!CU(c->d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING))) return;
+    gf_case(c, "float sum", 40, 0x67663031, false, false, s2);
+    gf_case(c, "mixed types and ops", 60, 0x67663032, true, false, s2);
+    gf_case(c, "a large call every 7th", 35, 0x67663033, false, true, s2);
+    gf_case(c, "150 calls (the buffer grows)", 150, 0x67663034, false, false, s2);
+    c->d->cuStreamDestroy(s2);
+}
+
 /* ---- groups and the parent ------------------------------------------------------------ */
 
 enum { M_ALL, M_SINGLE, M_SAMEGPU, M_TWO, M_WIN };
@@ -2892,6 +2992,9 @@ static const group_t groups[] = {
     {"fusion", grp_fusion, M_WIN, 1, 300, 1,
      "fusion contexts on device tensors: buckets, segments, types, streams, misuse (2 ranks; "
      "on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
+    {"groupfuse", grp_groupfuse, M_WIN, 1, 240, 1,
+     "a group's small device allreduces fused: types, ops, in and out of place, a large call "
+     "between, two streams sharing the buffer (2 ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
     {"graphs", grp_graphs, M_WIN, 1, 420, 1,
      "every same-node path captured in one CUDA graph, 100 replays; graphs' mappings let go (2 "
      "ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
