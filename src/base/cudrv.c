@@ -93,3 +93,16 @@ const char *cudrv_err(CUresult r)
     snprintf(buf, sizeof(buf), "%s (%s)", name ? name : "CUDA error", text ? text : "?");
     return buf;
 }
+
+CUcontext cudrv_ctx_enter(const cudrv_t *d, CUcontext ctx)
+{
+    CUcontext prev = NULL;
+    d->cuCtxGetCurrent(&prev);
+    if (prev != ctx) d->cuCtxSetCurrent(ctx);
+    return prev;
+}
+
+void cudrv_ctx_leave(const cudrv_t *d, CUcontext ctx, CUcontext prev)
+{
+    if (prev != ctx) d->cuCtxSetCurrent(prev);
+}

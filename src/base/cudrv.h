@@ -120,5 +120,9 @@ typedef CUresult (*cudrv_attrs_fn)(unsigned int, CUpointer_attribute *, void **,
 cudrv_attrs_fn cudrv_peek_attrs(void);
 /* "CUDA_ERROR_X (text)" for a result, into a static per-thread buffer. */
 const char *cudrv_err(CUresult r);
+/* Makes ctx current on the calling thread and returns the context that was (restore it with
+ * cudrv_ctx_leave; neither call changes anything when ctx already was current). */
+CUcontext cudrv_ctx_enter(const cudrv_t *d, CUcontext ctx);
+void cudrv_ctx_leave(const cudrv_t *d, CUcontext ctx, CUcontext prev);
 
 #endif

@@ -18,7 +18,7 @@
 #include "progress.h"
 
 /* One queued operation. Buffers are host memory unless `dev`. */
-typedef struct {
+typedef struct coll_op_s {
     loomComm_t comm;
     int kind; /* sched_opkind_t */
     const void *send;

@@ -266,6 +266,12 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
 void comm_exec_fill(loomComm_t comm);
 /* Fills in comm->devh (src/core/devhost.c) before the device executor first sees it. */
 void comm_devhost_fill(loomComm_t comm);
+/* With CUDA (devhost.c): comm_dev_op makes the device executor's operation of a queued call o
+ * of comm (its fields, and the pre-multiplied sum's scalar); comm_dev_run hands m of them to
+ * comm's executor at once and counts them as m calls of comm. */
+struct coll_op_s;
+void comm_dev_op(loomComm_t comm, const struct coll_op_s *o, dev_op_t *d);
+loomResult_t comm_dev_run(loomComm_t comm, const dev_op_t *d, int m);
 /* Large transport addresses. A transport whose address does not fit a handle publishes it
  * through ops->address; comm_start_transport packs every such address of this rank into
  * net.my_addr (for each transport in TP_* order: a 32-bit length, then the bytes), which the

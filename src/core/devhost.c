@@ -175,29 +175,50 @@ loomResult_t coll_dev_prepare(loomComm_t comm, const void *p, int ord, const cha
     return r;
 }
 
+void comm_dev_op(loomComm_t comm, const coll_op_t *o, dev_op_t *d)
+{
+    *d = (dev_op_t){.kind = o->kind,
+                    .send = o->send,
+                    .recv = o->recv,
+                    .count = o->count,
+                    .type = o->type,
+                    .op = o->op,
+                    .root = o->root,
+                    .stream = o->stream};
+    int pm = base_premul_index(o->op);
+    if (pm >= 0) { /* the pre-multiplied sum's scalar */
+        d->scale_host = comm->premul[pm].scalar;
+        d->scale_dev = comm->premul[pm].dev_ptr;
+    }
+}
+
+loomResult_t comm_dev_run(loomComm_t comm, const dev_op_t *d, int m)
+{
+    atomic_fetch_add(&comm->st.active_calls, 1);
+    log_set_rank(comm->rank);
+    loomResult_t r = dev_run(&comm->dev.host, d, m);
+    if (r == loomSuccess) comm->stats.collectives += (uint64_t)m;
+    atomic_fetch_sub(&comm->st.active_calls, 1);
+    return r;
+}
+
 loomResult_t coll_dev_allreduce(loomComm_t comm, void *buf, size_t count, loomDataType_t type,
                                 loomRedOp_t op, cudaStream_t stream)
 {
     LOOM_CHECK(coll_usable(comm, "loomFusion"));
-    dev_op_t d = {.kind = OPK_ALLREDUCE,
-                  .send = buf,
-                  .recv = buf,
-                  .count = count,
-                  .type = type,
-                  .op = op,
-                  .root = -1,
-                  .stream = stream};
-    int pm = base_premul_index(op);
-    if (pm >= 0) { /* the pre-multiplied sum's scalar */
-        d.scale_host = comm->premul[pm].scalar;
-        d.scale_dev = comm->premul[pm].dev_ptr;
-    }
-    atomic_fetch_add(&comm->st.active_calls, 1);
-    log_set_rank(comm->rank);
-    loomResult_t r = dev_run(&comm->dev.host, &d, 1);
-    if (r == loomSuccess) comm->stats.collectives++;
-    atomic_fetch_sub(&comm->st.active_calls, 1);
-    return r;
+    coll_op_t o = {.comm = comm,
+                   .kind = OPK_ALLREDUCE,
+                   .send = buf,
+                   .recv = buf,
+                   .count = count,
+                   .type = type,
+                   .op = op,
+                   .root = -1,
+                   .stream = stream,
+                   .dev = true};
+    dev_op_t d;
+    comm_dev_op(comm, &o, &d);
+    return comm_dev_run(comm, &d, 1);
 }
 
 loomResult_t coll_dev_copy(loomComm_t comm, const coll_copy_t *c, int n, cudaStream_t stream)

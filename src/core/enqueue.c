@@ -359,27 +359,10 @@ static loomResult_t run_dev_ops(loomComm_t c, int first)
     for (int q = first; q < gq_len; q++) {
         coll_op_t *o = &gq[q];
         if (!o->dev || o->comm != c) continue;
-        dev_op_t *d = &dops[m++];
-        *d = (dev_op_t){.kind = o->kind,
-                        .send = o->send,
-                        .recv = o->recv,
-                        .count = o->count,
-                        .type = o->type,
-                        .op = o->op,
-                        .root = o->root,
-                        .stream = o->stream};
-        int pm = base_premul_index(o->op);
-        if (pm >= 0) { /* the pre-multiplied sum's scalar */
-            d->scale_host = c->premul[pm].scalar;
-            d->scale_dev = c->premul[pm].dev_ptr;
-        }
+        comm_dev_op(c, o, &dops[m++]);
         o->comm = NULL; /* taken */
     }
-    atomic_fetch_add(&c->st.active_calls, 1);
-    log_set_rank(c->rank);
-    loomResult_t r = dev_run(&c->dev.host, dops, m);
-    if (r == loomSuccess) c->stats.collectives += (uint64_t)m;
-    atomic_fetch_sub(&c->st.active_calls, 1);
+    loomResult_t r = comm_dev_run(c, dops, m);
     if (dops != few) free(dops);
     return r;
 }

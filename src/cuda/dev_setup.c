@@ -18,15 +18,12 @@ extern const size_t loom_kernels_fatbin_size;
 
 CUcontext dev_ctx_enter(dev_state_t *s)
 {
-    CUcontext prev = NULL;
-    s->drv.d->cuCtxGetCurrent(&prev);
-    if (prev != s->drv.ctx) s->drv.d->cuCtxSetCurrent(s->drv.ctx);
-    return prev;
+    return cudrv_ctx_enter(s->drv.d, s->drv.ctx);
 }
 
 void dev_ctx_leave(dev_state_t *s, CUcontext prev)
 {
-    if (prev != s->drv.ctx) s->drv.d->cuCtxSetCurrent(prev);
+    cudrv_ctx_leave(s->drv.d, s->drv.ctx, prev);
 }
 
 /* ---- setup ---- */

@@ -1341,6 +1341,7 @@ LOOM_EXPORT loomResult_t loomFusionGetConfig(loomFusion_t f, loomFusionConfig_t 
 /* A tensor's memory against its context's (lock held): the first tensor with values fixes it
  * (and a device one opens the device side, collective over the communicator when its device
  * executor is not set up yet); every later one must be of the same kind. */
+/* Called and returns with f->lock held (released while a first device tensor sets up). */
 static loomResult_t tensor_memory(struct loomFusion *f, const char *fn, uint64_t id, void *buff,
                                   mem_type_t mt, int ord, cudaStream_t stream)
 {
@@ -1371,8 +1372,19 @@ static loomResult_t tensor_memory(struct loomFusion *f, const char *fn, uint64_t
                               "is %s: the 16-bit wires encode on the host, so device tensors "
                               "travel exact (loomFusionWireExact)",
                               fn, tid, buff, f->cfg.wire == loomFusionWireBf16 ? "bf16" : "fp16");
+        /* The first device tensor sets the device side up, collectively over the communicator
+         * (it may wait for peers and for the progress thread): not under the context's lock. */
         size_t stage = LOOM_MAX(f->cfg.bucketBytes, f->cfg.firstBucketBytes);
-        LOOM_CHECK(fzd_open(f->comm, buff, ord, stage, &f->dev));
+        fzd_t *dev = NULL;
+        pthread_mutex_unlock(&f->lock);
+        loomResult_t r = fzd_open(f->comm, buff, ord, stage, &dev);
+        pthread_mutex_lock(&f->lock);
+        LOOM_CHECK(r);
+        if (f->mem != FZ_MEM_UNSET) { /* another thread's first tensor was set meanwhile */
+            fzd_close(dev);
+            return tensor_memory(f, fn, id, buff, mt, ord, stream);
+        }
+        f->dev = dev;
 #else
         (void)ord;
         return base_error(loomInvalidUsage, LOG_COLL,

@@ -54,15 +54,12 @@ struct fzd {
 
 static CUcontext ctx_enter(fzd_t *d)
 {
-    CUcontext prev = NULL;
-    d->drv->cuCtxGetCurrent(&prev);
-    if (prev != d->ctx) d->drv->cuCtxSetCurrent(d->ctx);
-    return prev;
+    return cudrv_ctx_enter(d->drv, d->ctx);
 }
 
 static void ctx_leave(fzd_t *d, CUcontext prev)
 {
-    if (prev != d->ctx) d->drv->cuCtxSetCurrent(prev);
+    cudrv_ctx_leave(d->drv, d->ctx, prev);
 }
 
 static loomResult_t cu_fail(fzd_t *d, CUresult cr, const char *what)

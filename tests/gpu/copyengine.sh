@@ -17,71 +17,37 @@
 # Usage: tests/gpu/copyengine.sh [BUILD_DIR]
 set -uo pipefail
 dir=${1:-${LOOM_BUILD_DIR:-build}}
-coll=$dir/tests/gpu_coll perf=$dir/loom-perf
-[ -x "$coll" ] || { echo "copyengine: $coll not built"; exit 2; }
-[ -x "$perf" ] || { echo "copyengine: $perf not built"; exit 2; }
-n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "${n:-0}" -ge 1 ] || { echo "copyengine: no GPU: skipped"; exit 77; }
-export LOOM_CUDA_SHARE_GPU=1 CUDA_VISIBLE_DEVICES=0 LOOM_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
+. "$(dirname "$0")/lib.sh"
+gpu_begin copyengine coll perf share
 export LOOM_TIMEOUT=${LOOM_TIMEOUT:-30}
-out=${OUT:-/tmp}
-fail=0
 ce=(env LOOM_CUDA_CE=1M LOOM_CUDA_CE_SCRATCH=2M)
+# the log must show the path set up on both ranks
 for g in ce graphs win; do
-    log=$out/copyengine_coll_$g.txt
-    "${ce[@]}" LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=CUDA timeout -k 10 420 "$coll" --only "$g" \
-        >"$log" 2>&1
-    rc=$?
-    seen=$(grep -o "copy-engine path (from 1048576 bytes)" "$log" | wc -l)
-    if [ $rc -eq 0 ] && [ "$seen" -ge 2 ]; then
-        echo "ok   copyengine gpu_coll $g: $(grep -E '^[0-9]+ passed' "$log" | tail -1) (path set up on $seen ranks)"
-    else
-        echo "FAIL copyengine gpu_coll $g, exit $rc, path set up on $seen ranks (want 2):"
-        grep -E '^FAIL' "$log" | head -20
-        tail -3 "$log"
-        fail=$((fail + 1))
-    fi
+    gpu_run -e 'copy-engine path \(from 1048576 bytes\)' -m 2 "copyengine gpu_coll $g" \
+        "$out/copyengine_coll_$g.txt" "${ce[@]}" LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=CUDA \
+        timeout -k 10 420 "$coll" --only "$g"
 done
 for c in allreduce reducescatter allgather broadcast; do
-    log=$out/copyengine_perf_$c.txt
-    if "${ce[@]}" timeout -k 10 300 "$perf" -P 2 --mem device --collective "$c" -d float -o sum \
-        -b 1M -e 64M -f 4 -n 2 -w 1 -c 1 >"$log" 2>&1; then
-        echo "ok   copyengine loom-perf -c 1 $c"
-    else
-        echo "FAIL copyengine loom-perf -c 1 $c:"
-        tail -20 "$log"
-        fail=$((fail + 1))
-    fi
+    gpu_run -s none "copyengine loom-perf -c 1 $c" "$out/copyengine_perf_$c.txt" "${ce[@]}" \
+        timeout -k 10 300 "$perf" -P 2 --mem device --collective "$c" -d float -o sum \
+        -b 1M -e 64M -f 4 -n 2 -w 1 -c 1
 done
 # a scratch that cannot be allocated: a WARN, and every rank's large calls on the SM paths
 for c in allreduce allgather; do
-    log=$out/copyengine_noscratch_$c.txt
-    if env LOOM_CUDA_CE=1M LOOM_CUDA_CE_SCRATCH=100T timeout -k 10 300 "$perf" -P 2 --mem device \
-        --collective "$c" -d float -o sum -b 4M -e 16M -f 4 -n 2 -w 1 -c 1 >"$log" 2>&1 &&
-        grep -q "stay on the SM paths" "$log"; then
-        echo "ok   copyengine without its scratch: $c on the SM paths"
-    else
-        echo "FAIL copyengine without its scratch: $c:"
-        tail -20 "$log"
-        fail=$((fail + 1))
-    fi
+    gpu_run -s none -e 'stay on the SM paths' "copyengine without its scratch: $c" \
+        "$out/copyengine_noscratch_$c.txt" env LOOM_CUDA_CE=1M LOOM_CUDA_CE_SCRATCH=100T \
+        timeout -k 10 300 "$perf" -P 2 --mem device --collective "$c" -d float -o sum \
+        -b 4M -e 16M -f 4 -n 2 -w 1 -c 1
 done
 if [ -x "$dir/ce_rate" ]; then
     timeout -k 10 120 "$dir/ce_rate" | tee "$out/copyengine_ce_rate.txt"
 fi
 for c in allreduce allgather; do
     for v in 1M 0; do
-        log=$out/copyengine_gputime_${c}_ce$v.txt
-        if LOOM_CUDA_CE=$v timeout -k 10 300 "$perf" -P 2 --mem device --collective "$c" \
-            --gpu-time -d float -o sum -b 64M -e 1G -f 4 -n 5 -w 2 >"$log" 2>&1; then
-            echo "ok   copyengine --gpu-time $c LOOM_CUDA_CE=$v"
-            cat "$log"
-        else
-            echo "FAIL copyengine --gpu-time $c LOOM_CUDA_CE=$v:"
-            tail -20 "$log"
-            fail=$((fail + 1))
-        fi
+        gpu_run -s all "copyengine --gpu-time $c LOOM_CUDA_CE=$v" \
+            "$out/copyengine_gputime_${c}_ce$v.txt" env LOOM_CUDA_CE=$v timeout -k 10 300 \
+            "$perf" -P 2 --mem device --collective "$c" --gpu-time -d float -o sum -b 64M \
+            -e 1G -f 4 -n 5 -w 2
     done
 done
-echo "copyengine: $fail failed"
-[ "$fail" -eq 0 ]
+gpu_end

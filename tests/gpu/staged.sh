@@ -7,28 +7,18 @@
 # Usage: tests/gpu/staged.sh [BUILD_DIR]
 set -uo pipefail
 dir=${1:-${LOOM_BUILD_DIR:-build}}
-perf=$dir/loom-perf
-[ -x "$perf" ] || { echo "staged: $perf not built"; exit 2; }
-n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "${n:-0}" -ge 1 ] || { echo "staged: no GPU: skipped"; exit 77; }
-export LOOM_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
-if [ "$n" -lt 2 ]; then
+. "$(dirname "$0")/lib.sh"
+gpu_begin staged perf
+if [ "$ngpu" -lt 2 ]; then
     echo "staged: one GPU: the ranks share it (LOOM_CUDA_SHARE_GPU=1)"
     export LOOM_CUDA_SHARE_GPU=1 CUDA_VISIBLE_DEVICES=0
 fi
-fail=0
 # check LABEL NODE_IDS RANKS loom-perf-args...: one checked loom-perf run.
 check() {
-    local label=$1 ids=$2 ranks=$3 log
+    local label=$1 ids=$2 ranks=$3
     shift 3
-    log=/tmp/staged_${label// /_}.txt
-    if LOOM_NODE_ID=$ids "$perf" -P "$ranks" --mem device -n 3 -w 1 -c 1 "$@" >"$log" 2>&1; then
-        echo "ok   staged $label"
-    else
-        echo "FAIL staged $label:"
-        tail -20 "$log"
-        fail=$((fail + 1))
-    fi
+    gpu_run -s none "staged $label" "$out/staged_${label// /_}.txt" env LOOM_NODE_ID="$ids" \
+        "$perf" -P "$ranks" --mem device -n 3 -w 1 -c 1 "$@"
 }
 two=staged-node-a,staged-node-b
 for c in allreduce broadcast reduce allgather reducescatter alltoall; do
@@ -47,5 +37,4 @@ for t in float bfloat16 int32; do
     check "hierarchical allreduce 2x2 $t" staged-node-a,staged-node-a,staged-node-b,staged-node-b \
         4 --collective allreduce -d "$t" -b 8 -e 16M -f 16
 done
-echo "staged: $fail failed"
-[ "$fail" -eq 0 ]
+gpu_end
