@@ -50,6 +50,12 @@ LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNING "$bench" -P 2 -m "$dir/small.csv" -n 1 
 grep -q "^# tuned: bucket $thr, " "$dir/b3.log" || { cat "$dir/b3.log"; fail "tuned mode did not take bucket $thr"; }
 grep -q "\[constants: $dir/t.txt:" "$dir/b3.log" || { cat "$dir/b3.log"; fail "selection did not use the file"; }
 
+# --mem takes host or device, and device only for the fusion search
+if "$tune" --fusion --mem gpu >"$dir/t1.log" 2>&1; then fail "--mem gpu accepted"; fi
+grep -q -- '--mem gpu: expected host or device' "$dir/t1.log" || { cat "$dir/t1.log"; fail "--mem gpu"; }
+if "$tune" --model --mem device >"$dir/t2.log" 2>&1; then fail "--model --mem device accepted"; fi
+grep -q -- '--mem device goes with --fusion only' "$dir/t2.log" || { cat "$dir/t2.log"; fail "--model --mem device"; }
+
 if "$bench" -P 2 -m "$dir/none.csv" >"$dir/b4.log" 2>&1; then fail "a missing model succeeded"; fi
 grep -q "$dir/none.csv: No such file" "$dir/b4.log" || { cat "$dir/b4.log"; fail "the error does not name the path"; }
 

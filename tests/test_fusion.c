@@ -967,7 +967,10 @@ START_TEST(tuned_sizes)
     char path[] = "/tmp/loom-fusion-tune-XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
-    const char text[] = "[ranks=* mem=host]\nfusion_threshold = 5000000\nfusion_segment = 300000\n";
+    /* the device section is for device contexts: a host context keeps the host sizes */
+    const char text[] = "[ranks=* mem=host]\nfusion_threshold = 5000000\nfusion_segment = 300000\n"
+                        "[ranks=* mem=device]\nfusion_threshold = 9000000\nfusion_segment = "
+                        "700000\n";
     ck_assert_int_eq(write(fd, text, sizeof(text) - 1), (ssize_t)(sizeof(text) - 1));
     close(fd);
     setenv("LOOM_TUNE_FILE", path, 1);

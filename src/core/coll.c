@@ -606,9 +606,9 @@ loomResult_t coll_allgather_many(loomComm_t *comms, const void *const *send, voi
     return r;
 }
 
-void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment)
+void coll_fusion_sizes(loomComm_t comm, bool device, uint64_t *bucket, uint64_t *segment)
 {
-    comm_fusion_sizes(comm, TUNE_MEM_HOST, bucket, segment);
+    comm_fusion_sizes(comm, device ? TUNE_MEM_DEVICE : TUNE_MEM_HOST, bucket, segment);
 }
 
 bool coll_deterministic(loomComm_t comm)

@@ -77,9 +77,10 @@ uint64_t coll_hot_ns(loomComm_t comm);
 int coll_rank(loomComm_t comm);
 int coll_nranks(loomComm_t comm);
 
-/* Fusion's bucket and segment sizes for host memory: LOOM_FUSION_BUCKET/SEGMENT when set, else
- * the tuning file's (LOOM_TUNE_FILE, written by loom-tune --fusion), else the defaults. */
-void coll_fusion_sizes(loomComm_t comm, uint64_t *bucket, uint64_t *segment);
+/* Fusion's bucket and segment sizes for host or device memory: LOOM_FUSION_BUCKET/SEGMENT when
+ * set, else the tuning file's for that memory (LOOM_TUNE_FILE, written by loom-tune --fusion
+ * [--mem device]), else the defaults. */
+void coll_fusion_sizes(loomComm_t comm, bool device, uint64_t *bucket, uint64_t *segment);
 
 /* The node layout of a held communicator (sched_topo_t's arrays, valid while it is held):
  * returns the number of nodes. */

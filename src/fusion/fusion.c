@@ -117,7 +117,9 @@ struct loomFusion {
     bool waiting;          /* a thread is inside loomFusionWaitAll */
     bool step_done;        /* the closing round agreed */
     bool claimed;
-    int mem;         /* FZ_MEM_UNSET until the first tensor with values */
+    int mem; /* FZ_MEM_UNSET until the first tensor with values */
+    /* sizes left to the tuning (0 in the config): a first device tensor takes the device's */
+    bool tuned_bucket, tuned_segment;
     struct fzd *dev; /* the device side (fusion_dev.h) of a context of device tensors */
     loomResult_t err;
     char errtext[FZ_TEXT];
@@ -1263,7 +1265,8 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
     /* zero sizes: LOOM_FUSION_BUCKET/SEGMENT when set, else the tuning file's (loom-tune
      * --fusion; every rank read the same file or none), else the defaults */
     uint64_t tuned_bucket, tuned_segment;
-    coll_fusion_sizes(comm, &tuned_bucket, &tuned_segment);
+    coll_fusion_sizes(comm, false, &tuned_bucket, &tuned_segment);
+    bool tuned_b = c.bucketBytes == 0, tuned_s = c.segmentBytes == 0;
     if (c.bucketBytes == 0) c.bucketBytes = tuned_bucket;
     if (c.firstBucketBytes == 0) c.firstBucketBytes = param_size(PARAM_FUSION_FIRST_BUCKET);
     if (c.segmentBytes == 0) c.segmentBytes = tuned_segment;
@@ -1298,6 +1301,8 @@ LOOM_EXPORT loomResult_t loomFusionCreate(loomFusion_t *out, loomComm_t comm,
         return base_error(loomSystemError, LOG_COLL, "%s: out of memory", fn);
     }
     f->comm = comm;
+    f->tuned_bucket = tuned_b;
+    f->tuned_segment = tuned_s;
     f->rank = coll_rank(comm);
     f->nranks = coll_nranks(comm);
     f->cfg = c;
@@ -1374,6 +1379,13 @@ static loomResult_t tensor_memory(struct loomFusion *f, const char *fn, uint64_t
                               fn, tid, buff, f->cfg.wire == loomFusionWireBf16 ? "bf16" : "fp16");
         /* The first device tensor sets the device side up, collectively over the communicator
          * (it may wait for peers and for the progress thread): not under the context's lock. */
+        /* sizes the config left to the tuning: the tuning file's for device memory (no tensor
+         * is cut yet; every rank reads the same file and sees the same first tensor's memory) */
+        uint64_t tb, ts;
+        coll_fusion_sizes(f->comm, true, &tb, &ts);
+        if (f->tuned_bucket) f->cfg.bucketBytes = tb;
+        if (f->tuned_segment) f->cfg.segmentBytes = ts;
+        f->cfg.segmentBytes = LOOM_MIN(f->cfg.segmentBytes, f->cfg.bucketBytes);
         size_t stage = LOOM_MAX(f->cfg.bucketBytes, f->cfg.firstBucketBytes);
         fzd_t *dev = NULL;
         pthread_mutex_unlock(&f->lock);

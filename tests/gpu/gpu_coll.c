@@ -2667,6 +2667,17 @@ static uint64_t fz_rng(uint64_t *s)
 
 enum { FZ_FLAT = 1, FZ_MIXED = 2, FZ_STREAMS = 4, FZ_WAIT_EACH = 8 };
 
+/* The context's bucket and segment sizes must be `bucket` and `seg`. */
+static void fz_config_is(ctx_t *c, loomFusion_t f, unsigned long long bucket,
+                         unsigned long long seg, const char *when)
+{
+    loomFusionConfig_t g = LOOM_FUSION_CONFIG_INITIALIZER;
+    if (!lok(c, loomFusionGetConfig(f, &g), c->comm, "loomFusionGetConfig")) return;
+    if (g.bucketBytes != bucket || g.segmentBytes != seg)
+        case_fail(c, "%s: buckets %zu, segments %zu (want %llu, %llu from the tuning file)", when,
+                  g.bucketBytes, g.segmentBytes, bucket, seg);
+}
+
 /* One step of n tensors through a context with buckets of `bucket` bytes and segments of
  * `seg` (the same list on every rank, from `seed`), each rank sleeping at random between its
  * enqueues; the results bit for bit after loomFusionWaitAll (checked on the first stream, which
@@ -2679,8 +2690,17 @@ static void fz_case(ctx_t *c, const char *label, int n, uint64_t seed, int flags
 {
     static const size_t sizes[] = {1, 3, 255, 1000, 4097, 65537, 300001, 1048577};
     static const int mtypes[] = {F32, I32, BF16, F64, U8, I64};
-    case_begin(c, c->nranks, "fusion %s: %d tensors, buckets %zu, segments %zu, %d step%s", label,
-               n, bucket, seg, steps, steps > 1 ? "s" : "");
+    /* tests/gpu/fusion.sh's tuning-file run: GPU_COLL_FUSION_TUNED="HB HS DB DS", the file's
+     * host and device sections' bucket and segment sizes; a context left to the tuning starts
+     * with the host ones and takes the device ones at its first device tensor */
+    unsigned long long tuned[4] = {0};
+    const char *tv = getenv("GPU_COLL_FUSION_TUNED");
+    bool check_tuned =
+        bucket == 0 && tv &&
+        sscanf(tv, "%llu %llu %llu %llu", &tuned[0], &tuned[1], &tuned[2], &tuned[3]) == 4;
+    case_begin(c, c->nranks, "fusion %s%s: %d tensors, buckets %zu, segments %zu, %d step%s", label,
+               check_tuned ? " (from the tuning file: host, then device section)" : "", n, bucket,
+               seg, steps, steps > 1 ? "s" : "");
     loomFusionConfig_t cfg = LOOM_FUSION_CONFIG_INITIALIZER;
     cfg.bucketBytes = bucket;
     cfg.firstBucketBytes = bucket / 4;
@@ -2691,6 +2711,7 @@ static void fz_case(ctx_t *c, const char *label, int n, uint64_t seed, int flags
         case_end(c);
         return;
     }
+    if (check_tuned) fz_config_is(c, f, tuned[0], tuned[1], "before the first tensor");
     CUstream s2 = NULL;
     if (flags & FZ_STREAMS) CU(c->d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
     fz_t *v = calloc((size_t)n, sizeof(*v));
@@ -2751,6 +2772,8 @@ static void fz_case(ctx_t *c, const char *label, int n, uint64_t seed, int flags
                      c->comm, what))
                 break;
         }
+        if (check_tuned && step == 0)
+            fz_config_is(c, f, tuned[2], tuned[3], "after the first (device) tensor");
         if (flags & FZ_WAIT_EACH)
             for (int i = 0; i < n && !c->failed; i++)
                 lok(c, loomFusionWait(v[i].h), c->comm, "loomFusionWait");

@@ -1,11 +1,12 @@
 /*
  * loom-tune: measures and writes the tuning file (src/core/tunefile.h) that loom reads at init
- * through LOOM_TUNE_FILE, for the communicator it runs on (its size, layout, host memory).
+ * through LOOM_TUNE_FILE, for the communicator it runs on (its size, layout, memory type).
  *
  *   loom-tune --fusion [-m MODEL]   searches the fusion bucket threshold and segment size over a
  *                                   replayed step of MODEL (data/fusion), coarse to fine
  *                                   (src/tune/search.h), and writes fusion_threshold and
- *                                   fusion_segment
+ *                                   fusion_segment (under mem=host, or with --mem device on
+ *                                   GPU tensors under mem=device)
  *   loom-tune --model               measures alpha (seconds per message) and beta (seconds per
  *                                   byte) of each transport and level it can reach (shm inside a
  *                                   node, tcp inside a node, tcp across nodes) by timed
@@ -32,6 +33,7 @@
 
 typedef struct {
     bool fusion, model;
+    bool dev; /* --mem device: the fusion search on GPU memory, written to the mem=device key */
     const char *model_name;
     const char *out;
     int reps;
@@ -62,7 +64,7 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
         return 2;
     }
     replay_t r;
-    if (replay_init(&r, comm, &m, 0, false) != 0) {
+    if (replay_init(&r, comm, &m, 0, o->dev) != 0) {
         fprintf(stderr, "loom-tune: rank %d: %s\n", rank, r.err);
         return 2;
     }
@@ -79,9 +81,10 @@ static int tune_fusion(loomComm_t comm, int rank, const opts_t *o, tune_entry_t 
                        .dims = {{"bucket", 64 << 10, hi, c.bucketBytes, 4096},
                                 {"segment", 64 << 10, hi, c.segmentBytes, 4096, 1}}};
     if (rank == 0) {
-        printf("# loom-tune --fusion: model %s (%d tensors, %.1f MB), default bucket %zu, "
-               "segment %zu; %d repetitions per point\n",
-               m.name, m.n, (double)bytes / 1e6, c.bucketBytes, c.segmentBytes, o->reps);
+        printf("# loom-tune --fusion: model %s (%d tensors, %.1f MB, %s memory), default bucket "
+               "%zu, segment %zu; %d repetitions per point\n",
+               m.name, m.n, (double)bytes / 1e6, o->dev ? "device" : "host", c.bucketBytes,
+               c.segmentBytes, o->reps);
         fflush(stdout);
     }
     fusion_arg_t a = {&r};
@@ -302,8 +305,8 @@ static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
     if (o->model && (rc = tune_model(comm, rank, o, &e))) return rc;
     if (o->fusion && (rc = tune_fusion(comm, rank, o, &e))) return rc;
     if (rank == 0) {
-        tune_key_t k =
-            tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start, TUNE_MEM_HOST);
+        tune_key_t k = tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start,
+                                   o->dev ? TUNE_MEM_DEVICE : TUNE_MEM_HOST);
         char err[512];
         if (tunefile_update(o->out, &k, &e, err, sizeof(err)) != 0) {
             fprintf(stderr, "loom-tune: %s\n", err);
@@ -318,10 +321,13 @@ static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: loom-tune (--fusion [-m MODEL] | --model) [-P k] [-o FILE] [-r REPS]\n"
+            "usage: loom-tune (--fusion [-m MODEL] [--mem host|device] | --model) [-P k] [-o FILE] "
+            "[-r REPS]\n"
             "  --fusion       search the fusion bucket threshold and segment size over MODEL's "
             "step\n"
             "  -m MODEL       resnet50 (default), bert-base, llm24x2048, or a path to a list\n"
+            "  --mem device   the fusion search on CUDA device tensors (one GPU per local rank),\n"
+            "                 written under mem=device (device fusion contexts read it)\n"
             "  --model        measure alpha/beta per transport and level, and gamma\n"
             "  -P k           fork k local ranks (default: a launcher's ranks)\n"
             "  -o FILE        the tuning file to update (default: LOOM_TUNE_FILE, else "
@@ -352,7 +358,13 @@ int main(int argc, char **argv)
             k = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "-m"))
             o.model_name = v;
-        else if (!strcmp(a, "-o"))
+        else if (!strcmp(a, "--mem")) {
+            if (strcmp(v, "host") && strcmp(v, "device")) {
+                fprintf(stderr, "loom-tune: --mem %s: expected host or device\n", v);
+                return 2;
+            }
+            o.dev = !strcmp(v, "device");
+        } else if (!strcmp(a, "-o"))
             o.out = v;
         else if (!strcmp(a, "-r"))
             o.reps = (int)strtol(v, &end, 10);
@@ -365,6 +377,11 @@ int main(int argc, char **argv)
         i++;
     }
     if (!o.fusion && !o.model) return usage(), 2;
+    if (o.dev && o.model) {
+        fprintf(stderr, "loom-tune: --mem device goes with --fusion only: --model measures the "
+                        "host transports (run it without --mem, then --fusion --mem device)\n");
+        return 2;
+    }
     /* the file being written must not steer the measurements */
     unsetenv("LOOM_TUNE_FILE");
     return ranks_run("loom-tune", k, tune_rank, &o);
