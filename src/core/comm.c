@@ -674,7 +674,10 @@ static void comm_tune_load(loomComm_t comm)
              h->sections, h->sections > 1 ? "s" : "", comm->nranks, comm->lay.nnodes, h->where);
 }
 
-/* Node layout from the peers' node identities: nodes numbered in order of their first rank. */
+static void comm_tune_for_cores(loomComm_t comm);
+
+/* Node layout from the peers' node identities: nodes numbered in order of their first rank;
+ * then the tuning that depends on it (the tuning file's sections, the cores per rank). */
 loomResult_t comm_layout(loomComm_t comm)
 {
     int p = comm->nranks;
@@ -715,6 +718,7 @@ loomResult_t comm_layout(loomComm_t comm)
            comm->rank)
         comm->lay.local_rank++;
     comm_tune_load(comm);
+    comm_tune_for_cores(comm); /* init's, split's and shrink's communicators alike */
     if (comm->rank == 0 && log_enabled(LOG_INFO, LOG_INIT)) {
         char line[512];
         for (int n = 0; n < nnodes; n++) {
@@ -912,13 +916,13 @@ static void comm_tune_for_cores(loomComm_t comm)
 }
 
 /*
- * The node segment (nodeseg.h), for a communicator made by init whose ranks share one node:
- * every rank maps rank 0's, then one allgather says whether all did (each rank's own reason is
- * its INFO line). Uses of it must be the same on every rank, so a rank that cannot map it takes
+ * The node segment (nodeseg.h), for a communicator made by init or split whose ranks share one
+ * node: every rank maps rank 0's, then one allgather says whether all did (each rank's own reason
+ * is its INFO line). Uses of it must be the same on every rank, so a rank that cannot map it takes
  * it from all. The allgather is not one of the application's collectives: the operation count
  * and the statistics are put back.
  */
-static loomResult_t comm_seg_setup(loomComm_t comm, int fd)
+loomResult_t comm_seg_setup(loomComm_t comm, int fd)
 {
     const peer_info_t *p0 = &comm->lay.peers[0];
     /* (LOOM_TRANSPORT and the shm transport are the job's configuration, the same on every
@@ -1050,7 +1054,6 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
                           "(device %d here, device %d there): one rank per GPU",
                           comm->rank, q, mine.gpu_dev, p->gpu_dev);
     }
-    comm_tune_for_cores(comm);
     LOOM_CHECK(comm_seg_setup(comm, seg_fd));
     INFO(LOG_INIT,
          "loom %d.%d.%d: rank %d of %d ready (node %d of %d, local rank %d of %d), transport %s, "

@@ -3,7 +3,8 @@
  * node, through which small allreduces go without messages (registry row "segment").
  *
  * Rank 0 creates it (a memfd, sized for LOOM_SEGMENT bytes per rank and call, two calls deep)
- * before the bootstrap and publishes its pid, descriptor and a random nonce with its rank record;
+ * before the bootstrap (a split child's rank 0: before the split's second exchange) and
+ * publishes its pid, descriptor and a random nonce with its rank record;
  * every rank opens it through /proc/<pid>/fd/<fd> (the same user, the same pid namespace), checks
  * the nonce, and the ranks agree with one allgather that all of them have it, or none uses it.
  *

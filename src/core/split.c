@@ -2,10 +2,12 @@
  * Communicator split: two allgathers on the parent through core's internal entry (a third where
  * a transport has addresses larger than a handle, UCX's), then a child
  * communicator made of the ranks of one colour, its transports started and its peers known
- * without a new rendezvous.
+ * without a new rendezvous; a child on one node then sets up its node segment (one allgather on
+ * the child).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coll.h"
 #include "comm.h"
@@ -21,6 +23,7 @@ typedef struct {
     uint32_t addr_bytes; /* the large transport addresses (comm_peer_addr), in a third exchange */
     uint32_t pad;
     uint8_t shrink_addr[32]; /* the child's shrink listener (shrink.c) */
+    nodeseg_offer_t seg;     /* the child's rank 0: its node segment (zero elsewhere, or none) */
 } split_rec_t;
 
 /* The child's rank of parent rank q: its place in the order of (key, parent rank) among the
@@ -67,7 +70,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
     if (all == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory");
     /* Two exchanges: colours and keys fix the child's size and this rank's place in it, which
      * its transport needs before it can listen; then the listeners' addresses. */
-    int crank = 0, cn = 0;
+    int crank = 0, cn = 0, seg_fd = -1;
     LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
     if (color != LOOM_SPLIT_NOCOLOR) {
         for (int q = 0; q < comm->nranks; q++) {
@@ -81,6 +84,14 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
         LOOM_CHECK_GOTO(comm_start_transport(child, mine.handle), r, out);
         LOOM_CHECK_GOTO(comm_shrink_listen(child, mine.shrink_addr), r, out);
         mine.addr_bytes = child->net.my_addr_len;
+        /* The child's rank 0 offers a node segment when all its ranks are on this node (the
+         * parent's layout says so), as init's rank 0 does */
+        bool one_node = true;
+        for (int q = 0; q < comm->nranks && crank == 0; q++)
+            if (all[q].color == color &&
+                comm->lay.peers[q].node_hash != comm->lay.peers[comm->rank].node_hash)
+                one_node = false;
+        if (crank == 0 && one_node) seg_fd = nodeseg_create(cn, &mine.seg);
     }
     LOOM_CHECK_GOTO(split_allgather(comm, &mine, all, sizeof(mine)), r, out);
     /* Every rank takes part (the same sizes everywhere): records padded to the longest. */
@@ -137,6 +148,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
             memcpy(child->lay.peers[qr].handle, all[q].handle, sizeof(all[q].handle));
             memcpy(child->lay.peers[qr].shrink_addr, all[q].shrink_addr, 32);
             child->lay.peers[qr].addr_bytes = all[q].addr_bytes;
+            child->lay.peers[qr].seg = all[q].seg; /* the child's rank 0's, not the parent's */
         }
         if (child->lay.addrs) {
             size_t total = 0;
@@ -145,10 +157,14 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
             LOOM_CHECK_GOTO(comm_set_peer_addrs(child, child->lay.addrs, total), r, out);
         }
         LOOM_CHECK_GOTO(comm_layout(child), r, out);
+        r = comm_seg_setup(child, seg_fd); /* closes seg_fd */
+        seg_fd = -1;
+        if (r != loomSuccess) goto out;
         INFO(LOG_INIT, "split: colour %d key %d -> rank %d of %d", color, key, crank, cn);
     }
 out:
     free(all);
+    if (seg_fd >= 0) close(seg_fd);
     if (r != loomSuccess) {
         comm_free(child);
         return r;
