@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "harness.h"
 #include "loom.h"
 #include "sock.h"
@@ -145,6 +146,7 @@ typedef struct {
     int new_rank[SH_MAX], new_size[SH_MAX];
     int exact[SH_MAX]; /* allreduces on the shrunk communicator that were exact */
     double shrink_s[SH_MAX];
+    bool seg[SH_MAX], parent_seg[SH_MAX]; /* the node segment: the shrunk one's, the parent's */
     char text[SH_MAX][TEXT_MAX];
 } shrink_t;
 
@@ -197,6 +199,8 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
     if (m->shrunk[rank] == loomSuccess) {
         loomCommCount(nc, &m->new_size[rank]);
         loomCommUserRank(nc, &m->new_rank[rank]);
+        m->seg[rank] = nc->net.seg != NULL;
+        m->parent_seg[rank] = comm->net.seg != NULL;
         int members[SH_MAX], n = 0;
         for (int q = 0; q < nranks; q++)
             if (q != m->victim) members[n++] = q;
@@ -206,12 +210,17 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
     return 0;
 }
 
-/* 4 and 8 ranks, over tcp and over shm; the last rank or a middle one killed. */
+/* 4 and 8 ranks, over tcp, over shm and with the transports loom picks (loops 4 and 5: the
+ * node segment too, which the shrunk communicator of ranks of one node must have whenever its
+ * parent had one); the last rank or a middle one killed. */
 START_TEST(test_shrink_killed)
 {
     int nranks = _i & 1 ? 8 : 4;
-    const char *tp = _i & 2 ? "shm" : "tcp";
-    setenv("LOOM_TRANSPORT", tp, 1);
+    const char *tp = _i >= 4 ? "auto" : _i & 2 ? "shm" : "tcp";
+    if (_i >= 4)
+        unsetenv("LOOM_TRANSPORT");
+    else
+        setenv("LOOM_TRANSPORT", tp, 1);
     shrink_t *m = h_shared_map(sizeof(*m));
     m->victim = _i & 1 ? 3 : nranks - 1;
     m->flags = _i & 2 ? LOOM_SHRINK_ABORT : LOOM_SHRINK_DEFAULT;
@@ -236,7 +245,14 @@ START_TEST(test_shrink_killed)
         ck_assert_msg(m->exact[r] == (int)SH_NCOUNTS, "rank %d: %d of %zu allreduces exact", r,
                       m->exact[r], SH_NCOUNTS);
         ck_assert_msg(m->shrink_s[r] < 5, "rank %d: shrink took %.2f s", r, m->shrink_s[r]);
+        ck_assert_msg(m->seg[r] == m->parent_seg[r],
+                      "%s, %d ranks: rank %d: the shrunk communicator %s a node segment, the "
+                      "parent %s",
+                      tp, nranks, r, m->seg[r] ? "has" : "lacks",
+                      m->parent_seg[r] ? "had" : "lacked");
+        if (_i >= 4) ck_assert_msg(m->parent_seg[r], "rank %d: no node segment to test", r);
     }
+    if (_i >= 4) unsetenv("LOOM_TRANSPORT");
 }
 END_TEST
 
@@ -614,7 +630,7 @@ int main(void)
     Suite *s = suite_create("recover");
     const h_case_t cases[] = {
         {.name = "root_mismatch", .test = test_root_mismatch, .timeout_s = 30, .loops = 12},
-        {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 4},
+        {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 6},
         {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
         {.name = "shrink_tampered", .test = test_shrink_tampered, .timeout_s = 60},
         {.name = "shrink_outstanding", .test = test_shrink_outstanding, .timeout_s = 60},

@@ -367,6 +367,7 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
     uint8_t **addrs = NULL;
     loomComm_t child = NULL;
     loomResult_t r = loomSuccess;
+    int seg_fd = -1;
     if (excl == NULL || surv == NULL || out_set == NULL) {
         r = base_error(loomSystemError, LOG_INIT, "out of memory (shrink)");
         goto out;
@@ -389,6 +390,13 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
     shrink_rec_t rec = {.parent_rank = comm->rank, .nexclude = nexclude};
     rec.info = comm->lay.peers[comm->rank];
     rec.info.rank = me;
+    /* the child's rank 0 offers a node segment when every survivor is on its node (init's rank
+     * 0's offer, which the parent's record may hold, is not the child's) */
+    memset(&rec.info.seg, 0, sizeof(rec.info.seg));
+    bool one_node = true;
+    for (int i = 0; i < n && me == 0; i++)
+        one_node &= comm->lay.peers[surv[i]].node_hash == comm->lay.peers[comm->rank].node_hash;
+    if (me == 0 && one_node) seg_fd = nodeseg_create(n, &rec.info.seg);
     LOOM_CHECK_GOTO(comm_start_transport(child, rec.info.handle), r, out);
     LOOM_CHECK_GOTO(comm_shrink_listen(child, rec.info.shrink_addr), r, out);
     rec.info.addr_bytes = child->net.my_addr_len;
@@ -436,8 +444,12 @@ loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, cons
         LOOM_CHECK_GOTO(comm_set_peer_addrs(child, buf, total), r, out);
     }
     LOOM_CHECK_GOTO(comm_layout(child), r, out);
+    r = comm_seg_setup(child, seg_fd); /* closes seg_fd */
+    seg_fd = -1;
+    if (r != loomSuccess) goto out;
     INFO(LOG_INIT, "shrink: rank %d of %d -> rank %d of %d", comm->rank, P, me, n);
 out:
+    if (seg_fd >= 0) close(seg_fd);
     if (addrs)
         for (int i = 0; i < n; i++)
             free(addrs[i]);
