@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -10,7 +10,9 @@
 # and 4 ranks), and loom-fusion-bench on ResNet-50 and BERT-base at 4 ranks (one call per
 # tensor, fused, Horovod's settings, monolithic); tune: loom-tune --model and --fusion into
 # $OUT/tune.txt, then the benchmark's tuned mode reading it; ddp: perf/fusion-compare.sh (loom
-# against PyTorch DDP over gloo) with the first python3 on PATH that has torch. Writes nothing
+# against PyTorch DDP over gloo) with the first python3 on PATH that has torch; split: a child
+# of loomCommSplit against its parent, 8-byte allreduce (perf/probes/splitlat.c), 4, 8 and 16
+# ranks, with and without the node segment. Writes nothing
 # outside build-quiet and $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,10 +24,10 @@ export LOOM_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 nproc > "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
 { meson setup build-quiet -Dcuda=disabled -Dtests=false --buildtype=release >/dev/null &&
-  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf; } > "$out/build.txt" 2>&1 ||
+  ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf splitlat; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos shm8 shm24}
+stages=${*:-mpi fusion tune ddp algos shm8 shm24 split}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -82,5 +84,11 @@ if want shm24; then
             -w 200 --algos "auto rd oneshot segment" --peers mpi-vader -r 3 --no-plots \
             --loom $b/loom-perf --peers-dir $b/perf-peers -o "$out/sweep-algos$p-small"
         cat "$out/sweep-algos$p-small/summary.md" >>"$out/results.txt" 2>/dev/null
+    done
+fi
+if want split && [ -x $b/splitlat ]; then
+    for k in 4 8 16; do
+        run split-$k $b/splitlat -P $k -n 5000 -r 9
+        LOOM_SEGMENT=0 run split-$k-noseg $b/splitlat -P $k -n 5000 -r 9
     done
 fi
