@@ -916,10 +916,10 @@ static void comm_tune_for_cores(loomComm_t comm)
 }
 
 /*
- * The node segment (nodeseg.h), for a communicator made by init or split whose ranks share one
- * node: every rank maps rank 0's, then one allgather says whether all did (each rank's own reason
- * is its INFO line). Uses of it must be the same on every rank, so a rank that cannot map it takes
- * it from all. The allgather is not one of the application's collectives: the operation count
+ * The node segment (nodeseg.h), for a communicator made by init, split or shrink whose ranks share
+ * one node: every rank maps rank 0's, then one allgather says whether all did (each rank's own
+ * reason is its INFO line). Uses of it must be the same on every rank, so a rank that cannot map it
+ * takes it from all. The allgather is not one of the application's collectives: the operation count
  * and the statistics are put back.
  */
 loomResult_t comm_seg_setup(loomComm_t comm, int fd)

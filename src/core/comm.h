@@ -262,7 +262,7 @@ loomResult_t comm_split(loomComm_t comm, int color, int key, const loomConfig_t 
 loomResult_t comm_shrink_listen(loomComm_t comm, uint8_t addr[32]);
 loomResult_t comm_shrink(loomComm_t comm, const int *exclude, int nexclude, const loomConfig_t *cfg,
                          loomComm_t *newcomm);
-/* The node segment of a communicator whose ranks share one node (init, split): every rank maps
+/* The node segment of a communicator whose ranks share one node (init, split, shrink): each maps
  * the one its rank 0 offered (lay.peers[0].seg; fd: rank 0's descriptor, -1 elsewhere, closed
  * here), and one allgather over comm says whether all did, or none uses it. Collective. */
 loomResult_t comm_seg_setup(loomComm_t comm, int fd);
