@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split mid table (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -12,7 +12,11 @@
 # $OUT/tune.txt, then the benchmark's tuned mode reading it; ddp: perf/fusion-compare.sh (loom
 # against PyTorch DDP over gloo) with the first python3 on PATH that has torch; split: a child
 # of loomCommSplit against its parent, 8-byte allreduce (perf/probes/splitlat.c), 4, 8 and 16
-# ranks, with and without the node segment. Writes nothing
+# ranks, with and without the node segment; mid: the middle sizes (16 KiB-16 MiB, factor 2) at 4
+# and 8 ranks, the automatic choice against ring, rabenseifner, rd and tree, with rank 0's TUNING
+# line for each size and loom-tune --model at 8 ranks; table: loom-tune --algos at 8 and 4 ranks
+# into $OUT/table.txt, then the automatic choice reading it against every forced algorithm (8 B
+# to 16 MiB, 200 timed calls a size). Writes nothing
 # outside build-quiet and $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +31,7 @@ lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
   ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf splitlat; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos shm8 shm24 split}
+stages=${*:-mpi fusion tune ddp algos shm8 shm24 split mid table}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -90,5 +94,29 @@ if want split && [ -x $b/splitlat ]; then
     for k in 4 8 16; do
         run split-$k $b/splitlat -P $k -n 5000 -r 9
         LOOM_SEGMENT=0 run split-$k-noseg $b/splitlat -P $k -n 5000 -r 9
+    done
+fi
+if want mid; then
+    for p in 8 4; do
+        LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNING $b/loom-perf -P $p -b 16K -e 16M -f 2 -n 1 -w 0 \
+            -c 0 2>&1 | grep -E ":0 loom INFO TUNING allreduce" | sed 's/ \[constants.*//' \
+            >"$out/mid-tuning-$p.txt"
+        limit=400 run mid-$p /usr/bin/python3 perf/sweep -b 16K -e 16M -f 2 -P $p \
+            --algos "auto ring rabenseifner rd tree" --peers "" -r 3 --no-plots --loom $b/loom-perf \
+            -o "$out/sweep-mid$p"
+        cat "$out/sweep-mid$p/summary.md" >>"$out/results.txt" 2>/dev/null
+    done
+    run tune-model-8 $b/loom-tune --model -P 8 -o "$out/tune8.txt" -r 3
+fi
+if want table; then
+    rm -f "$out/table.txt"
+    for p in 8 4; do
+        run table-tune-$p $b/loom-tune --algos -P $p -o "$out/table.txt" -r 5
+    done
+    for p in 8 4; do
+        LOOM_TUNE_FILE="$out/table.txt" limit=400 run table-$p /usr/bin/python3 perf/sweep -b 8 \
+            -e 16M -f 4 -P $p -n 200 -w 20 --algos "auto ring rd rabenseifner tree oneshot segment" \
+            --peers "" -r 3 --no-plots --loom $b/loom-perf -o "$out/sweep-table$p"
+        cat "$out/sweep-table$p/summary.md" >>"$out/results.txt" 2>/dev/null
     done
 fi

@@ -50,6 +50,26 @@ LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNING "$bench" -P 2 -m "$dir/small.csv" -n 1 
 grep -q "^# tuned: bucket $thr, " "$dir/b3.log" || { cat "$dir/b3.log"; fail "tuned mode did not take bucket $thr"; }
 grep -q "\[constants: $dir/t.txt:" "$dir/b3.log" || { cat "$dir/b3.log"; fail "selection did not use the file"; }
 
+# --algos: every candidate timed, the winners by size merged into the same section; the
+# library's selection then names the measured table
+"$tune" --algos -P 2 -b 8 -e 512K -o "$dir/t.txt" -r 1 >"$dir/a.log" 2>&1 || { cat "$dir/a.log"; fail "loom-tune --algos"; }
+cat "$dir/a.log"
+grep -q '^# loom-tune --algos: 2 ranks on 1 nodes, 8 to 524288 bytes' "$dir/a.log" || fail "no --algos header"
+grep -Eq '^   x4 +524288 ' "$dir/a.log" || fail "524288 bytes not measured"
+table=$(sed -n 's/^allreduce_algos = //p' "$dir/t.txt")
+[[ $table =~ ^0:[a-z:]+( [0-9]+:[a-z:]+)*$ ]] || { cat "$dir/t.txt"; fail "allreduce_algos: '$table'"; }
+grep -q "^fusion_threshold = $thr$" "$dir/t.txt" || fail "--algos dropped the fusion choice"
+[[ $(grep -c '^\[ranks=2 layout=1x2 mem=host\]' "$dir/t.txt") == 1 ]] || { cat "$dir/t.txt"; fail "not one section after --algos"; }
+LOOM_TUNE_FILE="$dir/t.txt" LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=TUNING "$bench" -P 2 -m "$dir/small.csv" \
+    -n 1 -w 0 >"$dir/b6.log" 2>&1 || { cat "$dir/b6.log"; fail "bench with the measured table"; }
+grep -q "taken from the tuning file's measured table ($dir/t.txt:" "$dir/b6.log" ||
+    { cat "$dir/b6.log"; fail "selection did not take the measured table"; }
+for bad in "-b 3" "-b 1M -e 64K" "-e 5G" "-b 1X"; do
+    # shellcheck disable=SC2086
+    if "$tune" --algos $bad >"$dir/t3.log" 2>&1; then fail "--algos $bad accepted"; fi
+    grep -q '^loom-tune: -[be] ' "$dir/t3.log" || { cat "$dir/t3.log"; fail "--algos $bad: no message naming the flag"; }
+done
+
 # --mem takes host or device, and device only for the fusion search
 if "$tune" --fusion --mem gpu >"$dir/t1.log" 2>&1; then fail "--mem gpu accepted"; fi
 grep -q -- '--mem gpu: expected host or device' "$dir/t1.log" || { cat "$dir/t1.log"; fail "--mem gpu"; }

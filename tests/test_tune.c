@@ -88,6 +88,10 @@ static tune_entry_t sample_entry(void)
     e.alpha[TUNE_TCP][TUNE_NET] = 3.3e-5;
     e.beta[TUNE_TCP][TUNE_NET] = 1.0 / 1.17e9;
     e.gamma = 1.0 / 4.9e9;
+    e.nalgos = 3;
+    e.algo_from[0] = 0, e.algo_id[0] = ALGO_SEGMENT;
+    e.algo_from[1] = 23170, e.algo_id[1] = ALGO_RD;
+    e.algo_from[2] = 1u << 20, e.algo_id[2] = ALGO_RING;
     return e;
 }
 
@@ -97,6 +101,11 @@ static void assert_entry_eq(const tune_entry_t *a, const tune_entry_t *b)
     ck_assert_uint_eq(a->fusion_segment, b->fusion_segment);
     ck_assert(a->fusion_cycle_us == b->fusion_cycle_us);
     ck_assert(a->gamma == b->gamma);
+    ck_assert_int_eq(a->nalgos, b->nalgos);
+    for (int i = 0; i < a->nalgos; i++) {
+        ck_assert_uint_eq(a->algo_from[i], b->algo_from[i]);
+        ck_assert_int_eq(a->algo_id[i], b->algo_id[i]);
+    }
     for (int t = 0; t < TUNE_NTP; t++)
         for (int l = 0; l < TUNE_NLEVEL; l++) {
             ck_assert_msg(a->alpha[t][l] == b->alpha[t][l], "alpha %d %d: %.17g %.17g", t, l,
@@ -214,7 +223,15 @@ START_TEST(test_malformed)
                      "[ranks=4 layout=1x4 mem=host\n"  /* 12: unterminated */
                      "[ranks=4 layout=1by4]\n"         /* 13 */
                      "[ranks=4 colour=red]\n"          /* 14 */
-                     "[ranks=4 mem=hbm]\n");           /* 15 */
+                     "[ranks=4 mem=hbm]\n"             /* 15 */
+                     "[ranks=4 layout=1x4 mem=*]\n"    /* 16 */
+                     "allreduce_algos = 0:rd 9:fast\n" /* 17: unknown algorithm */
+                     "allreduce_algos = 0:rd 0:ring\n" /* 18: sizes not rising */
+                     "allreduce_algos = rd\n"          /* 19: no size */
+                     "allreduce_algos = 0:auto\n"      /* 20: auto is not a row */
+                     "allreduce_algos = -1:rd\n"       /* 21 */
+                     "allreduce_algos =\n"             /* 22: no rows */
+                     "allreduce_algos = 0:ring 4096:rd 65536:ring\n"); /* 23: good */
     log_to(logp, "WARN");
     tune_key_t k = {4, 1, 4, TUNE_MEM_HOST};
     tune_entry_t e;
@@ -223,15 +240,19 @@ START_TEST(test_malformed)
     ck_assert_uint_eq(e.fusion_segment, 0);
     ck_assert(e.gamma == 2e-10);
     ck_assert(e.beta[TUNE_SHM][TUNE_LOCAL] < 0);
+    ck_assert_int_eq(e.nalgos, 3); /* line 23's, the broken ones before it left nothing */
+    ck_assert_int_eq(tune_entry_algo(&e, 4095), ALGO_RING);
+    ck_assert_int_eq(tune_entry_algo(&e, 4096), ALGO_RD);
+    ck_assert_int_eq(tune_entry_algo(&e, 1u << 30), ALGO_RING);
     const char *log = read_text(logp);
     ck_assert_ptr_nonnull(log);
-    const int bad[] = {1, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15};
+    const int bad[] = {1, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char want[160];
         snprintf(want, sizeof(want), "tuning file %s:%d: ", path, bad[i]);
         ck_assert_msg(strstr(log, want), "no warning for line %d; the log:\n%s", bad[i], log);
     }
-    const int good[] = {2, 3, 9, 11};
+    const int good[] = {2, 3, 9, 11, 16, 23};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         char want[160];
         snprintf(want, sizeof(want), "tuning file %s:%d: ", path, good[i]);
@@ -383,6 +404,44 @@ START_TEST(test_selection)
 }
 END_TEST
 
+/* A measured table (allreduce_algos) overrides the model where the communicator can run its
+ * row, and only there: below its first size, and for a row that cannot run here (hier on one
+ * node; the segment past its limit), the model decides. The TUNING log says which. */
+START_TEST(test_measured_table)
+{
+    make_dir();
+    char path[128], logp[128];
+    path_in_dir(path, sizeof(path), "table.txt");
+    path_in_dir(logp, sizeof(logp), "log.txt");
+    write_text(path, "[ranks=4 layout=1x4 mem=host]\n"
+                     "allreduce_algos = 0:tree 1000:rd 100000:ring 1000000:hier 4000000:segment\n");
+    int model_big = choice(NULL, 2u << 20), model_huge = choice(NULL, 64u << 20);
+    log_to(logp, "INFO");
+    setenv("LOOM_DEBUG_SUBSYS", "TUNING", 1);
+    log_reset();
+    ck_assert_int_eq(choice(path, 8), ALGO_TREE); /* the model's is the segment */
+    ck_assert_int_eq(choice(path, 999), ALGO_TREE);
+    ck_assert_int_eq(choice(path, 1000), ALGO_RD);
+    ck_assert_int_eq(choice(path, 512u << 10), ALGO_RING);
+    ck_assert_int_eq(choice(path, 2u << 20), model_big);   /* hier: one node */
+    ck_assert_int_eq(choice(path, 64u << 20), model_huge); /* past the segment's limit */
+    const char *log = read_text(logp);
+    char want[200];
+    snprintf(want, sizeof(want),
+             "taken from the tuning file's measured table (%s:1: rd from 1000 bytes)", path);
+    ck_assert_msg(log && strstr(log, want), "%s", log);
+    ck_assert_msg(
+        strstr(log, "the tuning file's table names hier here, which cannot run it (one node)"),
+        "%s", log);
+    /* a table that starts above 8 bytes leaves the small sizes to the model */
+    write_text(path, "[ranks=4 layout=1x4 mem=host]\nallreduce_algos = 4096:ring\n");
+    ck_assert_int_eq(choice(path, 8), ALGO_SEGMENT);
+    ck_assert_int_eq(choice(path, 4096), ALGO_RING);
+    unsetenv("LOOM_DEBUG_SUBSYS");
+    remove_dir();
+}
+END_TEST
+
 /* A bowl in log2 of each value, lowest at (3 MiB, 200 KiB): 1 + 0.1 per octave squared. */
 static double bowl(void *arg, const uint64_t *v)
 {
@@ -456,6 +515,7 @@ static Suite *tune_suite(void)
         {.name = "specificity", .test = test_specificity},
         {.name = "malformed", .test = test_malformed},
         {.name = "selection", .test = test_selection},
+        {.name = "measured_table", .test = test_measured_table},
         {.name = "pick_cache", .test = test_pick_cache},
         {.name = "search", .test = test_search},
         {.name = "fusion_sizes", .test = test_fusion_sizes},

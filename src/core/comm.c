@@ -822,6 +822,25 @@ static registry_model_t comm_model(loomComm_t comm)
     return m;
 }
 
+const char *comm_algo_unfit(loomComm_t comm, int algo, uint64_t bytes)
+{
+    registry_model_t m = comm_model(comm);
+    return registry_unfit(&m, algo, bytes);
+}
+
+/* The tuning file's measured winner for this size (loom-tune --algos), where the communicator
+ * can run it (else -1: the model decides); *from: where the winner's row starts. */
+static int table_pick(loomComm_t comm, const registry_model_t *m, uint64_t bytes, uint64_t *from)
+{
+    const tune_entry_t *f = &comm->tune.file[TUNE_MEM_HOST];
+    int id = tune_entry_algo(f, bytes);
+    if (id < 0 || registry_unfit(m, id, bytes) != NULL) return -1;
+    if (from)
+        for (int i = 0; i < f->nalgos && f->algo_from[i] <= bytes; i++)
+            *from = f->algo_from[i];
+    return id;
+}
+
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
 {
     if (comm->tune.deterministic) return ALGO_DETERM;
@@ -833,7 +852,8 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
         pick = comm->tune.picks[slot].algo1 - 1;
     } else {
         registry_model_t m = comm_model(comm);
-        pick = registry_pick(&m, bytes);
+        pick = table_pick(comm, &m, bytes, NULL);
+        if (pick < 0) pick = registry_pick(&m, bytes);
         comm->tune.picks[slot].bytes = bytes;
         comm->tune.picks[slot].algo1 = pick + 1;
     }
@@ -842,9 +862,22 @@ int comm_pick_allreduce(loomComm_t comm, uint64_t bytes)
     comm->tune.last_pick = pick;
     if (log_enabled(lvl, LOG_TUNING)) {
         registry_model_t m = comm_model(comm);
-        char why[1024];
-        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s [constants: %s]",
-            (unsigned long long)bytes, comm->nranks, comm->lay.nnodes,
+        char why[1024], table[384] = "";
+        uint64_t from = 0;
+        const tune_entry_t *f = &comm->tune.file[TUNE_MEM_HOST];
+        int t = table_pick(comm, &m, bytes, &from);
+        if (t >= 0)
+            snprintf(table, sizeof(table),
+                     "taken from the tuning file's measured table (%s: %s from %llu bytes); the "
+                     "model's view: ",
+                     f->where, registry_get(t)->name, (unsigned long long)from);
+        else if (f->nalgos > 0 && tune_entry_algo(f, bytes) >= 0)
+            snprintf(table, sizeof(table),
+                     "the tuning file's table names %s here, which cannot run it (%s); ",
+                     registry_get(tune_entry_algo(f, bytes))->name,
+                     registry_unfit(&m, tune_entry_algo(f, bytes), bytes));
+        LOG(lvl, LOG_TUNING, "allreduce of %llu bytes on %d ranks / %d nodes: %s%s [constants: %s]",
+            (unsigned long long)bytes, comm->nranks, comm->lay.nnodes, table,
             registry_explain(&m, bytes, pick, why, sizeof(why)), m.source);
     }
     return pick;

@@ -203,6 +203,9 @@ struct loomComm {
 /* The allreduce algorithm (registry.h's ALGO_*) for `bytes` on this communicator: LOOM_ALGO, or
  * the registry's choice under this communicator's transports, logged as TUNING. */
 int comm_pick_allreduce(loomComm_t comm, uint64_t bytes);
+/* Why automatic selection cannot give this communicator's allreduce of `bytes` to registry row
+ * algo (NULL: it can; loom-tune --algos measures those that can). */
+const char *comm_algo_unfit(loomComm_t comm, int algo, uint64_t bytes);
 /* The same for a reduce or broadcast (op: ROOTED_*) of `bytes` to or from root: LOOM_ALGO's row
  * when it has that form, else the model's choice among the rows that do, said in the TUNING
  * log like the allreduce's. */

@@ -473,6 +473,13 @@ const registry_algo_t *registry_get(int id)
     return id >= 0 && id < ALGO_COUNT ? &registry_algos[id] : NULL;
 }
 
+int registry_find(const char *name)
+{
+    for (int i = 0; i < ALGO_COUNT; i++)
+        if (strcmp(name, registry_algos[i].name) == 0) return i;
+    return -1;
+}
+
 loomResult_t registry_parse(const char *name, int *algo)
 {
     *algo = ALGO_AUTO;
@@ -532,6 +539,11 @@ static int pick_op(const registry_model_t *m, int op, uint64_t bytes)
         if (pick < 0 || c < best) pick = i, best = c;
     }
     return pick < 0 ? ALGO_RING : pick;
+}
+
+const char *registry_unfit(const registry_model_t *m, int id, uint64_t bytes)
+{
+    return id >= 0 && id < ALGO_COUNT ? row_unfit(m, id, -1, bytes) : "not an algorithm";
 }
 
 int registry_pick(const registry_model_t *m, uint64_t bytes)

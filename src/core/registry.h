@@ -97,11 +97,16 @@ const registry_algo_t *registry_get(int id);
 /* LOOM_ALGO's value: "" gives ALGO_AUTO; a name gives its row; anything else is an error whose
  * text lists the table's names. */
 loomResult_t registry_parse(const char *name, int *algo);
+/* The row named `name`, or -1 (nothing said). */
+int registry_find(const char *name);
 
 /* The automatic choice for an allreduce of `bytes` (m->nranks > 1): a row preferred on this
  * layout if there is one, else the fitting row the model predicts fastest (ties go to the
  * earlier row). */
 int registry_pick(const registry_model_t *m, uint64_t bytes);
+/* Why automatic selection cannot give row id an allreduce of `bytes` here (NULL: it can); a
+ * measured table's row is checked with it. */
+const char *registry_unfit(const registry_model_t *m, int id, uint64_t bytes);
 
 /* Why `pick` was chosen, for the TUNING log: its prediction or its reason for preference, then
  * every other row as "n/a" with its reason or with its prediction and how it compares. Returns

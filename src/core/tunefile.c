@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "registry.h"
 
 const char *const tune_tp_names[TUNE_NTP] = {"tcp", "shm"};
 const char *const tune_level_names[TUNE_NLEVEL] = {"local", "net"};
@@ -107,6 +108,43 @@ static int key_score(const tune_key_t *k)
     return (k->nranks >= 0) + (k->nnodes >= 0) + (k->mem >= 0);
 }
 
+int tune_entry_algo(const tune_entry_t *e, uint64_t bytes)
+{
+    int id = -1;
+    for (int i = 0; i < e->nalgos && e->algo_from[i] <= bytes; i++)
+        id = e->algo_id[i];
+    return id;
+}
+
+/* "FROM:NAME FROM:NAME ...", sizes ascending, names LOOM_ALGO's (not auto): 0, or -1 with why
+ * (e untouched). */
+static int parse_algos(char *val, tune_entry_t *e, const char **why)
+{
+    uint64_t from[TUNE_MAX_ALGOS];
+    int id[TUNE_MAX_ALGOS], n = 0;
+    for (char *save = NULL, *tok = strtok_r(val, " \t", &save); tok;
+         tok = strtok_r(NULL, " \t", &save)) {
+        char *colon = strchr(tok, ':'), *end;
+        if (!colon) return *why = "allreduce_algos is a list of BYTES:ALGORITHM", -1;
+        *colon = '\0';
+        errno = 0;
+        unsigned long long b = strtoull(tok, &end, 10);
+        if (end == tok || *end || errno || tok[0] == '-')
+            return *why = "allreduce_algos: a size is a whole number of bytes", -1;
+        if (n == TUNE_MAX_ALGOS) return *why = "allreduce_algos: more than 16 rows", -1;
+        if (n > 0 && b <= from[n - 1])
+            return *why = "allreduce_algos: the sizes must rise from row to row", -1;
+        int a = registry_find(colon + 1);
+        if (a < 0) return *why = "allreduce_algos: an unknown algorithm (loom-info lists them)", -1;
+        from[n] = b, id[n++] = a;
+    }
+    if (n == 0) return *why = "allreduce_algos: no rows", -1;
+    e->nalgos = n;
+    memcpy(e->algo_from, from, sizeof(from[0]) * (size_t)n);
+    memcpy(e->algo_id, id, sizeof(id[0]) * (size_t)n);
+    return 0;
+}
+
 /* "name = value" onto e: 0, or -1 with why. */
 static int parse_value(char *s, tune_entry_t *e, const char **why)
 {
@@ -114,6 +152,7 @@ static int parse_value(char *s, tune_entry_t *e, const char **why)
     if (!eq) return *why = "a value line is name = value", -1;
     *eq = '\0';
     char *name = trim(s), *val = trim(eq + 1), *end;
+    if (strcmp(name, "allreduce_algos") == 0) return parse_algos(val, e, why);
     errno = 0;
     double d = strtod(val, &end);
     if (end == val || *end || errno || !isfinite(d) || d < 0)
@@ -139,8 +178,9 @@ static int parse_value(char *s, tune_entry_t *e, const char **why)
                 return 0;
             }
     }
-    return *why = "unknown name (fusion_threshold, fusion_segment, fusion_cycle_us, gamma, "
-                  "alpha.TP.LEVEL, beta.TP.LEVEL with TP tcp|shm, LEVEL local|net)",
+    return *why =
+               "unknown name (fusion_threshold, fusion_segment, fusion_cycle_us, gamma, "
+               "allreduce_algos, alpha.TP.LEVEL, beta.TP.LEVEL with TP tcp|shm, LEVEL local|net)",
            -1;
 }
 
@@ -151,6 +191,11 @@ static void entry_merge(tune_entry_t *dst, const tune_entry_t *src)
     if (src->fusion_segment) dst->fusion_segment = src->fusion_segment;
     if (src->fusion_cycle_us >= 0) dst->fusion_cycle_us = src->fusion_cycle_us;
     if (src->gamma >= 0) dst->gamma = src->gamma;
+    if (src->nalgos > 0) { /* a table is taken whole */
+        dst->nalgos = src->nalgos;
+        memcpy(dst->algo_from, src->algo_from, sizeof(src->algo_from));
+        memcpy(dst->algo_id, src->algo_id, sizeof(src->algo_id));
+    }
     for (int t = 0; t < TUNE_NTP; t++)
         for (int l = 0; l < TUNE_NLEVEL; l++) {
             if (src->alpha[t][l] >= 0) dst->alpha[t][l] = src->alpha[t][l];
@@ -267,6 +312,14 @@ void tunefile_write_section(FILE *f, const tune_key_t *key, const tune_entry_t *
                         e->beta[t][l]);
         }
     if (e->gamma >= 0) fprintf(f, "gamma = %.17g\n", e->gamma);
+    if (e->nalgos > 0) {
+        fprintf(f, "allreduce_algos =");
+        for (int i = 0; i < e->nalgos; i++) {
+            const registry_algo_t *a = registry_get(e->algo_id[i]);
+            fprintf(f, " %llu:%s", (unsigned long long)e->algo_from[i], a ? a->name : "?");
+        }
+        fputc('\n', f);
+    }
 }
 
 int tunefile_update(const char *path, const tune_key_t *key, const tune_entry_t *e, char *err,

@@ -10,6 +10,8 @@
  *   beta.shm.local = 2.3e-10        # seconds per byte
  *   alpha.tcp.net = 3.5e-05         # tcp across nodes (tcp.local: tcp inside a node)
  *   gamma = 2.0e-10                 # seconds per byte reduced on the host
+ *   allreduce_algos = 0:segment 24576:rd 49152:rabenseifner 1572864:ring
+ *                                   # measured winners: from N bytes on, that algorithm
  *
  * A section's key is the communicator size, its layout (nodes x ranks per node; a layout with
  * unequal nodes matches only "*") and the memory type (host or device); any of them may be
@@ -28,6 +30,8 @@
 enum { TUNE_TCP = 0, TUNE_SHM, TUNE_NTP };      /* transports the model knows */
 enum { TUNE_LOCAL = 0, TUNE_NET, TUNE_NLEVEL }; /* inside a node, across nodes */
 enum { TUNE_MEM_HOST = 0, TUNE_MEM_DEVICE, TUNE_NMEM };
+/* Rows of a measured allreduce table (allreduce_algos). */
+#define TUNE_MAX_ALGOS 16
 
 extern const char *const tune_tp_names[TUNE_NTP];       /* "tcp", "shm" */
 extern const char *const tune_level_names[TUNE_NLEVEL]; /* "local", "net" */
@@ -50,7 +54,16 @@ typedef struct {
     double alpha[TUNE_NTP][TUNE_NLEVEL]; /* seconds per message */
     double beta[TUNE_NTP][TUNE_NLEVEL];  /* seconds per byte */
     double gamma;                        /* seconds per byte reduced */
+    /* allreduce_algos: from algo_from[i] bytes (ascending) on, row algo_id[i] (registry.h's
+     * ALGO_*) won when measured; sizes below algo_from[0] are the model's. 0 rows: none. */
+    int nalgos;
+    uint64_t algo_from[TUNE_MAX_ALGOS];
+    int algo_id[TUNE_MAX_ALGOS];
 } tune_entry_t;
+
+/* The measured table's row for an allreduce of `bytes`, or -1 (no table, or below its first
+ * size). */
+int tune_entry_algo(const tune_entry_t *e, uint64_t bytes);
 
 /* An entry with nothing in it. */
 void tune_entry_clear(tune_entry_t *e);

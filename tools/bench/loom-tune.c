@@ -15,7 +15,16 @@
  *                                   (alpha/beta) until the fit moves less than the noise, and
  *                                   gamma (seconds per byte reduced) by timing the host's float
  *                                   sum; writes alpha.TP.LEVEL, beta.TP.LEVEL and gamma
- * Both print the table of what they tried. Ranks: -P k forks k local ranks, otherwise a
+ *   loom-tune --algos [-b MIN] [-e MAX]
+ *                                   times every allreduce algorithm automatic selection could
+ *                                   take on this communicator (float sum, out of place), all of
+ *                                   them interleaved at each size, powers of 4 from MIN to MAX
+ *                                   first, then powers of 2 and of 2^(1/2) between sizes whose
+ *                                   winners differ (the two winners only), until the winner's
+ *                                   lead falls under the noise measured; writes allreduce_algos,
+ *                                   the measured winners by size, which selection takes before
+ *                                   the model
+ * All print the table of what they tried. Ranks: -P k forks k local ranks, otherwise a
  * launcher's (mpirun: loomCommInitFromEnv).
  */
 #include <math.h>
@@ -27,12 +36,14 @@
 #include "param.h"
 #include "ranks.h"
 #include "reduce.h"
+#include "registry.h"
 #include "replay.h"
 #include "search.h"
 #include "tunefile.h"
 
 typedef struct {
-    bool fusion, model;
+    bool fusion, model, algos;
+    uint64_t min_bytes, max_bytes; /* --algos */
     bool dev; /* --mem device: the fusion search on GPU memory, written to the mem=device key */
     const char *model_name;
     const char *out;
@@ -292,6 +303,204 @@ static int tune_model(loomComm_t comm, int rank, const opts_t *o, tune_entry_t *
     return 0;
 }
 
+/* ---- the measured allreduce table (--algos) --------------------------------------------- */
+
+#define ALG_MAX_PTS 64
+
+typedef struct {
+    uint64_t bytes;
+    const char *stage;
+    double med[ALGO_COUNT]; /* seconds per call, median over the repetitions; 0: not measured */
+    double spread;          /* the largest relative half-spread of its repetitions */
+    int win;
+} alg_pt_t;
+
+typedef struct {
+    loomComm_t comm;
+    int rank, reps;
+    float *send, *recv;
+    alg_pt_t pts[ALG_MAX_PTS];
+    int npts;
+    int cand[ALGO_COUNT], ncand;
+} alg_run_t;
+
+/* Seconds per call of algo at `bytes`, the slowest rank's (the same on every rank). */
+static double alg_time(alg_run_t *a, int algo, uint64_t bytes)
+{
+    size_t count = (size_t)(bytes / 4);
+    int iters = bytes <= (64u << 10)   ? 200
+                : bytes <= (1u << 20)  ? 40
+                : bytes <= (16u << 20) ? 8
+                                       : 3;
+    a->comm->tune.algo = algo;
+    loomResult_t r = loomSuccess;
+    for (int i = 0; i < 2 && r == loomSuccess; i++) /* the schedule built, the links warm */
+        r = loomAllReduce(a->send, a->recv, count, loomFloat32, loomSum, a->comm, NULL);
+    double t0 = ranks_now();
+    for (int i = 0; i < iters && r == loomSuccess; i++)
+        r = loomAllReduce(a->send, a->recv, count, loomFloat32, loomSum, a->comm, NULL);
+    double t = (ranks_now() - t0) / iters;
+    a->comm->tune.algo = ALGO_AUTO;
+    if (r != loomSuccess) {
+        fprintf(stderr, "loom-tune: rank %d: allreduce of %llu bytes by %s: %s\n", a->rank,
+                (unsigned long long)bytes, registry_get(algo)->name, loomGetLastError(a->comm));
+        return -1;
+    }
+    return ranks_max(a->comm, t);
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* One point: the candidates (n of them) measured in turn, reps times, so that a slow moment of
+ * the machine falls on all of them alike; the fastest median wins. */
+static alg_pt_t *alg_point(alg_run_t *a, uint64_t bytes, const char *stage, const int *cand, int n)
+{
+    if (a->npts == ALG_MAX_PTS) return NULL;
+    alg_pt_t *p = &a->pts[a->npts++];
+    *p = (alg_pt_t){.bytes = bytes, .stage = stage, .win = -1};
+    double t[ALGO_COUNT][64];
+    for (int r = 0; r < a->reps; r++)
+        for (int k = 0; k < n; k++) {
+            int c = cand[(k + r) % n]; /* the order rotates from one repetition to the next */
+            if ((t[c][r] = alg_time(a, c, bytes)) < 0) return NULL;
+        }
+    for (int k = 0; k < n; k++) {
+        int c = cand[k];
+        qsort(t[c], (size_t)a->reps, sizeof(double), cmp_double);
+        double med =
+            a->reps % 2 ? t[c][a->reps / 2] : (t[c][a->reps / 2 - 1] + t[c][a->reps / 2]) / 2;
+        double half = (t[c][a->reps - 1] - t[c][0]) / 2 / med;
+        p->med[c] = med;
+        if (half > p->spread) p->spread = half;
+        if (p->win < 0 || med < p->med[p->win]) p->win = c;
+    }
+    return p;
+}
+
+static int cmp_pt(const void *x, const void *y)
+{
+    const alg_pt_t *a = x, *b = y;
+    return a->bytes < b->bytes ? -1 : a->bytes > b->bytes;
+}
+
+/* The median of the points' spreads: what a lead must exceed to mean anything. */
+static double alg_noise(const alg_run_t *a)
+{
+    double s[ALG_MAX_PTS];
+    for (int i = 0; i < a->npts; i++)
+        s[i] = a->pts[i].spread;
+    qsort(s, (size_t)a->npts, sizeof(double), cmp_double);
+    return a->npts ? s[a->npts / 2] : 0;
+}
+
+/* Winners by size with the noise taken out: a size keeps the previous size's winner while that
+ * one is within the noise of the fastest there, so that ties do not flip the table. */
+static void alg_settle(alg_run_t *a, double noise)
+{
+    qsort(a->pts, (size_t)a->npts, sizeof(alg_pt_t), cmp_pt);
+    for (int i = 1; i < a->npts; i++) {
+        alg_pt_t *p = &a->pts[i];
+        int prev = a->pts[i - 1].win;
+        if (p->win != prev && p->med[prev] > 0 && p->med[prev] <= p->med[p->win] * (1 + noise))
+            p->win = prev;
+    }
+}
+
+static int tune_algos(loomComm_t comm, int rank, const opts_t *o, tune_entry_t *e)
+{
+    alg_run_t *a = calloc(1, sizeof(*a));
+    if (!a) return 2;
+    a->comm = comm, a->rank = rank, a->reps = o->reps;
+    a->send = malloc(LOOM_MAX(o->max_bytes, 8));
+    a->recv = malloc(LOOM_MAX(o->max_bytes, 8));
+    int rc = 2;
+    if (!a->send || !a->recv) goto out;
+    for (uint64_t i = 0; i < o->max_bytes / 4; i++)
+        a->send[i] = (float)((i + (uint64_t)rank) % 7);
+    /* the candidates: every row automatic selection could take at some size of the range */
+    for (int id = 0; id < ALGO_COUNT; id++)
+        if (!comm_algo_unfit(comm, id, o->min_bytes)) a->cand[a->ncand++] = id;
+    if (rank == 0) {
+        printf("# loom-tune --algos: %d ranks on %d nodes, %llu to %llu bytes, float sum out of "
+               "place; candidates:",
+               comm->nranks, comm->lay.nnodes, (unsigned long long)o->min_bytes,
+               (unsigned long long)o->max_bytes);
+        for (int k = 0; k < a->ncand; k++)
+            printf(" %s", registry_get(a->cand[k])->name);
+        printf("; %d repetitions per point\n", o->reps);
+        fflush(stdout);
+    }
+    /* powers of 4: every candidate that fits the size */
+    for (uint64_t b = o->min_bytes; b <= o->max_bytes; b *= 4) {
+        int cand[ALGO_COUNT], n = 0;
+        for (int k = 0; k < a->ncand; k++)
+            if (!comm_algo_unfit(comm, a->cand[k], b)) cand[n++] = a->cand[k];
+        if (!alg_point(a, b, "x4", cand, n)) goto out;
+        if (b > UINT64_MAX / 4) break;
+    }
+    /* between neighbours whose winners differ: the two winners at the geometric middle, as
+     * long as the new points' leads exceed the noise */
+    static const char *const stages[] = {"x2", "x1.41"};
+    for (int st = 0; st < 2; st++) {
+        double noise = alg_noise(a);
+        alg_settle(a, noise);
+        int n0 = a->npts;
+        double lead = 0;
+        for (int i = 0; i + 1 < n0; i++) {
+            alg_pt_t *l = &a->pts[i], *h = &a->pts[i + 1];
+            if (l->win == h->win) continue;
+            uint64_t mid = (uint64_t)sqrt((double)l->bytes * (double)h->bytes) / 8 * 8;
+            if (mid <= l->bytes || mid >= h->bytes) continue;
+            int cand[2] = {l->win, h->win};
+            alg_pt_t *p = alg_point(a, mid, stages[st], cand, 2);
+            if (!p) goto out;
+            double lo = fmin(p->med[cand[0]], p->med[cand[1]]),
+                   hi = fmax(p->med[cand[0]], p->med[cand[1]]);
+            if (hi / lo - 1 > lead) lead = hi / lo - 1;
+        }
+        if (a->npts == n0 || lead < noise) break; /* the boundaries are as good as the noise */
+    }
+    double noise = alg_noise(a);
+    alg_settle(a, noise);
+    /* the table: a row where the winner changes, at the geometric middle of the two sizes */
+    e->nalgos = 0;
+    for (int i = 0; i < a->npts && e->nalgos < TUNE_MAX_ALGOS; i++) {
+        if (i > 0 && a->pts[i].win == a->pts[i - 1].win) continue;
+        uint64_t from =
+            i == 0 ? 0 : (uint64_t)sqrt((double)a->pts[i - 1].bytes * (double)a->pts[i].bytes);
+        e->algo_from[e->nalgos] = from;
+        e->algo_id[e->nalgos++] = a->pts[i].win;
+    }
+    if (rank == 0) {
+        printf("#  stage         bytes");
+        for (int k = 0; k < a->ncand; k++)
+            printf(" %13s", registry_get(a->cand[k])->name);
+        printf("  winner (us per call, median)\n");
+        for (int i = 0; i < a->npts; i++) {
+            const alg_pt_t *p = &a->pts[i];
+            printf("   %-6s %12llu", p->stage, (unsigned long long)p->bytes);
+            for (int k = 0; k < a->ncand; k++) {
+                double m = p->med[a->cand[k]];
+                if (m > 0)
+                    printf(" %12.2f%s", m * 1e6, a->cand[k] == p->win ? "*" : " ");
+                else
+                    printf(" %13s", "-");
+            }
+            printf("  %s\n", registry_get(p->win)->name);
+        }
+        printf("# noise (median half-spread of the repetitions): %.1f%%\n", noise * 100);
+    }
+    rc = 0;
+out:
+    comm->tune.algo = ALGO_AUTO;
+    free(a->send), free(a->recv), free(a);
+    return rc;
+}
+
 static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
 {
     const opts_t *o = arg;
@@ -304,6 +513,7 @@ static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
     int rc = 0;
     if (o->model && (rc = tune_model(comm, rank, o, &e))) return rc;
     if (o->fusion && (rc = tune_fusion(comm, rank, o, &e))) return rc;
+    if (o->algos && (rc = tune_algos(comm, rank, o, &e))) return rc;
     if (rank == 0) {
         tune_key_t k = tune_key_of(comm->nranks, comm->lay.nnodes, comm->lay.node_start,
                                    o->dev ? TUNE_MEM_DEVICE : TUNE_MEM_HOST);
@@ -320,24 +530,27 @@ static int tune_rank(loomComm_t comm, int rank, int nranks, void *arg)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: loom-tune (--fusion [-m MODEL] [--mem host|device] | --model) [-P k] [-o FILE] "
-            "[-r REPS]\n"
-            "  --fusion       search the fusion bucket threshold and segment size over MODEL's "
-            "step\n"
-            "  -m MODEL       resnet50 (default), bert-base, llm24x2048, or a path to a list\n"
-            "  --mem device   the fusion search on CUDA device tensors (one GPU per local rank),\n"
-            "                 written under mem=device (device fusion contexts read it)\n"
-            "  --model        measure alpha/beta per transport and level, and gamma\n"
-            "  -P k           fork k local ranks (default: a launcher's ranks)\n"
-            "  -o FILE        the tuning file to update (default: LOOM_TUNE_FILE, else "
-            "loom-tune.txt)\n"
-            "  -r REPS        repetitions per point (default 3)\n");
+    fprintf(
+        stderr,
+        "usage: loom-tune (--fusion [-m MODEL] [--mem host|device] | --model | --algos [-b MIN] "
+        "[-e MAX]) [-P k] [-o FILE] [-r REPS]\n"
+        "  --fusion       search the fusion bucket threshold and segment size over MODEL's "
+        "step\n"
+        "  -m MODEL       resnet50 (default), bert-base, llm24x2048, or a path to a list\n"
+        "  --mem device   the fusion search on CUDA device tensors (one GPU per local rank),\n"
+        "                 written under mem=device (device fusion contexts read it)\n"
+        "  --model        measure alpha/beta per transport and level, and gamma\n"
+        "  --algos        time every allreduce algorithm selection could take, MIN to MAX\n"
+        "                 bytes (default 8 to 64M), and write the winners by size\n"
+        "  -P k           fork k local ranks (default: a launcher's ranks)\n"
+        "  -o FILE        the tuning file to update (default: LOOM_TUNE_FILE, else "
+        "loom-tune.txt)\n"
+        "  -r REPS        repetitions per point (default 3)\n");
 }
 
 int main(int argc, char **argv)
 {
-    opts_t o = {.model_name = "resnet50", .reps = 3};
+    opts_t o = {.model_name = "resnet50", .reps = 3, .min_bytes = 8, .max_bytes = 64u << 20};
     const char *env = getenv("LOOM_TUNE_FILE");
     o.out = env && *env ? env : "loom-tune.txt";
     int k = 0;
@@ -350,6 +563,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--model")) {
             o.model = true;
+            continue;
+        }
+        if (!strcmp(a, "--algos")) {
+            o.algos = true;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(), 0;
@@ -368,7 +585,20 @@ int main(int argc, char **argv)
             o.out = v;
         else if (!strcmp(a, "-r"))
             o.reps = (int)strtol(v, &end, 10);
-        else
+        else if (!strcmp(a, "-b") || !strcmp(a, "-e")) {
+            double d = strtod(v, &end);
+            double mul = *end == 'K'   ? 1024.0
+                         : *end == 'M' ? 1048576.0
+                         : *end == 'G' ? 1073741824.0
+                                       : 1;
+            if (mul > 1) end++;
+            if (*end || !(d >= 4) || d * mul > 4294967296.0 || d * mul != floor(d * mul)) {
+                fprintf(stderr, "loom-tune: %s %s: a size from 4 bytes to 4G (K, M, G allowed)\n",
+                        a, v);
+                return 2;
+            }
+            *(a[1] == 'b' ? &o.min_bytes : &o.max_bytes) = (uint64_t)(d * mul) / 4 * 4;
+        } else
             return usage(), 2;
         if (*end || k < 0 || k > 1024 || o.reps < 1 || o.reps > 64) {
             fprintf(stderr, "loom-tune: %s %s: not a valid value\n", a, v);
@@ -376,10 +606,16 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (!o.fusion && !o.model) return usage(), 2;
-    if (o.dev && o.model) {
+    if (!o.fusion && !o.model && !o.algos) return usage(), 2;
+    if (o.min_bytes > o.max_bytes) {
+        fprintf(stderr, "loom-tune: -b %llu is above -e %llu\n", (unsigned long long)o.min_bytes,
+                (unsigned long long)o.max_bytes);
+        return 2;
+    }
+    if (o.dev && (o.model || o.algos)) {
         fprintf(stderr, "loom-tune: --mem device goes with --fusion only: --model measures the "
-                        "host transports (run it without --mem, then --fusion --mem device)\n");
+                        "host transports and --algos the host allreduce (run them without --mem, "
+                        "then --fusion --mem device)\n");
         return 2;
     }
     /* the file being written must not steer the measurements */
