@@ -8,6 +8,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 pkgs=(meson ninja-build pkg-config gcc check libopenmpi-dev openmpi-bin libpmix-dev libsodium-dev
       libgloo-dev g++ iproute2 clang-format valgrind python3-matplotlib libucx-dev ucx-utils clang
+      libclang-rt-14-dev
       mpich)
 missing=()
 for p in "${pkgs[@]}"; do
