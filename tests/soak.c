@@ -1,11 +1,13 @@
 /*
  * soak: a bounded random test against a reference. Jobs one after another until the time is up;
- * each job draws its rank count (2-5), LOOM_TRANSPORT (tcp, shm), LOOM_ALGO (ring, rd, or the
- * default), a run of allreduces of random counts, types and ops (exact integer-valued inputs, so
- * every order gives the reference's bits) and, in some jobs, one fault: a rank arriving late, a
- * rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling
- * loomCommAbort midway. A quarter of the jobs run with LOOM_SECURE=1 (sealed TCP frames), and a
- * quarter with LOOM_DETERMINISTIC=1, where float sums get inputs whose sums are not exact and
+ * each job draws its rank count (2-5), LOOM_TRANSPORT (tcp, shm, or unset: shm and the node
+ * segment), LOOM_ALGO (ring, rd, rabenseifner, tree, oneshot, segment, or the automatic choice),
+ * a run of allreduces of random counts, types and ops (exact integer-valued inputs, so every
+ * order gives the reference's bits) and, in some jobs, one fault: a rank arriving late at init,
+ * a rank reaching its first collective 5-7 s after init (beyond LOOM_TIMEOUT=4: the others must
+ * wait for it), a rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or
+ * calling loomCommAbort midway. A quarter of the jobs run with LOOM_SECURE=1 (sealed TCP frames),
+ * and a quarter with LOOM_DETERMINISTIC=1, where float sums get inputs whose sums are not exact and
  * must equal, bit for bit, the left fold of the ranks' inputs in rank order. Every job is a fresh
  * process tree (parameters are read once per process). Checked: no successful call returns a
  * wrong result; in a faulty job the other ranks end with an error or success, within the
@@ -31,8 +33,8 @@
 #define MAX_RANKS 5
 #define JOB_DEADLINE_S 40
 
-enum { F_NONE, F_LATE, F_KILL, F_STOP, F_ABORT, F_N };
-static const char *fault_name[] = {"none", "late rank", "kill", "stop", "abort"};
+enum { F_NONE, F_LATE, F_KILL, F_STOP, F_ABORT, F_LATE_CALL, F_N };
+static const char *fault_name[] = {"none", "late rank", "kill", "stop", "abort", "late first call"};
 
 typedef struct {
     atomic_int ops;   /* allreduces that returned success and were checked */
@@ -96,6 +98,7 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
         fprintf(stderr, "soak: rank %d: init failed: %s\n", r, loomGetLastError(NULL));
         return 3;
     }
+    if (fault == F_LATE_CALL && r == victim) usleep(5000000 + (useconds_t)(seed % 2000000));
     uint64_t s = seed;
     void *buf = NULL, *want = NULL;
     int rc = 0;
@@ -187,7 +190,7 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
     pid_t leader = fork();
     if (leader == 0) {
         setpgid(0, 0);
-        setenv("LOOM_TRANSPORT", transport, 1);
+        if (strcmp(transport, "default") != 0) setenv("LOOM_TRANSPORT", transport, 1);
         if (algo) setenv("LOOM_ALGO", algo, 1);
         setenv("LOOM_TIMEOUT", "4", 1);
         setenv("LOOM_SECURE", mode.secure ? "1" : "0", 1);
@@ -262,15 +265,17 @@ int main(int argc, char **argv)
     time_t end = time(NULL) + secs;
     int jobs = 0, ops = 0, wrong = 0, hung = 0, faults = 0, failed = 0;
     int per_fault[F_N] = {0}, nsecure = 0, ndeterm = 0;
-    static const char *algos[] = {NULL, "ring", "rd"};
-    static const char *transports[] = {"tcp", "shm"};
+    static const char *algos[] = {NULL, "ring", "rd", "rabenseifner", "tree", "oneshot", "segment"};
+    static const char *transports[] = {"tcp", "shm", "default"};
     uint64_t s = seed;
     while (time(NULL) < end) {
         uint64_t job_seed = rng_next(&s);
         int p = 2 + (int)(rng_next(&s) % (MAX_RANKS - 1));
         int fault = rng_next(&s) % 3 == 0 ? 1 + (int)(rng_next(&s) % (F_N - 1)) : F_NONE;
-        const char *tp = transports[rng_next(&s) % 2];
-        const char *algo = algos[rng_next(&s) % 3];
+        const char *tp = transports[rng_next(&s) % 3];
+        /* the automatic choice in a third of the jobs, a forced algorithm in the rest */
+        uint64_t a = rng_next(&s) % 9;
+        const char *algo = a < 3 ? NULL : algos[1 + (a - 3)];
         uint64_t m = rng_next(&s);
         job_mode_t mode = {.secure = m % 4 == 0, .determ = (m >> 8) % 4 == 0};
         hung += run_job(job_seed, p, fault, tp, algo, mode, &ops, &wrong, &failed);
@@ -280,9 +285,9 @@ int main(int argc, char **argv)
         if (fault != F_NONE) faults++, per_fault[fault]++;
     }
     printf("soak: %d jobs (%d with LOOM_SECURE=1, %d with LOOM_DETERMINISTIC=1), %d operations "
-           "checked, %d faults injected (late %d, kill %d, stop %d, abort %d), %d wrong results, "
-           "%d hung ranks, %d jobs with an unexpected error\n",
-           jobs, nsecure, ndeterm, ops, faults, per_fault[F_LATE], per_fault[F_KILL],
-           per_fault[F_STOP], per_fault[F_ABORT], wrong, hung, failed);
+           "checked, %d faults injected (late %d, late first call %d, kill %d, stop %d, abort %d), "
+           "%d wrong results, %d hung ranks, %d jobs with an unexpected error\n",
+           jobs, nsecure, ndeterm, ops, faults, per_fault[F_LATE], per_fault[F_LATE_CALL],
+           per_fault[F_KILL], per_fault[F_STOP], per_fault[F_ABORT], wrong, hung, failed);
     return wrong || hung || failed ? 1 : 0;
 }

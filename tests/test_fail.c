@@ -813,6 +813,80 @@ START_TEST(test_strangers)
 }
 END_TEST
 
+/* The bootstrap root during the rendezvous, flooded: 300 connections that never say a word
+ * while two of three ranks wait there for the third (LOOM_HANDSHAKE_TIMEOUT=1, so they time
+ * out while the job waits). The root keeps at most HS_PENDING_MAX of them (the oldest dropped
+ * first) and says so in a few lines with a count, where it used to keep every one and write a
+ * line per refusal; the job still starts. */
+START_TEST(test_root_flood)
+{
+    char logp[64];
+    snprintf(logp, sizeof(logp), "/tmp/loom-rootflood-%d.log", (int)getpid());
+    unlink(logp);
+    setenv("LOOM_DEBUG_FILE", logp, 1);
+    setenv("LOOM_DEBUG", "WARN", 1);
+    setenv("LOOM_TIMEOUT", "10", 1);
+    setenv("LOOM_HANDSHAKE_TIMEOUT", "1", 1);
+    param_reset_cache();
+    log_reset();
+    loomUniqueId id;
+    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
+    uid_layout_t u;
+    memcpy(&u, &id, sizeof(u));
+    sock_addr_t root;
+    ck_assert(sock_addr_unpack(u.root_addr, &root));
+    atomic_int third_may_join = 0;
+    mjob_t j[AT_NRANKS];
+    pthread_t t[AT_NRANKS];
+    for (int r = 0; r < AT_NRANKS; r++) {
+        j[r] = (mjob_t){.id = id,
+                        .rank = r,
+                        .nranks = AT_NRANKS,
+                        .fn = NULL,
+                        .gate = r == AT_NRANKS - 1 ? &third_may_join : NULL};
+        ck_assert_int_eq(pthread_create(&t[r], NULL, mjob_main, &j[r]), 0);
+    }
+    usleep(100000);
+    enum { NFLOOD = 300 };
+    int fds[NFLOOD], opened = 0;
+    for (int i = 0; i < NFLOOD; i++) {
+        fds[i] = socket(root.sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fds[i] < 0) break;
+        (void)connect(fds[i], (struct sockaddr *)&root.sa, root.len);
+        opened++;
+    }
+    ck_assert_int_ge(opened, 200);
+    usleep(2500000); /* past the handshake timeout of the first ones */
+    atomic_store(&third_may_join, 1);
+    for (int r = 0; r < AT_NRANKS; r++)
+        pthread_join(t[r], NULL);
+    for (int i = 0; i < opened; i++)
+        close(fds[i]);
+    for (int r = 0; r < AT_NRANKS; r++) {
+        ck_assert_msg(j[r].init_res == loomSuccess, "rank %d: %s", r, j[r].err);
+        loomCommDestroy(j[r].comm);
+    }
+    FILE *f = fopen(logp, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    int lines = 0;
+    bool counted = false;
+    while (fgets(line, sizeof(line), f))
+        if (strstr(line, "bootstrap root")) {
+            lines++;
+            counted |= strstr(line, "connections from") != NULL;
+        }
+    fclose(f);
+    unlink(logp);
+    ck_assert_msg(lines <= 4, "%d lines about the flood (one per refusal?)", lines);
+    ck_assert_msg(lines == 0 || counted, "no line with the count of refusals");
+    unsetenv("LOOM_DEBUG_FILE");
+    unsetenv("LOOM_HANDSHAKE_TIMEOUT");
+    param_reset_cache();
+    log_reset();
+}
+END_TEST
+
 /* ---- 6: 128 ranks --------------------------------------------------------------------------- */
 
 #define BIG_NRANKS 128
@@ -1139,6 +1213,41 @@ START_TEST(test_late_rank)
 }
 END_TEST
 
+START_TEST(test_late_first_call)
+{
+    /* A rank reaches its first collective 5 s after init with LOOM_TIMEOUT=2: over tcp the
+     * lower rank of a pair dials, so the ranks above the late one had no link to it, no
+     * heartbeats, and blamed it as stalled or dead after 2 s. Now they dial it themselves after
+     * a heartbeat interval and its progress thread answers between calls. Rank 0 (everyone
+     * waits for its dial) and rank 1 (rank 2 does) in turn. */
+    for (int late = 0; late < 2; late++) {
+        live_t *L = live_setup(_i, "2", NULL);
+        *L = (live_t){.sleeper = late, .sleep_before = 0, .sleep_s = 5, .iters = 3};
+        int status[LV_NRANKS];
+        double t0 = h_now_s();
+        h_run_procs(LV_NRANKS, live_rank, L, 30, status);
+        double wall = h_now_s() - t0;
+        live_expect_success(L, status, lv_transports[_i]);
+        ck_assert_msg(wall >= 5 && wall < 20, "late rank %d: the job took %.1f s", late, wall);
+    }
+}
+END_TEST
+
+START_TEST(test_crossing_dials)
+{
+    /* A first call about one heartbeat interval late (LOOM_TIMEOUT=2: 0.5 s): the late rank's
+     * own dial and the others' dials of it cross, at some of these delays on both sides at
+     * once. The lower rank's socket must win on both sides, with nothing lost. */
+    for (int k = 0; k < 8; k++) {
+        live_t *L = live_setup(_i, "2", NULL);
+        *L = (live_t){.sleeper = k % 2, .sleep_before = 0, .sleep_s = 0.42 + 0.025 * k, .iters = 3};
+        int status[LV_NRANKS];
+        h_run_procs(LV_NRANKS, live_rank, L, 30, status);
+        live_expect_success(L, status, lv_transports[_i]);
+    }
+}
+END_TEST
+
 START_TEST(test_busy_rank)
 {
     /* Rank 2 computes for 5 s between two collectives with LOOM_TIMEOUT=2 while the others
@@ -1335,6 +1444,17 @@ int main(void)
          .test = test_late_rank,
          .timeout_s = 60,
          .loops = 3},
+        {.name = "root_flood", .test = test_root_flood, .tags = "timing", .timeout_s = 40},
+        {.name = "late_first_call",
+         .tags = "transport",
+         .test = test_late_first_call,
+         .timeout_s = 60,
+         .loops = 3},
+        {.name = "crossing_dials",
+         .tags = "transport",
+         .test = test_crossing_dials,
+         .timeout_s = 60,
+         .loops = 2},
         {.name = "busy_rank",
          .tags = "transport",
          .test = test_busy_rank,

@@ -255,6 +255,33 @@ START_TEST(test_names_any_case)
 }
 END_TEST
 
+/* Variable names too: loom_nchannels is LOOM_NCHANNELS, said at WARN; the exact name wins over
+ * a differently cased one. LOOM_SHM_CMA is in the table (it used to be read around it). */
+START_TEST(test_variable_names_any_case)
+{
+    set_param("LOOM_NCHANNELS", NULL);
+    set_param("loom_NChannels", "5");
+    capture_start();
+    int64_t n = param_int(PARAM_NCHANNELS);
+    const char *log = capture_end();
+    ck_assert_int_eq(n, 5);
+    ck_assert(param_is_set(PARAM_NCHANNELS));
+    LINE_HAS(log, "WARN", "loom_NChannels read as LOOM_NCHANNELS", "case-insensitive");
+    set_param("LOOM_NCHANNELS", "3");
+    ck_assert_int_eq(param_int(PARAM_NCHANNELS), 3);
+    set_param("loom_NChannels", NULL);
+    set_param("LOOM_NCHANNELS", NULL);
+    ck_assert(!param_is_set(PARAM_NCHANNELS));
+    set_param("LOOM_SHM_CMA", "bogus");
+    capture_start();
+    n = param_int(PARAM_SHM_CMA);
+    log = capture_end();
+    ck_assert_int_eq(n, 1);
+    LINE_HAS(log, "WARN", "LOOM_SHM_CMA");
+    set_param("LOOM_SHM_CMA", NULL);
+}
+END_TEST
+
 /* The table itself: every default is accepted by its own range (a default outside it would
  * be replaced, with a warning, on every read). */
 START_TEST(test_table_defaults_in_range)
@@ -349,6 +376,7 @@ static Suite *param_suite(void)
         {.name = "max_message_tiny", .test = test_max_message_tiny},
         {.name = "debug_names", .test = test_debug_names},
         {.name = "names_any_case", .test = test_names_any_case},
+        {.name = "variable_names_any_case", .test = test_variable_names_any_case},
         {.name = "table_defaults", .test = test_table_defaults_in_range},
         {.name = "log_lines_whole", .test = test_log_lines_whole},
     };

@@ -368,16 +368,25 @@ END_TEST
 /* LOOM_SECURE outside 0..1: a warning, and the default (off) is used; both ranks agree. */
 START_TEST(test_bad_value)
 {
-    job_t j = {.nranks = 2, .secure = {"2", "0"}, .tamper_rank = -1, .count = 100, .iters = 1};
-    run_job(&j, 40);
-    for (int r = 0; r < 2; r++)
-        ck_assert_msg(j.rep[r].rc == 0 && j.rep[r].wrong == 0, "rank %d: %s", r, j.rep[r].text);
-    setenv("LOOM_SECURE", "2", 1);
-    param_reset_cache();
-    ck_assert_int_eq(param_int(PARAM_SECURE), 0);
+    /* A value other than 0 or 1 fails init on the rank that has it, naming it: a job that asked
+     * for encryption with a typo ("yes", "2", "on") must not run in clear (it used to warn and
+     * run unsealed). */
+    const char *bad[] = {"2", "yes", "on"};
+    for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+        job_t j = {
+            .nranks = 2, .secure = {bad[b], bad[b]}, .tamper_rank = -1, .count = 100, .iters = 1};
+        run_job(&j, 40);
+        for (int r = 0; r < 2; r++) {
+            char want[64];
+            snprintf(want, sizeof(want), "LOOM_SECURE=%s: expected 0", bad[b]);
+            ck_assert_msg(j.rep[r].init_rc == loomInvalidUsage && strstr(j.rep[r].text, want),
+                          "LOOM_SECURE=%s, rank %d: init %d: %s", bad[b], r, j.rep[r].init_rc,
+                          j.rep[r].text);
+        }
+    }
     setenv("LOOM_SECURE", "1", 1);
     param_reset_cache();
-    ck_assert_int_eq(param_int(PARAM_SECURE), 1);
+    ck_assert_str_eq(param_str(PARAM_SECURE), "1");
     unsetenv("LOOM_SECURE");
     param_reset_cache();
 }

@@ -216,10 +216,17 @@ static const param_desc_t params[PARAM_COUNT] = {
                              "any LOOM_ALGO, LOOM_NCHANNELS, slice, fusion bucket and layout "
                              "(src/algo/determ.c; host memory only); 0: the fastest order",
                              NAMES("0|1", READER)},
-    [PARAM_SECURE] = {"SECURE", PARAM_T_INT, "0", "",
+    [PARAM_SECURE] = {"SECURE", PARAM_T_STR, "0", "",
                       "1: every TCP frame is encrypted and authenticated (AEAD, keys per socket "
-                      "and direction from the job secret); all ranks must agree. 0: off",
-                      NUM(0, 1, DEFAULT)},
+                      "and direction from the job secret); all ranks must agree. 0: off. "
+                      "Anything else fails init (a job that asked for encryption must not run "
+                      "in clear)",
+                      NAMES("0|1", READER)},
+    [PARAM_SHM_CMA] = {"SHM_CMA", PARAM_T_INT, "1", "",
+                       "1: shared memory copies from the peer's buffer by cross-memory attach "
+                       "(process_vm_readv) where the peers allow it; 0: through bounce "
+                       "segments always (debugging, or where ptrace is restricted)",
+                       NUM(0, 1, DEFAULT)},
 };
 
 typedef struct {
@@ -383,17 +390,39 @@ static void param_parse(param_id_t id, param_slot_t *v, bool from_env, char *why
     }
 }
 
+extern char **environ;
+
+/* LOOM_<name>'s value, NULL when unset: the exact name, else a variable whose name differs from
+ * it only in case (`loom_timeout`), which `note` (may be NULL) then says, for a WARN: the
+ * documented form is upper case, and a job must not lose a setting to its spelling. */
+static const char *param_env(const char *name, char *note, size_t len)
+{
+    char env[64];
+    snprintf(env, sizeof(env), "LOOM_%s", name);
+    const char *text = getenv(env);
+    if (text) return text;
+    size_t n = strlen(env);
+    for (char **e = environ; e && *e; e++)
+        if (strncasecmp(*e, env, n) == 0 && (*e)[n] == '=') {
+            if (note)
+                snprintf(note, len,
+                         "%.*s read as %s (loom's variable names are case-insensitive; the "
+                         "documented form is upper case)",
+                         (int)n, *e, env);
+            return *e + n + 1;
+        }
+    return NULL;
+}
+
 static const param_slot_t *param_load(param_id_t id)
 {
     param_value_t *v = &values[id];
     if (__atomic_load_n(&v->loaded, __ATOMIC_ACQUIRE))
         return &v->slot[__atomic_load_n(&v->cur, __ATOMIC_ACQUIRE)];
-    char why[512] = "";
+    char why[512] = "", note[192] = "";
     pthread_mutex_lock(&param_lock);
     if (!v->loaded) {
-        char env[64];
-        snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
-        const char *text = getenv(env);
+        const char *text = param_env(params[id].name, note, sizeof(note));
         bool from_env = text != NULL && text[0] != '\0';
         int next = 1 - __atomic_load_n(&v->cur, __ATOMIC_ACQUIRE);
         param_slot_t *sl = &v->slot[next];
@@ -407,6 +436,7 @@ static const param_slot_t *param_load(param_id_t id)
     }
     const param_slot_t *out = &v->slot[__atomic_load_n(&v->cur, __ATOMIC_ACQUIRE)];
     pthread_mutex_unlock(&param_lock);
+    if (note[0]) WARN(LOG_ENV, "%s", note);
     if (why[0]) WARN(LOG_ENV, "%s", why);
     return out;
 }
@@ -418,9 +448,7 @@ const char *param_text(param_id_t id)
 
 bool param_is_set(param_id_t id)
 {
-    char env[64];
-    snprintf(env, sizeof(env), "LOOM_%s", params[id].name);
-    const char *text = getenv(env);
+    const char *text = param_env(params[id].name, NULL, 0);
     return text != NULL && text[0] != '\0';
 }
 

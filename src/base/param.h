@@ -65,6 +65,7 @@ typedef enum {
     PARAM_TUNE_FILE,
     PARAM_DETERMINISTIC,
     PARAM_SECURE,
+    PARAM_SHM_CMA,
     PARAM_COUNT
 } param_id_t;
 

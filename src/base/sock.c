@@ -609,6 +609,14 @@ static void addr_host(const sock_addr_t *a, char *buf, size_t len)
     }
 }
 
+static void pend_close(const hs_pending_t *p, int fd)
+{
+    if (p->close_fd)
+        p->close_fd(fd);
+    else
+        close(fd);
+}
+
 /* A stranger refused (failed handshake) or dropped (no room): closed and counted. The first of
  * a window is logged in full; the rest only in the window's summary line. */
 static void refuse(hs_pending_t *p, hs_t *h, bool dropped, log_subsys_t subsys, const char *who)
@@ -637,7 +645,7 @@ static void refuse(hs_pending_t *p, hs_t *h, bool dropped, log_subsys_t subsys, 
             WARN(subsys, "%s refused an incoming connection from %s", who, h->err);
     }
     p->dropped += dropped;
-    close(h->fd);
+    pend_close(p, h->fd);
 }
 
 /* Drops the oldest pending handshake, if it had its grace time; false when none did. */
@@ -689,8 +697,9 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
         sock_addr_t peer;
         memset(&peer, 0, sizeof(peer));
         peer.len = sizeof(peer.sa);
-        int fd = accept4(listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = p->accept_fd ? p->accept_fd(listen_fd, &peer)
+                              : accept4(listen_fd, (struct sockaddr *)&peer.sa, &peer.len,
+                                        SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             /* EMFILE and the like: the connection waits in the backlog for a later try. */
@@ -704,7 +713,7 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
             int ncap = p->cap ? p->cap * 2 : 8;
             hs_t *n = realloc(p->hs, (size_t)ncap * sizeof(*n));
             if (n == NULL) {
-                close(fd);
+                pend_close(p, fd);
                 continue;
             }
             p->hs = n;
@@ -712,7 +721,7 @@ void hs_pending_progress(hs_pending_t *p, int listen_fd, const uint8_t secret[16
         }
         hs_t *h = &p->hs[p->n];
         if (hs_accept_init(h, fd, &peer, secret) != loomSuccess) {
-            close(fd);
+            pend_close(p, fd);
             continue;
         }
         /* The challenge goes at once (an empty socket takes it); a quick peer may even have
@@ -741,9 +750,12 @@ int hs_pending_pollfds(const hs_pending_t *p, struct pollfd *fds, int max)
 void hs_pending_free(hs_pending_t *p)
 {
     for (int i = 0; i < p->n; i++)
-        close(p->hs[i].fd);
+        pend_close(p, p->hs[i].fd);
     free(p->hs);
+    int (*acc)(int, sock_addr_t *) = p->accept_fd;
+    void (*cls)(int) = p->close_fd;
     memset(p, 0, sizeof(*p));
+    p->accept_fd = acc, p->close_fd = cls;
 }
 
 loomResult_t hs_run_blocking(hs_t *h)

@@ -128,6 +128,11 @@ typedef struct {
     char refused_from[SOCK_ADDR_STRLEN];
     bool refused_many_hosts;
     char last_cause[160];
+    /* Optional (NULL: accept4(2) and close(2)): how the listener's connections are accepted
+     * and closed, for a listener that keeps its descriptors' books (the bootstrap root's and the
+     * job-state service's, for fork safety). accept_fd returns -1 with errno on failure. */
+    int (*accept_fd)(int listen_fd, sock_addr_t *peer);
+    void (*close_fd)(int fd);
 } hs_pending_t;
 
 /* Advances the pending handshakes that have something to read or write (one poll(2) finds them)

@@ -229,6 +229,30 @@ static void root_fail_all(boot_client_t *cl, int ncl, const char *text)
         }
 }
 
+/* A connection that proved the secret becomes a client of the rendezvous. */
+typedef struct {
+    boot_client_t **cl;
+    int *ncl, *cap;
+} root_took_t;
+
+static void root_take(void *arg, hs_t *hs)
+{
+    root_took_t *t = arg;
+    if (*t->ncl == *t->cap) {
+        int cap = *t->cap ? *t->cap * 2 : 16;
+        boot_client_t *n = realloc(*t->cl, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            root_close(hs->fd);
+            return;
+        }
+        *t->cl = n;
+        *t->cap = cap;
+    }
+    boot_client_t *c = &(*t->cl)[(*t->ncl)++];
+    memset(c, 0, sizeof(*c));
+    c->hs = *hs;
+}
+
 static void *root_main(void *arg)
 {
     boot_root_args_t a = *(boot_root_args_t *)arg;
@@ -250,8 +274,15 @@ static void *root_main(void *arg)
     uint64_t linger = timeout ? LOOM_MIN(timeout, 10000000000ull) : 10000000000ull;
     bool done = false;
     INFO(LOG_BOOT, "bootstrap root listening on %s", as);
+    /* Connections still proving the secret wait in a bounded list (the oldest stranger dropped
+     * first, refusals logged once per 10 s with a count: sock.h); those that proved it become
+     * clients. */
+    char who[SOCK_ADDR_STRLEN + 32];
+    snprintf(who, sizeof(who), "bootstrap root %s", as);
+    hs_pending_t pend = {.accept_fd = root_accept, .close_fd = root_close};
+    root_took_t took = {.cl = &cl, .ncl = &ncl, .cap = &cap};
     while (!done) {
-        struct pollfd *fds = calloc((size_t)ncl + 1, sizeof(*fds));
+        struct pollfd *fds = calloc((size_t)ncl + 1 + HS_PENDING_MAX, sizeof(*fds));
         if (fds == NULL) break;
         fds[0] = (struct pollfd){.fd = a.listen_fd, .events = POLLIN};
         int nf = 1;
@@ -259,28 +290,11 @@ static void *root_main(void *arg)
             short ev = cl[i].state == 0 ? hs_events(&cl[i].hs) : cl[i].state == 1 ? POLLIN : 0;
             if (ev) fds[nf++] = (struct pollfd){.fd = cl[i].hs.fd, .events = ev};
         }
+        nf += hs_pending_pollfds(&pend, fds + nf, HS_PENDING_MAX);
         poll(fds, (nfds_t)nf, 100);
         free(fds);
-        for (;;) {
-            sock_addr_t peer = {.len = sizeof(peer.sa)};
-            int fd = root_accept(a.listen_fd, &peer);
-            if (fd < 0) break;
-            if (ncl == cap) {
-                cap = cap ? cap * 2 : 16;
-                boot_client_t *n = realloc(cl, (size_t)cap * sizeof(*cl));
-                if (n == NULL) {
-                    root_close(fd);
-                    break;
-                }
-                cl = n;
-            }
-            memset(&cl[ncl], 0, sizeof(cl[ncl]));
-            if (hs_accept_init(&cl[ncl].hs, fd, &peer, a.secret) != loomSuccess) {
-                root_close(fd);
-                continue;
-            }
-            ncl++;
-        }
+        bool pprog = false;
+        hs_pending_progress(&pend, a.listen_fd, a.secret, LOG_BOOT, who, root_take, &took, &pprog);
         for (int i = 0; i < ncl; i++) {
             boot_client_t *c = &cl[i];
             bool prog = false;
@@ -443,6 +457,8 @@ static void *root_main(void *arg)
                                   .accept_fd = root_accept,
                                   .close_fd = root_close};
             memcpy(sa.secret, a.secret, sizeof(sa.secret));
+            hs_pending_report(&pend, LOG_BOOT, who);
+            hs_pending_free(&pend); /* strangers at the rendezvous: the service has its own */
             js_serve(&sa);
             free(host_of);
         } else if (timeout && nranks < 0 && base_now_ns() - last_join > timeout) {
@@ -474,6 +490,8 @@ static void *root_main(void *arg)
         }
     }
 out:
+    hs_pending_report(&pend, LOG_BOOT, who);
+    hs_pending_free(&pend);
     for (int i = 0; i < ncl; i++) {
         if (cl[i].state != 3) root_close(cl[i].hs.fd);
         free(cl[i].addr);

@@ -464,7 +464,14 @@ static loomResult_t pick_transports(loomComm_t comm, bool want[TP_MAX])
         want[t] = name[0] == '\0' && t != TP_MPI && transport_by_name(tp_names[t]) != NULL;
     /* LOOM_SECURE=1 seals tcp's frames only: nothing may leave the node through another
      * transport (shm and CUDA IPC stay inside it). */
-    bool secure = param_int(PARAM_SECURE) != 0;
+    const char *sv = param_str(PARAM_SECURE);
+    if (strcmp(sv, "0") != 0 && strcmp(sv, "1") != 0)
+        return base_error(loomInvalidUsage, LOG_INIT,
+                          "LOOM_SECURE=%s: expected 0 (frames in clear) or 1 (every tcp frame "
+                          "sealed); refused rather than guessed, so that a job that asked for "
+                          "encryption never runs in clear",
+                          sv);
+    bool secure = sv[0] == '1';
     if (secure && (strcmp(name, "mpi") == 0 || strcmp(name, "ucx") == 0))
         return base_error(loomInvalidUsage, LOG_INIT,
                           "LOOM_SECURE=1 seals the tcp transport only, and LOOM_TRANSPORT=%s "

@@ -122,14 +122,13 @@ typedef struct {
 typedef struct {
     hs_t hs;
     sock_auth_t au;
-    bool authed;
-    uint64_t since;
 } js_asker_t;
 
-/* Connections to the service that have not proved themselves: at most this many, each for at
- * most this long (a stranger cannot pile them up, nor keep the service alive after the job). */
+/* Connections that have not proved the secret wait in a bounded list (sock.h's hs_pending_t: the
+ * oldest stranger dropped first, refusals logged once per 10 s with a count, each at most
+ * LOOM_HANDSHAKE_TIMEOUT); status clients that proved it wait for the table, at most this many
+ * at once. */
 #define JS_ASKERS_MAX 64
-#define JS_ASKER_NS 5000000000ull
 #define JS_VERDICT_GRACE_NS 300000000ull
 
 typedef struct {
@@ -144,10 +143,10 @@ typedef struct {
     bool failing, verdict_sent;
     int first_rank; /* first report */
     char first_text[JS_TEXT_MAX];
-    int dead_rank;    /* first death, -1 none */
-    uint64_t fail_ns; /* when failing began */
-    /* refusals, logged at most once per HS_REFUSE_LOG_NS with their count */
-    uint64_t refused, refuse_log_ns;
+    int dead_rank;     /* first death, -1 none */
+    uint64_t fail_ns;  /* when failing began */
+    hs_pending_t pend; /* connections still proving the secret */
+    char who[160];     /* "job-state service ADDR", for the pending list's lines */
 } js_srv_t;
 
 static void srv_query(js_srv_t *s, bool print)
@@ -223,7 +222,6 @@ static void srv_query_done(js_srv_t *s)
     char *table = srv_table(s);
     if (s->qprint && table) WARN(LOG_BOOT, "%s", table);
     for (int k = 0; k < s->nask; k++) {
-        if (!s->ask[k].authed) continue;
         js_frame_t f = {.type = JS_TABLE};
         (void)js_send(s->ask[k].hs.fd, &s->ask[k].au, &f, table);
         s->a->close_fd(s->ask[k].hs.fd);
@@ -284,85 +282,49 @@ static void srv_frame(js_srv_t *s, int i, const js_frame_t *f, const char *text)
     }
 }
 
-static void srv_accept(js_srv_t *s)
+/* A connection that proved the secret: a loom-status client of this job gets the table of the
+ * query this starts (or joins); anything else that has the secret is refused, named. */
+static void srv_took(void *arg, hs_t *hs)
 {
-    for (;;) {
-        sock_addr_t peer = {.len = sizeof(peer.sa)};
-        int fd = s->a->accept_fd(s->a->listen_fd, &peer);
-        if (fd < 0) return;
-        if (s->nask >= JS_ASKERS_MAX) {
-            s->a->close_fd(fd);
-            continue;
-        }
-        if (s->nask == s->askcap) {
-            int cap = s->askcap ? 2 * s->askcap : 8;
-            js_asker_t *n = realloc(s->ask, (size_t)cap * sizeof(*n));
-            if (n == NULL) {
-                s->a->close_fd(fd);
-                return;
-            }
-            s->ask = n;
-            s->askcap = cap;
-        }
-        js_asker_t *k = &s->ask[s->nask];
-        memset(k, 0, sizeof(*k));
-        k->since = base_now_ns();
-        if (hs_accept_init(&k->hs, fd, &peer, s->a->secret) != loomSuccess) {
-            s->a->close_fd(fd);
-            continue;
-        }
-        s->nask++;
+    js_srv_t *s = arg;
+    const char *why = NULL;
+    sock_auth_t au;
+    if (hs->hello.comm_id != s->a->job_id || hs->hello.from_rank != JS_RANK_STATUS)
+        why = "not a loom-status client of this job";
+    else if (s->nask >= JS_ASKERS_MAX)
+        why = "64 status queries are waiting already";
+    else if (sock_auth_start(&au, hs, base_now_ns() + 1000000000ull) != loomSuccess)
+        why = base_last_error();
+    if (!why && s->nask == s->askcap) {
+        int cap = s->askcap ? 2 * s->askcap : 8;
+        js_asker_t *n = realloc(s->ask, (size_t)cap * sizeof(*n));
+        if (n == NULL)
+            why = "out of memory";
+        else
+            s->ask = n, s->askcap = cap;
     }
-}
-
-static void srv_askers(js_srv_t *s)
-{
-    for (int k = 0; k < s->nask; k++) {
-        js_asker_t *q = &s->ask[k];
-        if (q->authed) continue;
-        bool prog = false;
-        loomResult_t r = hs_progress(&q->hs, &prog);
-        const char *why = NULL;
-        if (r != loomSuccess)
-            why = q->hs.err;
-        else if (q->hs.state != HS_DONE && base_now_ns() - q->since > JS_ASKER_NS)
-            why = "the handshake did not finish within 5 s";
-        else if (q->hs.state == HS_DONE &&
-                 (q->hs.hello.comm_id != s->a->job_id || q->hs.hello.from_rank != JS_RANK_STATUS))
-            why = "not a loom-status client of this job";
-        else if (q->hs.state == HS_DONE &&
-                 sock_auth_start(&q->au, &q->hs, base_now_ns() + 1000000000ull) != loomSuccess)
-            why = base_last_error();
-        if (why) {
-            uint64_t now = base_now_ns();
-            s->refused++;
-            if (s->refuse_log_ns == 0 || now - s->refuse_log_ns > HS_REFUSE_LOG_NS) {
-                WARN(LOG_BOOT,
-                     "job-state service %s refused %llu connection%s since its last such line; "
-                     "the last: %s",
-                     s->a->addr_str, (unsigned long long)s->refused, s->refused > 1 ? "s" : "",
-                     why);
-                s->refused = 0;
-                s->refuse_log_ns = now;
-            }
-            s->a->close_fd(q->hs.fd);
-            s->ask[k] = s->ask[--s->nask];
-            k--;
-            continue;
-        }
-        if (q->hs.state == HS_DONE) {
-            q->authed = true;
-            INFO(LOG_BOOT, "job-state service %s: a status query", s->a->addr_str);
-            srv_query(s, false);
-        }
+    if (why) {
+        char ps[SOCK_ADDR_STRLEN];
+        WARN(LOG_BOOT,
+             "job-state service %s refused a connection from %s that proved the secret: %s",
+             s->a->addr_str, sock_addr_str(&hs->peer, ps, sizeof(ps)), why);
+        s->a->close_fd(hs->fd);
+        return;
     }
+    s->ask[s->nask++] = (js_asker_t){.hs = *hs, .au = au};
+    INFO(LOG_BOOT, "job-state service %s: a status query", s->a->addr_str);
+    srv_query(s, false);
 }
 
 void js_serve(const js_serve_args_t *a)
 {
-    js_srv_t s = {.a = a, .dead_rank = -1, .first_rank = -1};
+    js_srv_t s = {.a = a,
+                  .dead_rank = -1,
+                  .first_rank = -1,
+                  .pend = {.accept_fd = a->accept_fd, .close_fd = a->close_fd}};
+    snprintf(s.who, sizeof(s.who), "job-state service %s", a->addr_str);
     s.r = calloc((size_t)a->nranks, sizeof(*s.r));
-    struct pollfd *fds = calloc((size_t)a->nranks + 1 + JS_ASKERS_MAX, sizeof(*fds));
+    struct pollfd *fds = calloc((size_t)a->nranks + 1 + HS_PENDING_MAX, sizeof(*fds));
     if (s.r == NULL || fds == NULL) goto out;
     for (int i = 0; i < a->nranks; i++) {
         s.r[i].fd = a->fd_of[i];
@@ -378,18 +340,15 @@ void js_serve(const js_serve_args_t *a)
                 fds[nf++] = (struct pollfd){.fd = s.r[i].fd, .events = POLLIN};
                 live += s.r[i].state == R_LIVE;
             }
-        for (int k = 0; k < s.nask; k++)
-            if (!s.ask[k].authed)
-                fds[nf++] =
-                    (struct pollfd){.fd = s.ask[k].hs.fd, .events = hs_events(&s.ask[k].hs)};
+        nf += hs_pending_pollfds(&s.pend, fds + nf, HS_PENDING_MAX);
         if (live == 0) {
             /* Every rank left or died: a query still open gets the table as it stands. */
             if (s.qid) srv_query_done(&s);
             break;
         }
         (void)poll(fds, (nfds_t)nf, 100);
-        srv_accept(&s);
-        srv_askers(&s);
+        bool prog = false;
+        hs_pending_progress(&s.pend, a->listen_fd, a->secret, LOG_BOOT, s.who, srv_took, &s, &prog);
         for (int i = 0; i < a->nranks; i++) {
             js_rank_t *r = &s.r[i];
             if (r->fd < 0) continue;
@@ -423,6 +382,8 @@ out:
         if (s.r[i].fd >= 0) a->close_fd(s.r[i].fd);
     for (int k = 0; k < s.nask; k++)
         a->close_fd(s.ask[k].hs.fd);
+    hs_pending_report(&s.pend, LOG_BOOT, s.who);
+    hs_pending_free(&s.pend);
     free(s.ask);
     free(s.r);
     free(fds);

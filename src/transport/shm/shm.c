@@ -199,6 +199,12 @@ struct transport_conn {
      * or a send, fails the connection, with the peer's reason when it gave one. */
     bool eof;
     char *eof_why;
+    /* The higher rank of the pair: the lower one's listener, and when to dial it ourselves if
+     * it has not dialled by then (0: never again); reverse: our dial of it, until ready. As
+     * tcp's (tcp.c, reverse_dial). */
+    char peer_listener[TRANSPORT_HANDLE_BYTES];
+    uint64_t reverse_at_ns;
+    bool reverse, reverse_said;
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -289,8 +295,7 @@ static loomResult_t shm_init(const transport_setup_t *setup, transport_ctx_t **o
     snprintf(ctx->who, sizeof(ctx->who), "shm: rank %d", setup->rank);
     ctx->slot_bytes = LOOM_MAX(setup->max_message, 4096);
     ctx->read_stall_us = (useconds_t)param_int(PARAM_SHM_READ_STALL_MS) * 1000;
-    const char *cma = getenv("LOOM_SHM_CMA");
-    ctx->cma_wanted = !(cma && cma[0] == '0');
+    ctx->cma_wanted = param_int(PARAM_SHM_CMA) != 0;
     ctx->ping_ns = transport_ping_ns();
     ctx->conns = calloc((size_t)setup->nranks, sizeof(*ctx->conns));
     ctx->active = calloc((size_t)setup->nranks, sizeof(*ctx->active));
@@ -378,9 +383,68 @@ static loomResult_t shm_connect(transport_ctx_t *ctx, int peer,
             hs_connect_init(&c->hs, fd, &peer_addr, ctx->setup.secret, &hello);
             c->hs.patient = true; /* as tcp's: the peer may not serve its listener yet */
         }
+    } else {
+        memcpy(c->peer_listener, handle, TRANSPORT_HANDLE_BYTES);
+        c->peer_listener[TRANSPORT_HANDLE_BYTES - 1] = '\0';
+        c->reverse_at_ns = base_coarse_ns() + ctx->ping_ns;
     }
     *out = c;
     return loomSuccess;
+}
+
+/* Our dial of a late lower rank (see tcp.c's reverse_dial) that did not become ready: back to
+ * no socket, nothing of the data sent (only ready connections carry it), its queues kept. */
+static void conn_rewind(transport_conn_t *c)
+{
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    c->state = CS_NONE;
+    if (c->my_bounce) munmap(c->my_bounce, c->my_bounce_len);
+    if (c->peer_bounce) munmap(c->peer_bounce, c->peer_bounce_len);
+    c->my_bounce = c->peer_bounce = NULL;
+    c->my_bounce_len = c->peer_bounce_len = c->peer_slot_bytes = 0;
+    c->mode_sent = c->mode_got = c->cma = false;
+    c->nout = 0;
+    c->ring_head = c->ring_tail = c->woken = 0;
+    c->sock_sent = c->sock_read = 0;
+    c->eof = false;
+    free(c->eof_why);
+    c->eof_why = NULL;
+    c->reverse = false;
+    memset(c->slot_busy, 0, sizeof(c->slot_busy));
+    transport_conn_name(&c->head, c->peer, "same node");
+}
+
+static void reverse_dial(transport_conn_t *c)
+{
+    transport_ctx_t *ctx = c->ctx;
+    if (!c->reverse_said)
+        INFO(LOG_SHM,
+             "shm: %s has not connected to rank %d after %.2f s: dialling it instead (it may be "
+             "late; its heartbeats will say whether it is alive)",
+             c->head.name, ctx->setup.rank, (double)ctx->ping_ns * 1e-9);
+    c->reverse_said = true;
+    struct sockaddr_un sa;
+    socklen_t sl = shm_sockaddr(c->peer_listener, strlen(c->peer_listener), &sa);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 ||
+        (connect(fd, (struct sockaddr *)&sa, sl) != 0 && errno != EINPROGRESS && errno != EAGAIN)) {
+        TRACE(LOG_SHM, "shm: dialling %s: %s (again later)", c->head.name, strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    sock_addr_t none;
+    memset(&none, 0, sizeof(none));
+    hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
+                        .from_rank = ctx->setup.rank,
+                        .to_rank = c->peer,
+                        .chan = 0,
+                        .nchan = 1};
+    c->fd = fd;
+    c->state = CS_HANDSHAKE;
+    c->reverse = true;
+    hs_connect_init(&c->hs, fd, &none, ctx->setup.secret, &hello);
+    c->hs.patient = true;
 }
 
 /* A peer that left: its connection fails now (something of ours waits on it). */
@@ -436,6 +500,10 @@ static void out_flush(transport_conn_t *c, bool *progressed)
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             /* The peer may have said why it left before closing: read that first. */
             int e = errno;
+            if (c->reverse) {
+                conn_rewind(c);
+                return;
+            }
             bool ignored = false;
             read_control(c, &ignored);
             if (c->eof) { /* it left: what it left in its ring decides (see eof) */
@@ -863,6 +931,8 @@ static void handle_mode(transport_conn_t *c, const shm_mode_t *m, int passed_fd)
     }
     c->cma = c->cma && m->cma_ok == 1;
     c->state = CS_READY;
+    c->reverse = false;
+    c->reverse_at_ns = 0;
     c->head.last_activity_ns = base_coarse_ns();
     INFO(LOG_SHM, "shm: connected to %s, %s", c->head.name,
          c->cma ? "cross-memory attach (one copy)" : "bounce segments (two copies)");
@@ -881,6 +951,10 @@ static void read_control(transport_conn_t *c, bool *progressed)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (n == 0 && c->state == CS_READY) {
             c->eof = true;
+            return;
+        }
+        if (n <= 0 && c->reverse) { /* refused by the peer, which dialled us */
+            conn_rewind(c);
             return;
         }
         if (n <= 0) {
@@ -963,7 +1037,12 @@ static void mode_start(transport_conn_t *c)
 {
     struct ucred cred;
     socklen_t l = sizeof(cred);
-    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &l) != 0) {
+    int pc = getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &l);
+    if (pc != 0 && c->reverse) { /* the peer refused our dial: it dials us */
+        conn_rewind(c);
+        return;
+    }
+    if (pc != 0) {
         conn_fail(c, loomSystemError, "SO_PEERCRED on the socket to %s failed: %s", c->head.name,
                   strerror(errno));
         return;
@@ -1007,6 +1086,10 @@ static void mode_start(transport_conn_t *c)
     /* The first message on a fresh socket: its buffer is empty, so it goes at once. */
     ssize_t n = send_counted(c, &mh, MSG_NOSIGNAL);
     close(mfd);
+    if (n != (ssize_t)sizeof(m) && c->reverse) { /* the peer refused our dial: it dials us */
+        conn_rewind(c);
+        return;
+    }
     if (n != (ssize_t)sizeof(m)) {
         conn_fail(c, loomRemoteError, "sending the mode message to %s failed: %s", c->head.name,
                   strerror(errno));
@@ -1020,14 +1103,33 @@ static void attach_accepted(void *arg, hs_t *hs)
 {
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
-    const char *why = transport_hello_refusal(&ctx->setup, h);
+    /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
+    bool rev = h->from_rank > ctx->setup.rank;
+    const char *why = NULL;
+    if (!rev)
+        why = transport_hello_refusal(&ctx->setup, h);
+    else if (h->comm_id != ctx->setup.comm_id)
+        why = "it belongs to another communicator";
+    else if (h->to_rank != ctx->setup.rank)
+        why = "it was meant for another rank";
+    else if (h->from_rank >= ctx->setup.nranks)
+        why = "bad source rank";
     transport_conn_t *c = NULL;
     if (!why) {
         c = ctx->conns[h->from_rank] ? ctx->conns[h->from_rank] : conn_new(ctx, h->from_rank);
-        if (c == NULL)
+        if (c == NULL) {
             why = "out of memory";
-        else if (c->fd >= 0)
+        } else if (c->fd >= 0 && !rev && c->reverse) {
+            TRACE(LOG_SHM, "shm: %s dialled us while we dialled it: its socket replaces ours",
+                  c->head.name);
+            conn_rewind(c);
+        } else if (c->fd >= 0 && rev && !c->reverse) {
+            TRACE(LOG_SHM, "shm: %s dialled us while we dialled it: ours stands", c->head.name);
+            close(hs->fd);
+            return;
+        } else if (c->fd >= 0) {
             why = "duplicate connection";
+        }
     }
     if (why) {
         WARN(LOG_SHM, "shm: rank %d refused a local connection claiming rank %d: %s",
@@ -1036,6 +1138,7 @@ static void attach_accepted(void *arg, hs_t *hs)
         return;
     }
     c->fd = hs->fd;
+    if (!rev) c->reverse_at_ns = 0; /* the lower rank dialled: no need to dial it */
     mode_start(c);
 }
 
@@ -1059,16 +1162,28 @@ static loomResult_t shm_progress(transport_ctx_t *ctx, bool *progressed)
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
         if (c->state != CS_READY && !c->head.fail.failed) want_accept = true;
+        if (c->reverse_at_ns && c->fd < 0 && !c->head.fail.failed && now >= c->reverse_at_ns) {
+            c->reverse_at_ns = now + ctx->ping_ns;
+            reverse_dial(c);
+        }
         if (c->head.fail.failed || c->fd < 0) continue;
         if (c->my_bounce) { /* awake: the peer need not wake us (see shm_pollfds) */
             uint64_t a = atomic_load_explicit(&my_ctrl(c)->armed, memory_order_relaxed);
             if (a & 1) atomic_store_explicit(&my_ctrl(c)->armed, a + 1, memory_order_relaxed);
         }
-        if (c->state == CS_HANDSHAKE) {
+        if (c->state == CS_HANDSHAKE && c->reverse) {
+            if (hs_progress(&c->hs, progressed) != loomSuccess) {
+                TRACE(LOG_SHM, "shm: dialling %s: %s (again later)", c->head.name, c->hs.err);
+                conn_rewind(c);
+                continue;
+            }
+            if (c->hs.state != HS_DONE) continue;
+            mode_start(c);
+        } else if (c->state == CS_HANDSHAKE) {
             if (transport_conn_handshake(&c->head, &c->hs, progressed) <= 0) continue;
             mode_start(c);
         }
-        if (c->head.fail.failed) continue;
+        if (c->head.fail.failed || c->fd < 0) continue; /* (a refused dial of ours: rewound) */
         if (!c->eof && sock_news(c, now)) {
             c->last_read_ns = now;
             read_control(c, progressed);

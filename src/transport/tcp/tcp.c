@@ -88,6 +88,7 @@ typedef struct {
     size_t mode_out_done, mode_in_done;
     tcp_sec_t *sec;   /* NULL unless LOOM_SECURE=1 */
     bool send_broken; /* a send failed: nothing more goes out on it */
+    bool reverse;     /* our dial of a pair whose lower rank has not dialled (until ready) */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -101,6 +102,10 @@ struct transport_conn {
     uint64_t nsent, nrecv; /* messages posted, to pick sockets */
     uint64_t next_peek_ns; /* when to look for heartbeats on sockets nobody reads */
     bool finishing;        /* the abort's grace: failed, yet finishing half-sent frames */
+    /* The higher rank of the pair (which waits to be dialled): when to dial the lower one
+     * itself if nothing has arrived by then (0: never again; see reverse_dial). */
+    uint64_t reverse_at_ns;
+    bool reverse_said; /* the INFO line about it went out */
 };
 TRANSPORT_CONN_HEAD_FIRST(struct transport_conn, head);
 
@@ -134,7 +139,7 @@ static loomResult_t tcp_init(const transport_setup_t *setup, transport_ctx_t **o
     ctx->nsocks = (int)LOOM_MAX(1, LOOM_MIN(param_int(PARAM_NSOCKS_PERPEER), TCP_MAX_SOCKS));
     ctx->bufsize = param_size(PARAM_SOCKET_BUFFER);
     ctx->ping_ns = transport_ping_ns();
-    ctx->secure = param_int(PARAM_SECURE) != 0;
+    ctx->secure = param_str(PARAM_SECURE)[0] == '1'; /* 0 or 1: comm.c refuses others */
     if (ctx->secure) {
         loomResult_t cr = base_crypto_init();
         if (cr != loomSuccess) {
@@ -227,9 +232,78 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
             c->socks[i].hs.patient = true;
         }
         TRACE(LOG_NET, "tcp: connecting to %s with %d sockets", c->head.name, c->nsocks);
+    } else {
+        c->reverse_at_ns = base_coarse_ns() + ctx->ping_ns;
     }
     *out = c;
     return loomSuccess;
+}
+
+/*
+ * A late lower rank. The lower rank of a pair dials, at its first call that needs the link;
+ * one that is late (loading, checkpointing) leaves the higher rank with no link, so no
+ * heartbeats, and LOOM_TIMEOUT would blame a live peer. So the higher rank, after a heartbeat
+ * interval with nothing arrived, dials the lower one itself: the late rank's progress thread
+ * accepts between calls (keepalive), the link carries heartbeats at once, and it is the link the
+ * late rank finds at its first call. Where both dial at once the lower rank's dial wins on
+ * both sides: the lower rank refuses the reverse socket when it has its own on that index, the
+ * higher one drops its reverse socket (not ready, so nothing of the data went out on it; its
+ * queues stay) for the lower rank's. A reverse socket that fails before it is ready is closed
+ * without failing the connection and dialled again an interval later, while no socket is there:
+ * a dead peer is still named by LOOM_TIMEOUT, as nothing arrives from it.
+ */
+static void sock_reset(tcp_sock_t *s)
+{
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    s->state = SK_NONE;
+    s->reverse = false;
+    s->mode_out_done = s->mode_in_done = 0;
+}
+
+static void reverse_dial(transport_conn_t *c)
+{
+    transport_ctx_t *ctx = c->ctx;
+    for (int i = 0; i < c->nsocks; i++)
+        if (c->socks[i].state != SK_NONE) return;
+    if (!c->reverse_said)
+        INFO(LOG_NET,
+             "tcp: %s has not connected to rank %d after %.2f s: dialling it instead (it may be "
+             "late; its heartbeats will say whether it is alive)",
+             c->head.name, ctx->setup.rank, (double)ctx->ping_ns * 1e-9);
+    c->reverse_said = true;
+    for (int i = 0; i < c->nsocks; i++) {
+        int fd;
+        if (sock_connect_start(&c->addr, &fd) != loomSuccess) {
+            TRACE(LOG_NET, "tcp: dialling %s: %s (again later)", c->head.name, base_last_error());
+            for (int k = 0; k < i; k++)
+                sock_reset(&c->socks[k]);
+            return;
+        }
+        hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
+                            .from_rank = ctx->setup.rank,
+                            .to_rank = c->peer,
+                            .chan = (uint32_t)i,
+                            .nchan = (uint32_t)c->nsocks};
+        tcp_sock_t *s = &c->socks[i];
+        s->fd = fd;
+        s->state = SK_HANDSHAKE;
+        s->reverse = true;
+        hs_connect_init(&s->hs, fd, &c->addr, ctx->setup.secret, &hello);
+        s->hs.patient = true;
+    }
+}
+
+/* A reverse socket's handshake: 1 done, 0 not yet (or failed: reset, dialled again later). */
+static int reverse_handshake(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
+{
+    if (hs_progress(&s->hs, progressed) != loomSuccess) {
+        TRACE(LOG_NET, "tcp: dialling %s (socket %d): %s (again later)", c->head.name,
+              (int)(s - c->socks), s->hs.err);
+        sock_reset(s);
+        return 0;
+    }
+    return s->hs.state == HS_DONE;
 }
 
 static loomResult_t conn_check(transport_conn_t *c)
@@ -846,6 +920,8 @@ static void mode_finish(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s
         TRACE(LOG_NET, "tcp: socket %d of %s sealed with %s", k, c->head.name, seal_alg_name(alg));
     }
     s->state = SK_READY;
+    s->reverse = false;
+    c->reverse_at_ns = 0;
     c->nready++;
     c->head.last_activity_ns = base_coarse_ns();
 }
@@ -861,6 +937,10 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n < 0 && s->reverse) { /* refused by the peer, which dialled us: see reverse_dial */
+            sock_reset(s);
+            return;
+        }
         if (n < 0) {
             s->send_broken = true;
             transport_conn_send_failed(&c->head, errno);
@@ -875,6 +955,10 @@ static void mode_progress(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t 
                          MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n <= 0 && s->reverse) {
+            sock_reset(s);
+            return;
+        }
         if (n <= 0) {
             s->send_broken = true; /* the peer is gone: nothing to finish */
             transport_conn_recv_failed(&c->head, n, errno);
@@ -893,7 +977,17 @@ static void attach_accepted(void *arg, hs_t *hs)
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
     char as[SOCK_ADDR_STRLEN];
-    const char *why = transport_hello_refusal(&ctx->setup, h);
+    /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
+    bool rev = h->from_rank > ctx->setup.rank;
+    const char *why = NULL;
+    if (!rev)
+        why = transport_hello_refusal(&ctx->setup, h);
+    else if (h->comm_id != ctx->setup.comm_id)
+        why = "it belongs to another communicator";
+    else if (h->to_rank != ctx->setup.rank)
+        why = "it was meant for another rank";
+    else if (h->from_rank >= ctx->setup.nranks)
+        why = "bad source rank";
     if (why == NULL && (int)h->nchan != ctx->nsocks)
         why = "LOOM_NSOCKS_PERPEER differs between the two ranks";
     else if (why == NULL && h->chan >= h->nchan)
@@ -901,10 +995,21 @@ static void attach_accepted(void *arg, hs_t *hs)
     transport_conn_t *c = NULL;
     if (why == NULL) {
         c = conn_get(ctx, h->from_rank, NULL);
-        if (c == NULL)
+        tcp_sock_t *o = c ? &c->socks[h->chan] : NULL;
+        if (c == NULL) {
             why = "out of memory";
-        else if (c->socks[h->chan].state != SK_NONE)
+        } else if (o->state != SK_NONE && !rev && o->reverse) {
+            TRACE(LOG_NET, "tcp: %s dialled us while we dialled it: its socket %u replaces ours",
+                  c->head.name, h->chan);
+            sock_reset(o); /* its queues stay for the socket taking its place */
+        } else if (o->state != SK_NONE && rev && !o->reverse) {
+            TRACE(LOG_NET, "tcp: %s dialled us while we dialled it: ours (socket %u) stands",
+                  c->head.name, h->chan);
+            close(hs->fd);
+            return;
+        } else if (o->state != SK_NONE) {
             why = "duplicate socket";
+        }
     }
     if (why) {
         WARN(LOG_NET, "tcp: refused connection from %s claiming rank %d: %s",
@@ -919,6 +1024,7 @@ static void attach_accepted(void *arg, hs_t *hs)
         c->addr = hs->peer;
         transport_conn_name(&c->head, c->peer, sock_addr_str(&hs->peer, as, sizeof(as)));
     }
+    if (!rev) c->reverse_at_ns = 0; /* the lower rank dials: no need to dial it */
     mode_start(ctx, c, s);
     TRACE(LOG_NET, "tcp: accepted socket %u of %s", h->chan, c->head.name);
 }
@@ -932,10 +1038,18 @@ static void accept_progress(transport_ctx_t *ctx, bool *progressed)
 static void conn_progress(transport_conn_t *c, bool *progressed)
 {
     transport_ctx_t *ctx = c->ctx;
+    if (c->reverse_at_ns && !c->head.fail.failed && c->addr.len > 0) {
+        uint64_t t = base_coarse_ns();
+        if (t >= c->reverse_at_ns) {
+            c->reverse_at_ns = t + ctx->ping_ns;
+            reverse_dial(c);
+        }
+    }
     for (int i = 0; i < c->nsocks && !c->head.fail.failed; i++) {
         tcp_sock_t *s = &c->socks[i];
         if (s->state == SK_HANDSHAKE) {
-            int hs = transport_conn_handshake(&c->head, &s->hs, progressed);
+            int hs = s->reverse ? reverse_handshake(c, s, progressed)
+                                : transport_conn_handshake(&c->head, &s->hs, progressed);
             if (hs < 0) return;
             if (hs == 0) continue;
             mode_start(ctx, c, s);
