@@ -139,9 +139,10 @@ END_TEST
 #define SH_MAX 8
 
 typedef struct {
-    int victim;   /* killed after the warm-up */
-    int flags;    /* LOOM_SHRINK_* */
-    int bad_list; /* 1: rank 2 also excludes rank 1; 2: rank 1 also excludes rank 0 */
+    int victim;    /* killed after the warm-up */
+    int flags;     /* LOOM_SHRINK_* */
+    int bad_list;  /* 1: rank 2 also excludes rank 1; 2: rank 1 also excludes rank 0 */
+    int strangers; /* silent connections each survivor opens to its own meeting point first */
     loomResult_t broken[SH_MAX], shrunk[SH_MAX];
     int new_rank[SH_MAX], new_size[SH_MAX];
     int exact[SH_MAX]; /* allreduces on the shrunk communicator that were exact */
@@ -191,10 +192,21 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
     int excl[3] = {m->victim}, nex = 1;
     if (m->bad_list == 1 && rank == 2) excl[nex++] = 1;
     if (m->bad_list == 2 && rank == 1) excl[nex++] = 0;
+    int sfd[64], ns = 0;
+    if (m->strangers > 0) {
+        sock_addr_t a = {.len = sizeof(a.sa)};
+        if (getsockname(comm->net.shrink_fd, (struct sockaddr *)&a.sa, &a.len) != 0) return 1;
+        for (; ns < m->strangers && ns < 64; ns++) {
+            sfd[ns] = socket(a.sa.ss_family, SOCK_STREAM, 0);
+            if (sfd[ns] < 0 || connect(sfd[ns], (struct sockaddr *)&a.sa, a.len) != 0) return 1;
+        }
+    }
     loomComm_t nc = NULL;
     double t0 = h_now_s();
     m->shrunk[rank] = loomCommShrink(comm, excl, nex, &nc, NULL, m->flags);
     m->shrink_s[rank] = h_now_s() - t0;
+    while (ns > 0)
+        close(sfd[--ns]);
     h_collect_text(comm, m->text[rank], TEXT_MAX);
     if (m->shrunk[rank] == loomSuccess) {
         loomCommCount(nc, &m->new_size[rank]);
@@ -253,6 +265,28 @@ START_TEST(test_shrink_killed)
         if (_i >= 4) ck_assert_msg(m->parent_seg[r], "rank %d: no node segment to test", r);
     }
     if (_i >= 4) unsetenv("LOOM_TRANSPORT");
+}
+END_TEST
+
+/* Strangers at the meeting points: 16 silent connections to each survivor's, made before the
+ * survivors meet. The meeting point used to run one blocking handshake at a time, so each
+ * stranger ahead of a survivor held the shrink for LOOM_HANDSHAKE_TIMEOUT (5 s); now they wait in
+ * the bounded pending list while the survivors' handshakes finish. */
+START_TEST(test_shrink_strangers)
+{
+    setenv("LOOM_TRANSPORT", "tcp", 1);
+    shrink_t *m = h_shared_map(sizeof(*m));
+    m->victim = 3;
+    m->strangers = 16;
+    int status[SH_MAX];
+    h_run_procs(4, shrink_rank, m, 40, status);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
+        ck_assert_msg(m->shrunk[r] == loomSuccess, "rank %d: shrink failed: %s", r, m->text[r]);
+        ck_assert_msg(m->shrink_s[r] < 4, "rank %d: shrink took %.2f s beside 16 strangers", r,
+                      m->shrink_s[r]);
+        ck_assert_int_eq(m->exact[r], (int)SH_NCOUNTS);
+    }
 }
 END_TEST
 
@@ -632,6 +666,7 @@ int main(void)
         {.name = "root_mismatch", .test = test_root_mismatch, .timeout_s = 30, .loops = 12},
         {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 6},
         {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
+        {.name = "shrink_strangers", .test = test_shrink_strangers, .timeout_s = 60},
         {.name = "shrink_tampered", .test = test_shrink_tampered, .timeout_s = 60},
         {.name = "shrink_outstanding", .test = test_shrink_outstanding, .timeout_s = 60},
         {.name = "restart_loop", .test = test_restart_loop, .timeout_s = 240},

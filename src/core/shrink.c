@@ -106,22 +106,37 @@ static void send_error(shrink_client_t *c, const char *text);
 
 /* Accepts one survivor at the meeting point: handshake, record, exclude list, addresses. On
  * failure the connection is dropped (a stranger, or a rank of another shrink) and 0 returned. */
-static int accept_one(loomComm_t comm, uint64_t key, uint64_t dl, shrink_client_t *c)
+typedef struct {
+    hs_t *hs;
+    int n, cap;
+} shrink_done_t;
+
+static void shrink_took(void *arg, hs_t *hs)
 {
-    sock_addr_t peer = {.len = sizeof(peer.sa)};
-    int fd = accept4(comm->net.shrink_fd, (struct sockaddr *)&peer.sa, &peer.len,
-                     SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return 0;
-    hs_t hs;
-    if (hs_accept_init(&hs, fd, &peer, comm->lay.secret) != loomSuccess) {
-        close(fd);
-        return 0;
+    shrink_done_t *d = arg;
+    if (d->n == d->cap) {
+        int cap = d->cap ? 2 * d->cap : 8;
+        hs_t *n = realloc(d->hs, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            close(hs->fd);
+            return;
+        }
+        d->hs = n, d->cap = cap;
     }
-    if (hs_run_blocking(&hs) != loomSuccess || hs.hello.comm_id != key ||
-        hs.hello.to_rank != SHRINK_HELLO_RANK || hs.hello.from_rank < 0 ||
-        hs.hello.from_rank >= comm->nranks || hs.hello.nchan > (uint32_t)comm->nranks ||
+    d->hs[d->n++] = *hs;
+}
+
+/* A connection that proved the secret (the meeting point's pending list did the handshake, so
+ * that a silent stranger holds up nobody): a survivor of this shrink, whose record is read. */
+static int take_one(loomComm_t comm, uint64_t key, uint64_t dl, hs_t hs, shrink_client_t *c)
+{
+    int fd = hs.fd;
+    if (hs.hello.comm_id != key || hs.hello.to_rank != SHRINK_HELLO_RANK ||
+        hs.hello.from_rank < 0 || hs.hello.from_rank >= comm->nranks ||
+        hs.hello.nchan > (uint32_t)comm->nranks ||
         sock_auth_start(&c->au, &hs, LOOM_MIN(dl, base_now_ns() + 1000000000ull)) != loomSuccess) {
-        INFO(LOG_INIT, "shrink: refused a connection (%s)", hs.err[0] ? hs.err : "another shrink");
+        INFO(LOG_INIT, "shrink: refused a connection (%s)",
+             hs.err[0] ? hs.err : "another shrink, or not a survivor");
         close(fd);
         return 0;
     }
@@ -186,14 +201,29 @@ static loomResult_t shrink_serve(loomComm_t comm, uint64_t key, const int *surv,
     bool disagree = false;
     char mine[256];
     list_str(excl, nexcl, mine, sizeof(mine));
+    /* Connections still proving the secret: sock.h's bounded list (strangers dropped oldest
+     * first, their refusals counted), the finished ones taken in turn below. */
+    hs_pending_t pend = {0};
+    shrink_done_t fin = {0};
+    char who[64];
+    snprintf(who, sizeof(who), "shrink: rank %d's meeting point", comm->rank);
+    struct pollfd fds[1 + HS_PENDING_MAX];
     for (uint64_t now = base_now_ns(); arrived < n - 1 && now < dl; now = base_now_ns()) {
-        struct pollfd p = {.fd = comm->net.shrink_fd, .events = POLLIN};
-        uint64_t left_ms = (dl - now) / 1000000 + 1;
-        if (poll(&p, 1, (int)LOOM_MIN(left_ms, 100)) <= 0) continue;
+        if (fin.n == 0) {
+            fds[0] = (struct pollfd){.fd = comm->net.shrink_fd, .events = POLLIN};
+            int nf = 1 + hs_pending_pollfds(&pend, fds + 1, HS_PENDING_MAX);
+            uint64_t left_ms = (dl - now) / 1000000 + 1;
+            (void)poll(fds, (nfds_t)nf, (int)LOOM_MIN(left_ms, 100));
+            bool prog = false;
+            hs_pending_progress(&pend, comm->net.shrink_fd, comm->lay.secret, LOG_INIT, who,
+                                shrink_took, &fin, &prog);
+            if (fin.n == 0) continue;
+        }
         shrink_client_t c;
         memset(&c, 0, sizeof(c));
         c.fd = -1;
-        if (!accept_one(comm, key, dl, &c)) continue;
+        hs_t hs = fin.hs[--fin.n];
+        if (!take_one(comm, key, dl, hs, &c)) continue;
         int q = c.parent_rank;
         if (q == comm->rank || cl[q].fd >= 0) {
             send_error(&c, "shrink: this rank joined twice");
@@ -209,6 +239,11 @@ static loomResult_t shrink_serve(loomComm_t comm, uint64_t key, const int *surv,
         }
         if (child_of[q] >= 0) arrived++;
     }
+    for (int i = 0; i < fin.n; i++) /* proved the secret, but the meeting is over */
+        close(fin.hs[i].fd);
+    free(fin.hs);
+    hs_pending_report(&pend, LOG_INIT, who);
+    hs_pending_free(&pend);
     char text[SHRINK_TEXT_MAX];
     size_t o = 0;
     if (disagree || arrived < n - 1) {
