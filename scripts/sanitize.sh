@@ -27,7 +27,7 @@ unset CK_RUN_CASE CK_RUN_SUITE CK_INCLUDE_TAGS
 # under TSan in the thread-rank suites (coll, api, net, progress). sched and devplan are pure
 # schedule arithmetic, covered by the plain build, and take minutes under a sanitizer.
 asan_runs="reduce:conversions reduce:operations-baseline coll:grid coll:big coll:mixed coll:algos
-  api fail net progress launch param fork"
+  api fail net progress launch param fork thread recover jobstate secure determ fusion"
 tsan_runs="coll:grid coll:big coll:mixed api net progress param fork"
 
 status=0
@@ -59,7 +59,8 @@ for kind in $kinds; do
         [ "$suite" != "$run" ] && tcase=${run#*:}
         log=$dir/sanitize-$suite${tcase:+-$tcase}.log
         start=$SECONDS
-        env ${tcase:+CK_RUN_CASE=$tcase} CK_DEFAULT_TIMEOUT=300 timeout 600 "$dir/tests/test_$suite" \
+        env ${tcase:+CK_RUN_CASE=$tcase} CK_DEFAULT_TIMEOUT=300 LOOM_STATUS_BIN="$dir/loom-status" \
+            timeout 600 "$dir/tests/test_$suite" \
             >"$log" 2>&1
         rc=$?
         # A case name that matched nothing runs "Checks: 0" and exits 0: a failure here.
