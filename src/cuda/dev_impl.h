@@ -9,6 +9,7 @@
  *   dev_ce.c     the copy-engine path: large same-node collectives moved by cuMemcpyAsync
  *   dev_stage.c  device data crossing nodes through pinned host memory
  *   dev_watch.c  kernels' failure records and peers' exits turned into the communicator's error
+ *   dev_calls.c  the node's ranks compare their device collectives (kind, count, type, op, root)
  */
 #ifndef LOOM_CUDA_DEV_IMPL_H
 #define LOOM_CUDA_DEV_IMPL_H
@@ -27,10 +28,11 @@
 #include "lru.h"
 #include "schedule.h"
 
-#define STAGE_RING 4      /* pinned pieces in flight per communicator (allreduce pipeline) */
-#define DEV_IPC_CACHE 32  /* mapped user allocations per peer (LRU) */
-#define DEV_TEXT_MAX 1024 /* error texts */
-#define DEV_CE_STREAMS 8  /* copy-engine path: streams at most */
+#define STAGE_RING 4       /* pinned pieces in flight per communicator (allreduce pipeline) */
+#define DEV_IPC_CACHE 32   /* mapped user allocations per peer (LRU) */
+#define DEV_TEXT_MAX 1024  /* error texts */
+#define DEV_CE_STREAMS 8   /* copy-engine path: streams at most */
+#define DEV_CALLS_RING 256 /* collectives of a rank kept for its peers' comparison */
 
 /* Peers' allocations that a captured CUDA graph reads through (the direct path's buffers, mapped
  * at capture time): pinned in the IPC cache from the capture until CUDA lets go of the graph and
@@ -156,6 +158,16 @@ struct dev_state {
         int pidfd[DEV_MAX_LOCAL];
         int pid[DEV_MAX_LOCAL];
     } wd;
+    /* the collectives this rank ordered, beside its node peers' (dev_calls.c): the shared
+     * segment (NULL: no comparison), how far each peer was compared, whether they differed */
+    struct dev_calls {
+        void *base;
+        size_t len;
+        int fd; /* local rank 0: its memfd, open for the communicator's life (else -1) */
+        bool failed;
+        pthread_mutex_t lock; /* the caller's thread and the watchdog compare */
+        uint64_t checked[DEV_MAX_LOCAL];
+    } calls;
     /* across nodes */
     struct dev_stage {
         bool multinode, hier_ok;
@@ -259,6 +271,15 @@ loomResult_t dev_stage_generic(dev_state_t *s, const dev_op_t *o, int nops, CUst
 void dev_stage_detach(dev_state_t *s);
 
 /* dev_watch.c */
+/* dev_calls.c: local rank 0 makes the segment (its memfd, or -1) for n ranks; every rank maps
+ * it after the second allgather (the check is off where it cannot); a call's collectives are
+ * written and compared before they are ordered (an error when they differ from a peer's); the
+ * watchdog compares what arrived since. */
+int dev_calls_offer(int n, uint64_t *nonce);
+void dev_calls_attach(dev_state_t *s, int pid, int fd, uint64_t nonce);
+loomResult_t dev_calls_log(dev_state_t *s, const dev_op_t *ops, int nops);
+void dev_calls_check(dev_state_t *s);
+void dev_calls_free(dev_state_t *s);
 loomResult_t dev_watch_start(dev_state_t *s);
 void dev_watch_detach(dev_state_t *s);
 

@@ -767,6 +767,8 @@ loomResult_t dev_run(dev_host_t *h, const dev_op_t *ops, int nops)
     const char *why = NULL;
     loomResult_t broken = h->error(h, &why);
     if (broken != loomSuccess) return base_error(broken, LOG_CUDA, "%s", why);
+    /* the node's ranks must be making the same collectives (dev_calls.c) */
+    LOOM_CHECK(dev_calls_log(s, ops, nops));
     CUcontext prev = dev_ctx_enter(s);
     loomResult_t res = loomSuccess;
     for (int i = 0; i < nops && res == loomSuccess;) {

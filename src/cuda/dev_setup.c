@@ -34,6 +34,9 @@ typedef struct {
     int32_t dev, nblocks;
     uint64_t slot, oneshot, lla_max, ce_min;
     int32_t pid, nslot, threads, push_threads;
+    /* local rank 0's segment for comparing the ranks' collectives (dev_calls.c) */
+    int32_t calls_pid, calls_fd;
+    uint64_t calls_nonce;
 } dev_rec_t;
 
 /* Setup runs in three local phases separated by two allgathers. Several communicators that
@@ -66,6 +69,8 @@ static loomResult_t setup_local(dev_host_t *h, setup_t *u)
     for (int j = 0; j < DEV_MAX_LOCAL; j++)
         s->wd.pidfd[j] = -1;
     pthread_mutex_init(&s->stg.qlock, NULL);
+    s->calls.fd = -1;
+    pthread_mutex_init(&s->calls.lock, NULL);
     h->state = s;
     CUresult cr = d->cuDeviceGet(&s->drv.cudev, dev);
     if (cr == CUDA_SUCCESS) cr = d->cuDevicePrimaryCtxRetain(&s->drv.ctx, s->drv.cudev);
@@ -167,6 +172,14 @@ static loomResult_t setup_region(setup_t *u)
                               "(device %d here, device %d there): one rank per GPU",
                               h->rank, q, s->drv.dev, all[q].dev);
     }
+    if (s->lay.n > 1 && s->lay.me == 0) {
+        uint64_t nonce = 0;
+        int fd = dev_calls_offer(s->lay.n, &nonce);
+        u->mine.calls_pid = (int32_t)getpid();
+        u->mine.calls_fd = fd;
+        u->mine.calls_nonce = fd >= 0 ? nonce : 0;
+        if (fd < 0) s->calls.fd = -1;
+    }
     size_t bytes =
         DEV_REGION_BYTES(s->lay.n, s->lay.nblocks, s->lay.nslot, s->lay.slot, s->lla.cap);
     CUcontext prev = dev_ctx_enter(s);
@@ -205,6 +218,10 @@ static loomResult_t setup_peers(setup_t *u)
     }
     dev_ctx_leave(s, prev);
     LOOM_CHECK(res);
+    if (s->lay.n > 1) {
+        const dev_rec_t *r0 = &all[s->lay.lrank[0]];
+        dev_calls_attach(s, r0->calls_pid, r0->calls_fd, r0->calls_nonce);
+    }
     /* Direct mapping of user buffers needs CUDA IPC between processes: every local rank in its
      * own process (the same answer on every rank: all know all pids). */
     s->ipc.direct_min = param_size(PARAM_CUDA_DIRECT);
@@ -337,6 +354,7 @@ void dev_free(dev_host_t *h)
     if (s->stg.staged) h->stage_close(h);
     dev_win_free_all(s);
     dev_ce_free(s);
+    dev_calls_free(s);
     if (s->fz.buf) d->cuMemFree(s->fz.buf);
     dev_ipc_close_all(s);
     for (int j = 0; j < DEV_MAX_LOCAL; j++) {

@@ -78,6 +78,7 @@ static uint64_t watch_poll(void *arg, bool *progressed)
         h->set_error(h, loomRemoteError, text);
         *progressed = true;
     }
+    dev_calls_check(s);
     dev_poll(h);
     return WATCH_PERIOD_NS;
 }

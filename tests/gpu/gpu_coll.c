@@ -39,6 +39,10 @@
  *   ce         the copy-engine path (2 ranks; tests/gpu/copyengine.sh runs it with
  * LOOM_CUDA_CE=1M): allreduce of 6 types x sum/max/avg, reduce-scatter, allgather, broadcast (every
  *              root) on plain buffers, in and out of place, at several view offsets
+ *   mismatch   2 ranks whose device collectives differ (count, op, a broadcast's root, a group
+ *              fused differently): both get an error naming the call's number and both sides
+ *              within 3 s, no hang (on one GPU only with LOOM_CUDA_SHARE_GPU=1, as
+ *              tests/gpu/mismatch.sh runs it)
  *   kill       2 ranks, LOOM_TIMEOUT=5: rank 1 is SIGKILLed, rank 0 must see an error naming
  *              rank 1 and its stream must drain (run in a fresh exec of this program), once at
  *              4 MiB (direct path), once at 4 KiB (latency path) and once at 4 MiB with both
@@ -74,7 +78,7 @@
 
 #define MAXR 16       /* ranks (GPUs) at most */
 #define MAXCASES 3072 /* cases per group */
-#define NIDS 4        /* unique ids a group may use */
+#define NIDS 6        /* unique ids a group may use */
 #define POISON 0xA5   /* byte written over outputs before each call */
 #define GUARD 256     /* bytes checked on each side of a view */
 #define P(x) ((void *)(uintptr_t)(x))
@@ -2592,6 +2596,89 @@ static void grp_kill(ctx_t *c)
     _exit(0);
 }
 
+/* ---- ranks whose device collectives differ ------------------------------------------------ */
+
+/* One mismatch on a fresh communicator: rank r calls `kind` (0 allreduce, 1 broadcast, 2 a
+ * group of allreduces) with n[r] floats, op[r], root[r]; both ranks must get an error (from the
+ * call or asynchronously) within 3 s whose text says the call differs and holds both wants. */
+static void mm_case(ctx_t *c, int id, const char *label, int kind, const size_t n[2],
+                    const loomRedOp_t op[2], const int root[2], const char *want0,
+                    const char *want1)
+{
+    const cudrv_t *d = c->d;
+    case_begin(c, 2, "mismatch: %s", label);
+    loomComm_t comm = NULL;
+    if (!lok(c, loomCommInitRank(&comm, 2, c->ids[id], c->rank), NULL, "loomCommInitRank")) {
+        case_end(c);
+        return;
+    }
+    size_t most = n[0] > n[1] ? n[0] : n[1];
+    CUdeviceptr b = dalloc(c, 2 * most * 4 + 64);
+    CU(d->cuMemsetD8(b, 0, 2 * most * 4 + 64));
+    /* a first call that agrees: the device setup, and proof that agreeing calls pass */
+    lok(c, loomAllReduce(P(b), P(b), 16, loomFloat32, loomSum, comm, c->s), comm, "loomAllReduce");
+    sync_ok(c, c->s, comm);
+    size_t cnt = n[c->rank];
+    double t0 = now();
+    loomResult_t r;
+    if (kind == 1) {
+        r = loomBroadcast(P(b), P(b), cnt, loomFloat32, root[c->rank], comm, c->s);
+    } else if (kind == 2) {
+        /* rank 0: two allreduces of n[0] in a group, rank 1: one of n[1] = 2 n[0] */
+        loomGroupStart();
+        r = loomAllReduce(P(b), P(b), cnt, loomFloat32, op[c->rank], comm, c->s);
+        if (c->rank == 0 && r == loomSuccess)
+            r = loomAllReduce(P(b + cnt * 4), P(b + cnt * 4), cnt, loomFloat32, op[0], comm, c->s);
+        loomResult_t e = loomGroupEnd();
+        if (r == loomSuccess) r = e;
+    } else {
+        r = loomAllReduce(P(b), P(b), cnt, loomFloat32, op[c->rank], comm, c->s);
+    }
+    loomResult_t err = r;
+    const char *how = "the call";
+    while (err == loomSuccess && now() - t0 < 10) {
+        loomResult_t ae = loomSuccess;
+        loomCommGetAsyncError(comm, &ae);
+        if (ae != loomSuccess && ae != loomInProgress) err = ae, how = "loomCommGetAsyncError";
+        usleep(10000);
+    }
+    double secs = now() - t0;
+    char text[1200];
+    snprintf(text, sizeof(text), "%s", loomGetLastError(comm));
+    if (err == loomSuccess)
+        case_fail(c, "no error within 10 s");
+    else if (!strstr(text, "differs between ranks") || !strstr(text, want0) || !strstr(text, want1))
+        case_fail(c, "%s after %.2f s: %s, but the text lacks '%s' or '%s': %s", how, secs,
+                  loomGetErrorString(err), want0, want1, text);
+    else if (secs > 3)
+        case_fail(c, "the error came after %.1f s", secs);
+    else
+        case_info(c, "%s after %.2f s: %s", how, secs, text);
+    alarm(60);
+    CU(d->cuStreamSynchronize(c->s)); /* a kernel waiting on the other rank gave up */
+    loomCommAbort(comm);
+    d->cuMemFree(b);
+    case_end(c);
+}
+
+static void grp_mismatch(ctx_t *c)
+{
+    const loomRedOp_t sum2[2] = {loomSum, loomSum}, summax[2] = {loomSum, loomMax};
+    const int root0[2] = {0, 0}, root01[2] = {0, 1};
+    mm_case(c, 1, "allreduce of 1000 floats against 3000", 0, (const size_t[2]){1000, 3000}, sum2,
+            root0, "allreduce of 1000 float32 sum", "allreduce of 3000 float32 sum");
+    mm_case(c, 2, "allreduce sum against max, 4096 floats", 0, (const size_t[2]){4096, 4096},
+            summax, root0, "float32 sum", "float32 max");
+    mm_case(c, 3, "broadcast from root 0 against root 1", 1, (const size_t[2]){2048, 2048}, sum2,
+            root01, "root 0", "root 1");
+    mm_case(c, 4, "a group of two allreduces of 512 against one of 1024", 2,
+            (const size_t[2]){512, 1024}, sum2, root0, "of 512 float32", "of 1024 float32");
+    if (c->comm) {
+        loomCommDestroy(c->comm);
+        c->comm = NULL;
+    }
+}
+
 /* ---- the copy-engine path ---------------------------------------------------------------- */
 
 /* Run with the path's threshold lowered (tests/gpu/copyengine.sh: LOOM_CUDA_CE=1M and a scratch
@@ -3018,6 +3105,10 @@ static const group_t groups[] = {
     {"groupfuse", grp_groupfuse, M_WIN, 1, 240, 1,
      "a group's small device allreduces fused: types, ops, in and out of place, a large call "
      "between, two streams sharing the buffer (2 ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},
+    {"mismatch", grp_mismatch, M_WIN, 1, 120, 5,
+     "ranks whose device collectives differ: count, op, root, a group fused differently; an "
+     "error naming both sides on both ranks within 3 s (2 ranks; on one GPU with "
+     "LOOM_CUDA_SHARE_GPU=1)"},
     {"graphs", grp_graphs, M_WIN, 1, 420, 1,
      "every same-node path captured in one CUDA graph, 100 replays; graphs' mappings let go (2 "
      "ranks; on one GPU with LOOM_CUDA_SHARE_GPU=1)"},

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Ranks of one node whose device collectives differ, on one GPU: two ranks share it
+# (LOOM_CUDA_SHARE_GPU=1, a testing knob). Runs gpu_coll's "mismatch" group: an allreduce whose
+# count differs, one whose op differs, a broadcast whose root differs, and a group of two
+# allreduces against one of their joint size (which the device path would fuse into the same
+# kernel): both ranks must get an error naming the call's number and both sides within 3 s,
+# and their streams must drain. 77 without a GPU.
+# Usage: tests/gpu/mismatch.sh [BUILD_DIR]
+set -uo pipefail
+dir=${1:-${LOOM_BUILD_DIR:-build}}
+. "$(dirname "$0")/lib.sh"
+gpu_begin mismatch coll share
+gpu_run "mismatch gpu_coll mismatch" "$out/mismatch_coll.txt" \
+    timeout -k 10 200 "$coll" --only mismatch
+gpu_end
