@@ -58,7 +58,8 @@ int dev_calls_offer(int n, uint64_t *nonce)
     if (fd < 0) return -1;
     size_t len = calls_len(n);
     void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0) m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ftruncate(fd, (off_t)len) == 0)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED || base_random(nonce, sizeof(*nonce)) != loomSuccess || *nonce == 0) {
         if (m != MAP_FAILED) munmap(m, len);
         close(fd);
@@ -127,9 +128,9 @@ static void call_str(const call_t *e, char *buf, size_t len)
 {
     char root[24] = "";
     if (rooted(e->kind)) snprintf(root, sizeof(root), ", root %d", e->root);
-    snprintf(buf, len, "%s of %llu %s%s%s%s", dev_kind_name(e->kind),
-             (unsigned long long)e->count, red_type_name((loomDataType_t)e->dtype),
-             reduces(e->kind) ? " " : "", reduces(e->kind) ? op_name(e->op) : "", root);
+    snprintf(buf, len, "%s of %llu %s%s%s%s", dev_kind_name(e->kind), (unsigned long long)e->count,
+             red_type_name((loomDataType_t)e->dtype), reduces(e->kind) ? " " : "",
+             reduces(e->kind) ? op_name(e->op) : "", root);
 }
 
 /* The first difference with local peer j over collectives (from, to], if any: the

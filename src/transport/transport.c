@@ -132,12 +132,16 @@ void transport_peer_call_set(transport_conn_head_t *h, uint32_t v)
     h->peer_call = v <= TRANSPORT_CALL_WAITS_IDLE ? (int)v : TRANSPORT_CALL_NONE;
 }
 
-const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello)
+const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello,
+                                    bool *reverse)
 {
     if (hello->comm_id != setup->comm_id) return "it belongs to another communicator";
     if (hello->to_rank != setup->rank) return "it was meant for another rank";
-    /* The lower rank of a pair connects: a hello from a higher one is not part of the protocol. */
-    if (hello->from_rank < 0 || hello->from_rank >= setup->rank) return "bad source rank";
+    if (hello->from_rank < 0 || hello->from_rank >= setup->nranks ||
+        hello->from_rank == setup->rank)
+        return "bad source rank";
+    /* The lower rank of a pair dials; the higher one too when the lower is late (reverse). */
+    *reverse = hello->from_rank > setup->rank;
     return NULL;
 }
 

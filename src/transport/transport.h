@@ -190,9 +190,12 @@ bool transport_peer_call_known(transport_conn_t *conn);
 int transport_my_call(const transport_setup_t *setup);
 void transport_peer_call_set(transport_conn_head_t *h, uint32_t v);
 
-/* Why an authenticated hello is refused by this rank (another communicator, another rank, or a
- * rank that should have been the acceptor), or NULL when it is welcome. */
-const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello);
+/* Why an authenticated hello is refused by this rank (another communicator, another rank, a
+ * rank that does not exist), or NULL when it is welcome; then *reverse says whether it comes
+ * from the higher rank of the pair, which dials only when the lower one is late to (tcp.c's
+ * reverse_dial). */
+const char *transport_hello_refusal(const transport_setup_t *setup, const hs_hello_t *hello,
+                                    bool *reverse);
 
 /* Heartbeats let a peer that waits on us tell "alive" (computing, or waiting for someone else)
  * from "stalled or dead": a quarter of LOOM_TIMEOUT, between 50 ms and 1 s. They go whether or

@@ -1103,17 +1103,8 @@ static void attach_accepted(void *arg, hs_t *hs)
 {
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
-    /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
-    bool rev = h->from_rank > ctx->setup.rank;
-    const char *why = NULL;
-    if (!rev)
-        why = transport_hello_refusal(&ctx->setup, h);
-    else if (h->comm_id != ctx->setup.comm_id)
-        why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank)
-        why = "it was meant for another rank";
-    else if (h->from_rank >= ctx->setup.nranks)
-        why = "bad source rank";
+    bool rev = false; /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
+    const char *why = transport_hello_refusal(&ctx->setup, h, &rev);
     transport_conn_t *c = NULL;
     if (!why) {
         c = ctx->conns[h->from_rank] ? ctx->conns[h->from_rank] : conn_new(ctx, h->from_rank);

@@ -977,17 +977,8 @@ static void attach_accepted(void *arg, hs_t *hs)
     transport_ctx_t *ctx = arg;
     const hs_hello_t *h = &hs->hello;
     char as[SOCK_ADDR_STRLEN];
-    /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
-    bool rev = h->from_rank > ctx->setup.rank;
-    const char *why = NULL;
-    if (!rev)
-        why = transport_hello_refusal(&ctx->setup, h);
-    else if (h->comm_id != ctx->setup.comm_id)
-        why = "it belongs to another communicator";
-    else if (h->to_rank != ctx->setup.rank)
-        why = "it was meant for another rank";
-    else if (h->from_rank >= ctx->setup.nranks)
-        why = "bad source rank";
+    bool rev = false; /* a higher rank's dial: this rank was late to dial it (reverse_dial) */
+    const char *why = transport_hello_refusal(&ctx->setup, h, &rev);
     if (why == NULL && (int)h->nchan != ctx->nsocks)
         why = "LOOM_NSOCKS_PERPEER differs between the two ranks";
     else if (why == NULL && h->chan >= h->nchan)
