@@ -249,9 +249,8 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
  * both sides: the lower rank refuses the reverse socket when it has its own on that index, the
  * higher one drops its reverse socket (not ready, so nothing of the data went out on it; its
  * queues stay) for the lower rank's. A reverse socket that fails before it is ready is closed
- * without failing the connection and dialled again an interval later, until every socket of the
- * link is ready or the lower rank's own dial arrives: a dead peer is still named by
- * LOOM_TIMEOUT, as nothing arrives from it.
+ * without failing the connection and dialled again an interval later, while no socket is there:
+ * a dead peer is still named by LOOM_TIMEOUT, as nothing arrives from it.
  */
 static void sock_reset(tcp_sock_t *s)
 {
@@ -265,19 +264,20 @@ static void sock_reset(tcp_sock_t *s)
 static void reverse_dial(transport_conn_t *c)
 {
     transport_ctx_t *ctx = c->ctx;
+    for (int i = 0; i < c->nsocks; i++)
+        if (c->socks[i].state != SK_NONE) return;
     if (!c->reverse_said)
         INFO(LOG_NET,
              "tcp: %s has not connected to rank %d after %.2f s: dialling it instead (it may be "
              "late; its heartbeats will say whether it is alive)",
              c->head.name, ctx->setup.rank, (double)ctx->ping_ns * 1e-9);
     c->reverse_said = true;
-    /* every socket not there yet (one that failed is dialled again here, an interval later;
-     * the lower rank dials none once it has taken one of ours) */
     for (int i = 0; i < c->nsocks; i++) {
-        if (c->socks[i].state != SK_NONE) continue;
         int fd;
         if (sock_connect_start(&c->addr, &fd) != loomSuccess) {
             TRACE(LOG_NET, "tcp: dialling %s: %s (again later)", c->head.name, base_last_error());
+            for (int k = 0; k < i; k++)
+                sock_reset(&c->socks[k]);
             return;
         }
         hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
@@ -921,8 +921,8 @@ static void mode_finish(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s
     }
     s->state = SK_READY;
     s->reverse = false;
+    c->reverse_at_ns = 0;
     c->nready++;
-    if (c->nready == c->nsocks) c->reverse_at_ns = 0; /* every socket is there */
     c->head.last_activity_ns = base_coarse_ns();
 }
 
