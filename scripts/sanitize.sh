@@ -27,7 +27,7 @@ unset CK_RUN_CASE CK_RUN_SUITE CK_INCLUDE_TAGS
 # under TSan in the thread-rank suites (coll, api, net, progress). sched and devplan are pure
 # schedule arithmetic, covered by the plain build, and take minutes under a sanitizer.
 asan_runs="reduce:conversions reduce:operations-baseline coll:grid coll:big coll:mixed coll:algos
-  api fail net progress launch param fork thread recover jobstate secure determ fusion"
+  api fail net progress launch param fork"
 tsan_runs="coll:grid coll:big coll:mixed api net progress param fork"
 
 status=0
