@@ -750,6 +750,43 @@ static int boot_job_rank(loomComm_t comm, int rank, int nranks, void *p)
     return checked_loop(comm, rank, nranks, 5, NULL, A->job_fail[rank], &A->iters[rank]);
 }
 
+/* A job of AT_NRANKS rank threads whose last rank waits at `gate` before it joins: the first
+ * ones wait at the bootstrap root meanwhile. *u and *root: the id's fields and root address. */
+typedef struct {
+    loomUniqueId id;
+    uid_layout_t u;
+    sock_addr_t root;
+    atomic_int gate;
+    mjob_t j[AT_NRANKS];
+    pthread_t t[AT_NRANKS];
+} gated_job_t;
+
+static void gated_start(gated_job_t *g, int (*fn)(loomComm_t, int, int, void *), void *arg)
+{
+    ck_assert_int_eq(loomGetUniqueId(&g->id), loomSuccess);
+    memcpy(&g->u, &g->id, sizeof(g->u));
+    ck_assert(sock_addr_unpack(g->u.root_addr, &g->root));
+    atomic_init(&g->gate, 0);
+    for (int r = 0; r < AT_NRANKS; r++) {
+        g->j[r] = (mjob_t){.id = g->id,
+                           .rank = r,
+                           .nranks = AT_NRANKS,
+                           .fn = fn,
+                           .arg = arg,
+                           .gate = r == AT_NRANKS - 1 ? &g->gate : NULL};
+        ck_assert_int_eq(pthread_create(&g->t[r], NULL, mjob_main, &g->j[r]), 0);
+    }
+    usleep(100000);
+}
+
+/* Lets the last rank join and waits for every rank. */
+static void gated_finish(gated_job_t *g)
+{
+    atomic_store(&g->gate, 1);
+    for (int r = 0; r < AT_NRANKS; r++)
+        pthread_join(g->t[r], NULL);
+}
+
 START_TEST(test_strangers)
 {
     /* The bootstrap attack keeps the first ranks waiting at the root: leave them room. */
@@ -774,37 +811,18 @@ START_TEST(test_strangers)
     /* The bootstrap root, attacked while two of three ranks wait there for the third. */
     memset(A->job_fail, 0, sizeof(A->job_fail));
     A->attacks = 0;
-    loomUniqueId id;
-    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
-    uid_layout_t u;
-    memcpy(&u, &id, sizeof(u));
-    sock_addr_t root;
-    ck_assert(sock_addr_unpack(u.root_addr, &root));
-    atomic_int third_may_join = 0;
-    mjob_t j[AT_NRANKS];
-    pthread_t t[AT_NRANKS];
-    for (int r = 0; r < AT_NRANKS; r++) {
-        j[r] = (mjob_t){.id = id,
-                        .rank = r,
-                        .nranks = AT_NRANKS,
-                        .fn = boot_job_rank,
-                        .arg = A,
-                        .gate = r == AT_NRANKS - 1 ? &third_may_join : NULL};
-        ck_assert_int_eq(pthread_create(&t[r], NULL, mjob_main, &j[r]), 0);
-    }
-    usleep(100000);
+    static gated_job_t g;
+    gated_start(&g, boot_job_rank, A);
     /* Claims to be the rank that has not joined yet. */
-    hs_hello_t hello = {.comm_id = u.job_id,
+    hs_hello_t hello = {.comm_id = g.u.job_id,
                         .from_rank = AT_NRANKS - 1,
                         .to_rank = -1,
                         .chan = 0,
                         .nchan = AT_NRANKS};
-    attack_targets(A, "bootstrap root", &root, &hello, 1);
-    atomic_store(&third_may_join, 1);
-    for (int r = 0; r < AT_NRANKS; r++)
-        pthread_join(t[r], NULL);
+    attack_targets(A, "bootstrap root", &g.root, &hello, 1);
+    gated_finish(&g);
     for (int r = 0; r < AT_NRANKS; r++) {
-        ck_assert_msg(j[r].init_res == loomSuccess, "bootstrap job, rank %d: %s", r, j[r].err);
+        ck_assert_msg(g.j[r].init_res == loomSuccess, "bootstrap job, rank %d: %s", r, g.j[r].err);
         ck_assert_msg(A->job_fail[r][0] == '\0', "bootstrap job, rank %d: %s", r, A->job_fail[r]);
     }
     ck_assert_msg(A->fail[0] == '\0', "%s", A->fail);
@@ -829,42 +847,24 @@ START_TEST(test_root_flood)
     setenv("LOOM_HANDSHAKE_TIMEOUT", "1", 1);
     param_reset_cache();
     log_reset();
-    loomUniqueId id;
-    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
-    uid_layout_t u;
-    memcpy(&u, &id, sizeof(u));
-    sock_addr_t root;
-    ck_assert(sock_addr_unpack(u.root_addr, &root));
-    atomic_int third_may_join = 0;
-    mjob_t j[AT_NRANKS];
-    pthread_t t[AT_NRANKS];
-    for (int r = 0; r < AT_NRANKS; r++) {
-        j[r] = (mjob_t){.id = id,
-                        .rank = r,
-                        .nranks = AT_NRANKS,
-                        .fn = NULL,
-                        .gate = r == AT_NRANKS - 1 ? &third_may_join : NULL};
-        ck_assert_int_eq(pthread_create(&t[r], NULL, mjob_main, &j[r]), 0);
-    }
-    usleep(100000);
+    static gated_job_t g;
+    gated_start(&g, NULL, NULL);
     enum { NFLOOD = 300 };
     int fds[NFLOOD], opened = 0;
     for (int i = 0; i < NFLOOD; i++) {
-        fds[i] = socket(root.sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        fds[i] = socket(g.root.sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
         if (fds[i] < 0) break;
-        (void)connect(fds[i], (struct sockaddr *)&root.sa, root.len);
+        (void)connect(fds[i], (struct sockaddr *)&g.root.sa, g.root.len);
         opened++;
     }
     ck_assert_int_ge(opened, 200);
     usleep(2500000); /* past the handshake timeout of the first ones */
-    atomic_store(&third_may_join, 1);
-    for (int r = 0; r < AT_NRANKS; r++)
-        pthread_join(t[r], NULL);
+    gated_finish(&g);
     for (int i = 0; i < opened; i++)
         close(fds[i]);
     for (int r = 0; r < AT_NRANKS; r++) {
-        ck_assert_msg(j[r].init_res == loomSuccess, "rank %d: %s", r, j[r].err);
-        loomCommDestroy(j[r].comm);
+        ck_assert_msg(g.j[r].init_res == loomSuccess, "rank %d: %s", r, g.j[r].err);
+        loomCommDestroy(g.j[r].comm);
     }
     FILE *f = fopen(logp, "r");
     ck_assert_ptr_nonnull(f);

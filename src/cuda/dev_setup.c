@@ -178,7 +178,6 @@ static loomResult_t setup_region(setup_t *u)
         u->mine.calls_pid = (int32_t)getpid();
         u->mine.calls_fd = fd;
         u->mine.calls_nonce = fd >= 0 ? nonce : 0;
-        if (fd < 0) s->calls.fd = -1;
     }
     size_t bytes =
         DEV_REGION_BYTES(s->lay.n, s->lay.nblocks, s->lay.nslot, s->lay.slot, s->lla.cap);
