@@ -114,36 +114,55 @@ typedef struct {
     char text[KR_NRANKS][TEXT_MAX];
 } kill_rep_t;
 
-static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
+/* iters exact allreduces on comm (of n ranks, this one me); a victim kills itself before
+ * iteration at. The first error ends the loop: its result, iteration, seconds and text are kept
+ * (iter: the iterations that completed). 4: a wrong sum. */
+typedef struct {
+    int *res, *iter;
+    double *secs;
+    char *text;
+} kr_out_t;
+
+static int allreduce_until_error(loomComm_t comm, int me, int n, int victim_at, int iters,
+                                 int *victim_pid, kr_out_t o)
 {
-    kill_rep_t *rep = p;
+    int rc = 0;
     float *send = malloc(KR_COUNT * sizeof(float)), *recv = malloc(KR_COUNT * sizeof(float));
     for (size_t i = 0; i < KR_COUNT; i++)
-        send[i] = (float)(rank + 1);
-    for (int it = 0; it < KR_ITERS; it++) {
-        if (rank == KR_VICTIM && it == rep->at) {
-            rep->victim_pid = (int)getpid();
+        send[i] = (float)(me + 1);
+    *o.iter = iters;
+    for (int it = 0; it < iters && rc == 0; it++) {
+        if (it == victim_at) {
+            *victim_pid = (int)getpid();
             kill(getpid(), SIGKILL);
         }
         double t0 = h_now_s();
         loomResult_t r = loomAllReduce(send, recv, KR_COUNT, loomFloat, loomSum, comm, NULL);
         if (r == loomSuccess) {
-            float want = (float)(nranks * (nranks + 1) / 2);
-            for (size_t i = 0; i < KR_COUNT; i++)
-                if (recv[i] != want) return 4;
+            float want = (float)(n * (n + 1) / 2);
+            for (size_t i = 0; i < KR_COUNT && rc == 0; i++)
+                if (recv[i] != want) rc = 4;
             continue;
         }
-        rep->res[rank] = r;
-        rep->iter[rank] = it;
-        rep->secs[rank] = h_now_s() - t0;
-        h_collect_text(comm, rep->text[rank], TEXT_MAX);
-        fprintf(stderr, "rank %d: iteration %d failed after %.2f s: %s\n", rank, it,
-                rep->secs[rank], rep->text[rank]);
+        *o.res = r;
+        *o.iter = it;
+        *o.secs = h_now_s() - t0;
+        h_collect_text(comm, o.text, TEXT_MAX);
+        fprintf(stderr, "rank %d of %d: iteration %d failed after %.2f s: %s\n", me, n, it, *o.secs,
+                o.text);
         break;
     }
     free(send);
     free(recv);
-    return 0;
+    return rc;
+}
+
+static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    kill_rep_t *rep = p;
+    return allreduce_until_error(
+        comm, rank, nranks, rank == KR_VICTIM ? rep->at : -1, KR_ITERS, &rep->victim_pid,
+        (kr_out_t){&rep->res[rank], &rep->iter[rank], &rep->secs[rank], rep->text[rank]});
 }
 
 START_TEST(test_killed_in_ring)
@@ -177,6 +196,75 @@ START_TEST(test_killed_in_ring)
                       "rank %d: '%s' (wanted 'rank %d', '%s', 'died' first, 'allreduce seq' and "
                       "'%s')",
                       r, t, KR_VICTIM, pid, you);
+        ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r, rep->secs[r]);
+    }
+    ck_assert_msg(wall < 25, "the job took %.1f s", wall);
+}
+END_TEST
+
+/* ---- a child communicator (loomCommSplit) has a service of its own ------------------------ */
+
+#define SC_VICTIM 5 /* parent rank 5: rank 2 of the odd ranks' child */
+
+typedef struct {
+    int victim_pid;
+    int split_res[KR_NRANKS], res[KR_NRANKS], ok_iters[KR_NRANKS];
+    double secs[KR_NRANKS];
+    char text[KR_NRANKS][TEXT_MAX];
+} split_rep_t;
+
+static int split_kill_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    split_rep_t *rep = p;
+    (void)nranks;
+    loomComm_t child = NULL;
+    rep->split_res[rank] = loomCommSplit(comm, rank % 2, rank, &child, NULL);
+    if (rep->split_res[rank] != loomSuccess) return 3;
+    int cn = 0, cr = 0;
+    loomCommCount(child, &cn);
+    loomCommUserRank(child, &cr);
+    int rc = allreduce_until_error(
+        child, cr, cn, rank == SC_VICTIM ? 3 : -1, KR_ITERS / 4, &rep->victim_pid,
+        (kr_out_t){&rep->res[rank], &rep->ok_iters[rank], &rep->secs[rank], rep->text[rank]});
+    loomCommDestroy(child);
+    return rc;
+}
+
+START_TEST(test_split_child_killed)
+{
+    /* The odd ranks' child is a ring of parent ranks 1, 3, 5, 7 (child ranks 0..3); parent rank
+     * 5 (child rank 2) is killed. Child rank 0 has no link with it: the child's own service
+     * tells it, with the cause, in seconds (LOOM_TIMEOUT=30). The even ranks' child is not
+     * touched: all its allreduces complete, exact. */
+    set_params("30", NULL, "ring");
+    split_rep_t *rep = h_shared_map(sizeof(*rep));
+    int status[KR_NRANKS];
+    double t0 = h_now_s();
+    h_run_procs(KR_NRANKS, split_kill_rank, rep, 60, status);
+    double wall = h_now_s() - t0;
+    char pid[32];
+    snprintf(pid, sizeof(pid), "pid %d", rep->victim_pid);
+    for (int r = 0; r < KR_NRANKS; r++) {
+        if (r == SC_VICTIM) {
+            ck_assert_int_eq(status[r], 128 + SIGKILL);
+            continue;
+        }
+        ck_assert_msg(status[r] == 0 && rep->split_res[r] == loomSuccess,
+                      "rank %d: status %d, split %d", r, status[r], rep->split_res[r]);
+        if (r % 2 == 0) {
+            ck_assert_msg(rep->res[r] == loomSuccess && rep->ok_iters[r] == KR_ITERS / 4,
+                          "even rank %d: %d allreduces, then %d: %s", r, rep->ok_iters[r],
+                          rep->res[r], rep->text[r]);
+            continue;
+        }
+        const char *t = rep->text[r];
+        char head[160], you[32];
+        snprintf(head, sizeof(head), "%s", t);
+        snprintf(you, sizeof(you), "you are rank %d", r / 2);
+        ck_assert_msg(rep->res[r] != loomSuccess && h_names_rank(head, SC_VICTIM / 2) &&
+                          strstr(head, "died") && strstr(head, pid) && strstr(t, you),
+                      "odd rank %d: '%s' (wanted 'rank %d', 'died', '%s' first, and '%s')", r, t,
+                      SC_VICTIM / 2, pid, you);
         ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r, rep->secs[r]);
     }
     ck_assert_msg(wall < 25, "the job took %.1f s", wall);
@@ -727,6 +815,7 @@ int main(void)
     Suite *s = suite_create("jobstate");
     const h_case_t cases[] = {
         {.name = "killed_in_ring", .test = test_killed_in_ring, .timeout_s = 70, .loops = 2},
+        {.name = "split_child_killed", .test = test_split_child_killed, .timeout_s = 70},
         {.name = "count_mismatch", .test = test_count_mismatch, .timeout_s = 30},
         {.name = "rank_never_started", .test = test_rank_never_started, .timeout_s = 30},
         {.name = "tampered_to_root", .test = test_tampered_to_root, .timeout_s = 30},

@@ -23,6 +23,7 @@
 #include "comm.h"
 #include "harness.h"
 #include "loom.h"
+#include "param.h"
 #include "sock.h"
 
 #define TEXT_MAX 2200
@@ -143,6 +144,11 @@ typedef struct {
     int flags;     /* LOOM_SHRINK_* */
     int bad_list;  /* 1: rank 2 also excludes rank 1; 2: rank 1 also excludes rank 0 */
     int strangers; /* silent connections each survivor opens to its own meeting point first */
+    int second;    /* > 0: parent rank second - 1 is killed too, on the shrunk communicator */
+    int second_pid;
+    loomResult_t second_res[SH_MAX];
+    double second_s[SH_MAX];
+    char second_text[SH_MAX][TEXT_MAX];
     loomResult_t broken[SH_MAX], shrunk[SH_MAX];
     int new_rank[SH_MAX], new_size[SH_MAX];
     int exact[SH_MAX]; /* allreduces on the shrunk communicator that were exact */
@@ -217,6 +223,19 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
         for (int q = 0; q < nranks; q++)
             if (q != m->victim) members[n++] = q;
         m->exact[rank] = exact_allreduces(nc, members, n, rank);
+        for (int it = 0; m->second > 0 && it < 50; it++) {
+            if (rank == m->second - 1 && it == 3) {
+                m->second_pid = (int)getpid();
+                raise(SIGKILL);
+            }
+            double t1 = h_now_s();
+            loomResult_t r = loomAllReduce(&x, &x, 1, loomInt32, loomSum, nc, NULL);
+            if (r == loomSuccess) continue;
+            m->second_res[rank] = r;
+            m->second_s[rank] = h_now_s() - t1;
+            h_collect_text(nc, m->second_text[rank], TEXT_MAX);
+            break;
+        }
         loomCommDestroy(nc);
     }
     return 0;
@@ -265,6 +284,45 @@ START_TEST(test_shrink_killed)
         if (_i >= 4) ck_assert_msg(m->parent_seg[r], "rank %d: no node segment to test", r);
     }
     if (_i >= 4) unsetenv("LOOM_TRANSPORT");
+}
+END_TEST
+
+/* The shrunk communicator has a job-state service of its own: 6 ranks, rank 5 killed, the 5
+ * survivors shrink (a ring of ranks 0..4), then rank 2 is killed on it. Ranks 0 and 4 have no
+ * link with it and learn the cause from the service in seconds (LOOM_TIMEOUT=30), not as a
+ * neighbour's forwarded abort. */
+START_TEST(test_shrink_child_killed)
+{
+    setenv("LOOM_TIMEOUT", "30", 1);
+    setenv("LOOM_ALGO", "ring", 1);
+    param_reset_cache();
+    shrink_t *m = h_shared_map(sizeof(*m));
+    m->victim = 5;
+    m->second = 2 + 1;
+    int status[SH_MAX];
+    h_run_procs(6, shrink_rank, m, 40, status);
+    unsetenv("LOOM_ALGO");
+    setenv("LOOM_TIMEOUT", "5", 1);
+    param_reset_cache();
+    char pid[32];
+    snprintf(pid, sizeof(pid), "pid %d", m->second_pid);
+    for (int r = 0; r < 5; r++) {
+        if (r == 2) {
+            ck_assert_int_eq(status[r], 128 + SIGKILL);
+            continue;
+        }
+        const char *t = m->second_text[r];
+        fprintf(stderr, "rank %d: after %.2f s: %s\n", r, m->second_s[r], t);
+        ck_assert_msg(status[r] == 0 && m->shrunk[r] == loomSuccess, "rank %d: status %d: %s", r,
+                      status[r], m->text[r]);
+        char head[160];
+        snprintf(head, sizeof(head), "%s", t);
+        ck_assert_msg(m->second_res[r] != loomSuccess && h_names_rank(head, 2) &&
+                          strstr(head, "died") && strstr(head, pid),
+                      "rank %d: '%s' (wanted 'rank 2', 'died' and '%s' first)", r, t, pid);
+        ck_assert_msg(m->second_s[r] < 6, "rank %d: its call failed after %.1f s", r,
+                      m->second_s[r]);
+    }
 }
 END_TEST
 
@@ -665,6 +723,7 @@ int main(void)
     const h_case_t cases[] = {
         {.name = "root_mismatch", .test = test_root_mismatch, .timeout_s = 30, .loops = 12},
         {.name = "shrink_killed", .test = test_shrink_killed, .timeout_s = 60, .loops = 6},
+        {.name = "shrink_child_killed", .test = test_shrink_child_killed, .timeout_s = 60},
         {.name = "shrink_disagree", .test = test_shrink_disagree, .timeout_s = 60, .loops = 2},
         {.name = "shrink_strangers", .test = test_shrink_strangers, .timeout_s = 60},
         {.name = "shrink_tampered", .test = test_shrink_tampered, .timeout_s = 60},

@@ -28,6 +28,7 @@
 
 #include <sodium.h>
 
+#include "coll.h"
 #include "comm.h"
 #include "fork.h"
 #include "jobstate.h"
@@ -603,7 +604,11 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
     return loomSuccess;
 }
 
-loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine)
+/* Meets the other ranks through the root at uid. adopt: the table fills comm->lay.peers and the
+ * transport addresses; otherwise (a child's service: the child has its table) both are read
+ * and dropped, and only the connection is kept. */
+static loomResult_t rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine,
+                               bool adopt)
 {
     sock_addr_t root;
     char as[SOCK_ADDR_STRLEN], what[320];
@@ -667,12 +672,17 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
         goto out;
     }
     snprintf(what, sizeof(what), "bootstrap: receiving the rank table from the root %s", as);
-    LOOM_CHECK_GOTO(sock_recv_auth(fd, &au, comm->lay.peers,
-                                   sizeof(peer_info_t) * (size_t)comm->nranks, dl, what),
-                    r, out);
+    peer_info_t *table = comm->lay.peers;
+    if (!adopt && (table = malloc(sizeof(peer_info_t) * (size_t)comm->nranks)) == NULL) {
+        r = base_error(loomSystemError, LOG_BOOT, "out of memory (rank table)");
+        goto out;
+    }
+    r = sock_recv_auth(fd, &au, table, sizeof(peer_info_t) * (size_t)comm->nranks, dl, what);
     size_t total = 0;
-    for (int q = 0; q < comm->nranks; q++)
-        total += comm->lay.peers[q].addr_bytes;
+    for (int q = 0; q < comm->nranks && r == loomSuccess; q++)
+        total += table[q].addr_bytes;
+    if (!adopt) free(table);
+    if (r != loomSuccess) goto out;
     if (total) {
         uint8_t *buf = malloc(total);
         if (buf == NULL) {
@@ -687,11 +697,12 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
             if (n) r = sock_recv_auth(fd, &au, buf + off, n, dl, what);
             off += n;
         }
-        if (r != loomSuccess) {
+        if (r != loomSuccess || !adopt) {
             free(buf);
-            goto out;
+            if (r != loomSuccess) goto out;
+        } else {
+            r = comm_set_peer_addrs(comm, buf, total);
         }
-        r = comm_set_peer_addrs(comm, buf, total);
     }
     if (r == loomSuccess) {
         /* The connection stays: the root is now the job-state service. Without it the rank
@@ -705,4 +716,48 @@ loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const pee
 out:
     close(fd);
     return r;
+}
+
+loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine)
+{
+    return rendezvous(comm, uid, mine, true);
+}
+
+loomResult_t boot_child_service(loomComm_t child)
+{
+    if (child->nranks < 2) return loomSuccess;
+    uid_layout_t u;
+    memset(&u, 0, sizeof(u));
+    u.magic = UID_MAGIC;
+    u.version = UID_VERSION;
+    memcpy(u.secret, child->lay.secret, sizeof(u.secret));
+    u.job_id = base_hash64("loom job-state", 14, child->lay.comm_id);
+    uint8_t mine[32] = {0};
+    if (child->rank == 0) {
+        sock_addr_t addr, bound;
+        char ifname[64];
+        if (sock_pick_address(&addr, ifname, sizeof(ifname)) == loomSuccess &&
+            boot_root_start(&addr, u.secret, u.job_id, &bound) == loomSuccess)
+            sock_addr_pack(&bound, mine);
+        else
+            WARN(LOG_BOOT, "rank 0 of a %d-rank child communicator: no job-state service (%s)",
+                 child->nranks, base_last_error());
+    }
+    /* Every rank takes part in the exchange, also when rank 0 has no service to offer. */
+    uint8_t *all = calloc((size_t)child->nranks, sizeof(mine));
+    if (all == NULL) return base_error(loomSystemError, LOG_INIT, "out of memory");
+    const void *send = mine;
+    void *recv = all;
+    loomResult_t r = coll_allgather_many(&child, &send, &recv, sizeof(mine), 1);
+    if (r == loomSuccess) memcpy(u.root_addr, all, sizeof(u.root_addr));
+    free(all);
+    if (r != loomSuccess) return r;
+    sock_addr_t root;
+    if (!sock_addr_unpack(u.root_addr, &root)) return loomSuccess; /* rank 0 warned */
+    peer_info_t me = child->lay.peers[child->rank];
+    me.addr_bytes = 0; /* the child has the addresses */
+    if (rendezvous(child, &u, &me, false) != loomSuccess)
+        WARN(LOG_BOOT, "rank %d of a %d-rank child communicator: no job-state service (%s)",
+             child->rank, child->nranks, base_last_error());
+    return loomSuccess;
 }

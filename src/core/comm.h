@@ -300,6 +300,12 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
 uint64_t boot_node_hash(char *host, size_t hostlen);
+/* A communicator made from another (loomCommSplit, loomCommShrink) gets a job-state service of
+ * its own: its rank 0 starts one (a root thread, as loomGetUniqueId does), tells the others
+ * where over the child, and every rank joins it as at init, keeping only the connection (the
+ * child has its table). Collective over the child; an error only if that exchange fails.
+ * Without a service (a warning says why) the child still works on link-based detection. */
+loomResult_t boot_child_service(loomComm_t child);
 /* What the job-state client calls back into (comm.c): fail with the job's verdict, this rank's
  * state line and its current operation. */
 void comm_js_hooks(loomComm_t comm, js_hooks_t *hooks);

@@ -570,5 +570,9 @@ LOOM_EXPORT loomResult_t loomCommShrink(loomComm_t comm, const int *excludeRanks
     }
     loomResult_t r = comm_shrink(comm, excludeRanks, nExclude, &cfg, newcomm);
     comm_leave(comm, held);
+    if (r == loomSuccess && (r = boot_child_service(*newcomm)) != loomSuccess) {
+        comm_free(*newcomm);
+        *newcomm = NULL;
+    }
     return r;
 }

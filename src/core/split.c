@@ -55,6 +55,10 @@ LOOM_EXPORT loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loom
     LOOM_CHECK(comm_enter(comm, "loomCommSplit", 0, &held));
     loomResult_t r = comm_split(comm, color, key, &cfg, newcomm);
     comm_leave(comm, held);
+    if (r == loomSuccess && *newcomm && (r = boot_child_service(*newcomm)) != loomSuccess) {
+        comm_free(*newcomm);
+        *newcomm = NULL;
+    }
     return r;
 }
 
