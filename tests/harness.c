@@ -74,31 +74,31 @@ int h_run_threads(int nranks, h_rank_fn fn, void *arg)
     return bad;
 }
 
-/* The ranks are forked before the job's id exists: loomGetUniqueId starts the root's service
- * thread in this process, and a child forked while that thread holds an allocator lock inherits
- * it locked. glibc's malloc takes its locks around fork(); the AddressSanitizer allocator of
- * gcc 12 does not, and a rank's first threads then wait on that lock forever (the fail suite's
- * two_comms case under ASan: rank 0's progress and driver threads stuck in calloc, the others
- * timing out on it). So the children wait on a pipe and read the id from a shared page once the
- * parent has closed the pipe's write end. */
+/* The processes are forked before the job's id exists: loomGetUniqueId starts the root's
+ * service thread in this process, and a child forked while that thread holds an allocator lock
+ * inherits it locked. glibc's malloc takes its locks around fork(); the AddressSanitizer allocator
+ * of gcc 12 does not, and a child's first allocation then waits on that lock forever (the fail
+ * suite's two_comms case, and the secure suite's forked ranks, under ASan: stuck in calloc in
+ * comm_alloc). So the children wait on a pipe and read the id from a shared page once the parent
+ * has closed the pipe's write end. */
 typedef struct {
     loomUniqueId id;
     int ok;
 } h_start_t;
 
-int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
+int h_fork_procs(int n, h_proc_fn body, void *arg, int timeout_s, int *status)
 {
     h_start_t *start = h_shared_map(sizeof(*start));
     int gate[2];
     if (pipe(gate) != 0) {
-        perror("h_run_procs: pipe");
-        return nranks;
+        perror("h_fork_procs: pipe");
+        return n;
     }
     fflush(stdout);
     fflush(stderr);
-    for (int r = 0; r < nranks; r++)
-        atomic_store(&h_pids[r], 0);
-    for (int r = 0; r < nranks; r++) {
+    for (int i = 0; i < n; i++)
+        atomic_store(&h_pids[i], 0);
+    for (int i = 0; i < n; i++) {
         pid_t pid = fork();
         if (pid == 0) {
             alarm((unsigned)timeout_s + 5);
@@ -109,22 +109,13 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
             close(gate[0]);
             if (!start->ok) _exit(100);
             h_id = start->id;
-            loomComm_t comm = NULL;
-            int rc;
-            if (fn == NULL) _exit(0);
-            loomResult_t res = loomCommInitRank(&comm, nranks, h_id, r);
-            if (res != loomSuccess) {
-                fprintf(stderr, "rank %d: init failed: %s\n", r, loomGetLastError(NULL));
-                _exit(100);
-            }
-            rc = fn(comm, r, nranks, arg);
-            loomCommDestroy(comm);
+            int rc = body(i, &h_id, arg);
             fflush(stdout);
             fflush(stderr);
             _exit(rc);
         }
-        h_pids[r] = pid;
-        status[r] = -1;
+        h_pids[i] = pid;
+        status[i] = -1;
     }
     close(gate[0]);
     if (loomGetUniqueId(&h_id) != loomSuccess)
@@ -133,35 +124,63 @@ int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
         start->id = h_id, start->ok = 1;
     close(gate[1]);
     time_t end = time(NULL) + timeout_s;
-    int left = nranks, bad = 0;
+    int left = n, bad = 0;
     while (left > 0) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
-            for (int r = 0; r < nranks; r++)
-                if (h_pids[r] == pid) {
-                    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            for (int i = 0; i < n; i++)
+                if (h_pids[i] == pid) {
+                    status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                     left--;
                 }
             continue;
         }
         if (time(NULL) >= end) {
-            for (int r = 0; r < nranks; r++)
-                if (status[r] == -1) {
-                    fprintf(stderr, "rank %d (pid %d) did not finish in %d s: killed\n", r,
-                            (int)h_pids[r], timeout_s);
-                    kill(h_pids[r], SIGCONT);
-                    kill(h_pids[r], SIGKILL);
-                    waitpid(h_pids[r], NULL, 0);
+            for (int i = 0; i < n; i++)
+                if (status[i] == -1) {
+                    fprintf(stderr, "process %d (pid %d) did not finish in %d s: killed\n", i,
+                            (int)h_pids[i], timeout_s);
+                    kill(h_pids[i], SIGCONT);
+                    kill(h_pids[i], SIGKILL);
+                    waitpid(h_pids[i], NULL, 0);
                 }
             break;
         }
         usleep(5000);
     }
     munmap(start, sizeof(*start));
-    for (int r = 0; r < nranks; r++)
-        if (status[r] != 0) bad++;
+    for (int i = 0; i < n; i++)
+        if (status[i] != 0) bad++;
     return bad;
+}
+
+/* h_run_procs' body: a communicator of the job, fn, destroy. */
+typedef struct {
+    int nranks;
+    h_rank_fn fn;
+    void *arg;
+} h_procs_t;
+
+static int h_rank_body(int r, const loomUniqueId *id, void *p)
+{
+    const h_procs_t *P = p;
+    if (P->fn == NULL) return 0;
+    loomComm_t comm = NULL;
+    loomResult_t res = loomCommInitRank(&comm, P->nranks, *id, r);
+    if (res != loomSuccess) {
+        fprintf(stderr, "rank %d: init failed: %s\n", r, loomGetLastError(NULL));
+        return 100;
+    }
+    int rc = P->fn(comm, r, P->nranks, P->arg);
+    loomCommDestroy(comm);
+    return rc;
+}
+
+int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status)
+{
+    h_procs_t P = {.nranks = nranks, .fn = fn, .arg = arg};
+    return h_fork_procs(nranks, h_rank_body, &P, timeout_s, status);
 }
 
 void h_add_cases(Suite *s, const h_case_t *cases, size_t n, int default_timeout_s)

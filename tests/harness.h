@@ -23,6 +23,12 @@ int h_run_threads(int nranks, h_rank_fn fn, void *arg);
  * the child's exit code, or 128+signal. Returns the number of ranks with a non-zero status. */
 int h_run_procs(int nranks, h_rank_fn fn, void *arg, int timeout_s, int *status);
 
+/* Forks n processes that each run body(i, the job's unique id, arg) and exit with its result
+ * (the id is made after the forks, so that no child inherits a lock of the root's thread: use
+ * this, not fork() after loomGetUniqueId). Waits and kills as h_run_procs does. */
+typedef int (*h_proc_fn)(int index, const loomUniqueId *id, void *arg);
+int h_fork_procs(int n, h_proc_fn body, void *arg, int timeout_s, int *status);
+
 /* Like h_run_procs without communicators: fn gets comm == NULL and the job's unique id in arg
  * position through h_job_id(). */
 const loomUniqueId *h_job_id(void);

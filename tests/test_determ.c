@@ -477,41 +477,36 @@ END_TEST
 /* Ranks that disagree on the mode run different schedules: the call fails on both, naming the
  * variable, instead of mixing two orders (or hanging). Two forked processes, each with its own
  * environment. */
+static int mismatch_body(int r, const loomUniqueId *id, void *p)
+{
+    int(*fds)[2] = p;
+    setenv("LOOM_DETERMINISTIC", r ? "1" : "0", 1);
+    param_reset_cache();
+    loomComm_t c = NULL;
+    if (loomCommInitRank(&c, 2, *id, r) != loomSuccess) return 2;
+    float *b = calloc(4096, sizeof(float));
+    loomResult_t res = loomAllReduce(b, b, 4096, loomFloat32, loomSum, c, NULL);
+    char text[1024];
+    int n = snprintf(text, sizeof(text), "%d %s", (int)res, loomGetLastError(c));
+    if (write(fds[r][1], text, (size_t)n) < 0) return 3;
+    loomCommAbort(c);
+    return 0;
+}
+
 START_TEST(determ_mismatch)
 {
-    loomUniqueId id;
-    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
-    fflush(stderr);
-    pid_t pid[2];
-    int fds[2][2];
-    for (int r = 0; r < 2; r++) {
+    int fds[2][2], status[2];
+    for (int r = 0; r < 2; r++)
         ck_assert_int_eq(pipe(fds[r]), 0);
-        pid[r] = fork();
-        ck_assert_int_ge(pid[r], 0);
-        if (pid[r] == 0) {
-            alarm(60);
-            setenv("LOOM_DETERMINISTIC", r ? "1" : "0", 1);
-            param_reset_cache();
-            loomComm_t c = NULL;
-            if (loomCommInitRank(&c, 2, id, r) != loomSuccess) _exit(2);
-            float *b = calloc(4096, sizeof(float));
-            loomResult_t res = loomAllReduce(b, b, 4096, loomFloat32, loomSum, c, NULL);
-            char text[1024];
-            int n = snprintf(text, sizeof(text), "%d %s", (int)res, loomGetLastError(c));
-            if (write(fds[r][1], text, (size_t)n) < 0) _exit(3);
-            loomCommAbort(c);
-            _exit(0);
-        }
+    h_fork_procs(2, mismatch_body, fds, 60, status);
+    for (int r = 0; r < 2; r++)
         close(fds[r][1]);
-    }
     int named = 0;
     for (int r = 0; r < 2; r++) {
         char text[1025] = "";
         ssize_t n = read(fds[r][0], text, sizeof(text) - 1);
         close(fds[r][0]);
-        int st = 0;
-        waitpid(pid[r], &st, 0);
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status 0x%x", r, st);
+        ck_assert_msg(status[r] == 0, "rank %d: status %d", r, status[r]);
         ck_assert_msg(n > 0 && atoi(text) != loomSuccess, "rank %d succeeded: '%s'", r, text);
         named += strstr(text, "LOOM_DETERMINISTIC") != NULL;
         fprintf(stderr, "mismatch, rank %d: %s\n", r, text);

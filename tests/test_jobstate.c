@@ -287,44 +287,39 @@ typedef struct {
 static int tamper_process = -1;
 static bool tamper_root;
 
+typedef struct {
+    const int *rank, *nranks;
+    init_rep_t *rep;
+} inits_t;
+
+static int init_body(int i, const loomUniqueId *id, void *p)
+{
+    const inits_t *I = p;
+    init_rep_t *rep = I->rep;
+    sock_auth_tamper_nth = i == tamper_process ? 1 : 0;
+    loomComm_t c = NULL;
+    double t0 = h_now_s();
+    rep->res[i] = loomCommInitRank(&c, I->nranks[i], *id, I->rank[i]);
+    rep->secs[i] = h_now_s() - t0;
+    snprintf(rep->text[i], TEXT_MAX, "%s", loomGetLastError(NULL));
+    fprintf(stderr, "process %d (rank %d of %d): %d after %.1f s: %s\n", i, I->rank[i],
+            I->nranks[i], rep->res[i], rep->secs[i], rep->text[i]);
+    if (c) loomCommDestroy(c);
+    return 0;
+}
+
 /* Starts one process per (rank, nranks) pair with this process's unique id; waits at most
  * wait_s for them. */
 static void run_inits(int n, const int *rank, const int *nranks, init_rep_t *rep, int wait_s)
 {
-    loomUniqueId id;
-    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
-    fflush(stderr);
-    pid_t pid[IN_MAX];
-    /* set before the forks, so that the root has it before any rank can reach it */
+    /* set before the root starts (after the forks), so that it has it before any rank can
+     * reach it */
     sock_auth_tamper_nth = tamper_root ? 1 : 0;
-    for (int i = 0; i < n; i++) {
-        pid[i] = fork();
-        if (pid[i] == 0) {
-            sock_auth_tamper_nth = i == tamper_process ? 1 : 0;
-            alarm((unsigned)wait_s + 5);
-            loomComm_t c = NULL;
-            double t0 = h_now_s();
-            rep->res[i] = loomCommInitRank(&c, nranks[i], id, rank[i]);
-            rep->secs[i] = h_now_s() - t0;
-            snprintf(rep->text[i], TEXT_MAX, "%s", loomGetLastError(NULL));
-            fprintf(stderr, "process %d (rank %d of %d): %d after %.1f s: %s\n", i, rank[i],
-                    nranks[i], rep->res[i], rep->secs[i], rep->text[i]);
-            if (c) loomCommDestroy(c);
-            _exit(0);
-        }
-    }
-    double end = h_now_s() + wait_s;
-    for (int i = 0; i < n; i++) {
-        int st;
-        while (waitpid(pid[i], &st, WNOHANG) == 0) {
-            if (h_now_s() > end) {
-                kill(pid[i], SIGKILL);
-                waitpid(pid[i], &st, 0);
-                ck_abort_msg("process %d hung in loomCommInitRank", i);
-            }
-            usleep(10000);
-        }
-    }
+    inits_t I = {.rank = rank, .nranks = nranks, .rep = rep};
+    int status[IN_MAX];
+    h_fork_procs(n, init_body, &I, wait_s, status);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(status[i] != -1, "process %d hung in loomCommInitRank", i);
 }
 
 START_TEST(test_count_mismatch)

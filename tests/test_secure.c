@@ -115,50 +115,23 @@ static int rank_main(job_t *j, const loomUniqueId *id, int r)
     return rep->rc != 0 || rep->wrong != 0;
 }
 
-/* Forks the job's ranks and waits at most timeout_s; a rank left then is killed and fails the
- * test. */
+static int rank_body(int r, const loomUniqueId *id, void *p)
+{
+    return rank_main(p, id, r);
+}
+
+/* Forks the job's ranks (the harness: the id is made after the forks) and waits at most
+ * timeout_s; a rank left then is killed and fails the test. */
 static void run_job(job_t *j, int timeout_s)
 {
     j->rep = mmap(NULL, sizeof(report_t) * MAX_RANKS, PROT_READ | PROT_WRITE,
                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(j->rep != MAP_FAILED);
     memset(j->rep, 0, sizeof(report_t) * MAX_RANKS);
-    loomUniqueId id;
-    ck_assert_int_eq(loomGetUniqueId(&id), loomSuccess);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pids[MAX_RANKS];
-    for (int r = 0; r < j->nranks; r++) {
-        pids[r] = fork();
-        ck_assert(pids[r] >= 0);
-        if (pids[r] == 0) {
-            alarm((unsigned)timeout_s + 5);
-            int rc = rank_main(j, &id, r);
-            fflush(stderr);
-            _exit(rc);
-        }
-    }
-    time_t end = time(NULL) + timeout_s;
-    int left = j->nranks;
-    bool hung = false;
-    while (left > 0) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) {
-            left--;
-            continue;
-        }
-        if (time(NULL) >= end) {
-            for (int r = 0; r < j->nranks; r++)
-                kill(pids[r], SIGKILL);
-            while (waitpid(-1, NULL, 0) > 0) {
-            }
-            hung = true;
-            break;
-        }
-        usleep(5000);
-    }
-    ck_assert_msg(!hung, "a rank did not finish within %d s", timeout_s);
+    int status[MAX_RANKS];
+    h_fork_procs(j->nranks, rank_body, j, timeout_s, status);
+    for (int r = 0; r < j->nranks; r++)
+        ck_assert_msg(status[r] != -1, "rank %d did not finish within %d s", r, timeout_s);
 }
 
 /* ---- both sides must agree ---- */
