@@ -17,7 +17,8 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 # Cases tagged timing are left out: those that assert a speed (strangers: iterations per second
 # beside idle connections) or need many processes to start within LOOM_TIMEOUT (128_ranks: 128
-# instrumented processes on a small machine do not); a sanitizer slows every path several times.
+# instrumented processes on a small machine do not; jobstate's loom_status: every rank answers the
+# service within its 2 s query window); a sanitizer slows every path several times.
 export CK_EXCLUDE_TAGS=timing
 unset CK_RUN_CASE CK_RUN_SUITE CK_INCLUDE_TAGS
 
@@ -27,7 +28,7 @@ unset CK_RUN_CASE CK_RUN_SUITE CK_INCLUDE_TAGS
 # under TSan in the thread-rank suites (coll, api, net, progress). sched and devplan are pure
 # schedule arithmetic, covered by the plain build, and take minutes under a sanitizer.
 asan_runs="reduce:conversions reduce:operations-baseline coll:grid coll:big coll:mixed coll:algos
-  api fail net progress launch param fork"
+  api fail net progress launch param fork thread recover jobstate secure determ fusion"
 tsan_runs="coll:grid coll:big coll:mixed api net progress param fork"
 
 status=0

@@ -816,7 +816,9 @@ int main(void)
         {.name = "tampered_to_root", .test = test_tampered_to_root, .timeout_s = 30},
         {.name = "tampered_from_root", .test = test_tampered_from_root, .timeout_s = 30},
         {.name = "op_timeout_table", .test = test_op_timeout_table, .timeout_s = 50},
-        {.name = "loom_status", .test = test_loom_status, .timeout_s = 50},
+        /* timing: each rank must answer the service within its 2 s query window, which 4
+         * ranks spinning under a sanitizer on 2 cores miss (1 of 3 runs under ASan) */
+        {.name = "loom_status", .test = test_loom_status, .tags = "timing", .timeout_s = 50},
         {.name = "service_dies", .test = test_service_dies, .timeout_s = 50},
         {.name = "loom_status_master", .test = test_loom_status_master, .timeout_s = 50},
     };
