@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split mid table (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split mid table ref nofile (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -16,7 +16,9 @@
 # and 8 ranks, the automatic choice against ring, rabenseifner, rd and tree, with rank 0's TUNING
 # line for each size and loom-tune --model at 8 ranks; table: loom-tune --algos at 8 and 4 ranks
 # into $OUT/table.txt, then the automatic choice reading it against every forced algorithm (8 B
-# to 16 MiB, 200 timed calls a size). Writes nothing
+# to 16 MiB, 200 timed calls a size); ref: loom-tune --model at 4 and 8 ranks, 5 runs each (the
+# built-in reference constants of comm.c are their medians); nofile: the table stage's sweep
+# with no tuning file (the model and those constants decide). Writes nothing
 # outside build-quiet and $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,7 +33,7 @@ lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
   ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf splitlat; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos shm8 shm24 split mid table}
+stages=${*:-mpi fusion tune ddp algos shm8 shm24 split mid table ref nofile}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -107,6 +109,22 @@ if want mid; then
         cat "$out/sweep-mid$p/summary.md" >>"$out/results.txt" 2>/dev/null
     done
     run tune-model-8 $b/loom-tune --model -P 8 -o "$out/tune8.txt" -r 3
+fi
+if want ref; then
+    for p in 4 8; do
+        for k in 1 2 3 4 5; do
+            run ref-model-$p-$k $b/loom-tune --model -P $p -o "$out/ref$p-$k.txt" -r 3
+            cat "$out/ref$p-$k.txt" >>"$out/results.txt"
+        done
+    done
+fi
+if want nofile; then
+    for p in 8 4; do
+        limit=400 run nofile-$p env -u LOOM_TUNE_FILE /usr/bin/python3 perf/sweep -b 8 -e 16M -f 4 \
+            -P $p -n 200 -w 20 --algos "auto ring rd rabenseifner tree oneshot segment" --peers "" \
+            -r 3 --no-plots --loom $b/loom-perf -o "$out/sweep-nofile$p"
+        cat "$out/sweep-nofile$p/summary.md" >>"$out/results.txt" 2>/dev/null
+    done
 fi
 if want table; then
     rm -f "$out/table.txt"

@@ -778,10 +778,12 @@ static loomResult_t parse_deterministic(loomComm_t c)
 /*
  * What the registry's model sees of this communicator. Each constant is the tuning file's
  * measured one when the file has it (loom-tune --model), else the built-in default. Inside a node
- * the defaults are measurements: `loom-tune --model -P 4` on the reference host (the 16 idle cores
- * of the nvidia-h200 machine, 2026-12-01, perf/RESULTS.md): shared memory 9.87 us and 5.30 GB/s,
- * tcp over loopback 8.86 us and 5.84 GB/s, and gamma = 1/(4.65 GB/s), the host's reduction of one
- * output byte. Across nodes no reference network has been measured: the link there is the
+ * the defaults are measurements: the medians of 5 runs of `loom-tune --model -P 4` on the
+ * reference host (the 16 idle cores of the nvidia-h200 machine, 2026-12-03, tree c8f550e,
+ * `perf/quiet-host.sh ref`, perf/RESULTS.md): shared memory 1.78 us and 6.89 GB/s, tcp over
+ * loopback 6.07 us and 5.92 GB/s, and gamma = 1/(3.78 GB/s), the host's reduction of one output
+ * byte. (Those measured with the tree of 2026-12-01, 9.87 us for shared memory, made every small
+ * call look 5 times dearer than it now is, and the model took rd where rabenseifner won.) Across nodes no reference network has been measured: the link there is the
  * transport's own hint (tcp 30 us and 1 GB/s, a conservative estimate of a 10 Gbit/s class
  * Ethernet path; the other transports' hints alike), which a tuning file measured on the cluster
  * replaces. The node-local link is shm when it is started, else the network transport inside the
@@ -790,9 +792,9 @@ static loomResult_t parse_deterministic(loomComm_t c)
 typedef struct {
     double alpha_s, beta_s_per_byte;
 } ref_link_t;
-static const ref_link_t ref_shm_local = {9.87e-6, 1.0 / 5.30e9};
-static const ref_link_t ref_tcp_local = {8.86e-6, 1.0 / 5.84e9};
-static const double ref_gamma = 1.0 / 4.65e9;
+static const ref_link_t ref_shm_local = {1.78e-6, 1.0 / 6.89e9};
+static const ref_link_t ref_tcp_local = {6.07e-6, 1.0 / 5.92e9};
+static const double ref_gamma = 1.0 / 3.78e9;
 
 static registry_model_t comm_model(loomComm_t comm)
 {
