@@ -17,10 +17,7 @@
 
 #include "progress.h"
 
-#define JS_MAGIC 0x6c6a7331u /* "ljs1" */
-#define JS_TEXT_MAX 2048     /* a cause or a state line */
 #define JS_TABLE_MAX (1u << 24)
-#define JS_RX_BYTES (4 * (sizeof(js_frame_t) + JS_TEXT_MAX + SOCK_AUTH_TAG))
 #define JS_SEND_NS 1000000000ull
 
 enum {
@@ -35,36 +32,37 @@ enum {
 enum { JS_F_PRINT = 1 };
 enum { JS_V_FAILED = 0, JS_V_DIED = 1 };
 
-typedef struct {
-    uint32_t magic;
-    uint16_t type, flags;
-    int32_t rank, pid;
-    uint64_t arg;
-    uint32_t len; /* text bytes that follow */
-    uint32_t pad;
-    char host[JS_HOST_LEN];
-} js_frame_t;
-
 /* ---- frames ---- */
 
-typedef struct {
-    uint8_t buf[JS_RX_BYTES];
-    size_t got;
-} js_rx_t;
-
-/* Every frame carries its tag (sock.h's authenticated messages, keyed by the connection's
- * handshake): frame, text, tag. */
-static loomResult_t js_send(int fd, sock_auth_t *au, const js_frame_t *f0, const char *text)
+size_t js_frame_encode(sock_auth_t *au, const js_frame_t *f0, const char *text, size_t len,
+                       uint8_t *out)
 {
     js_frame_t f = *f0;
     f.magic = JS_MAGIC;
-    f.len = text ? (uint32_t)strlen(text) : 0;
+    f.len = (uint32_t)len;
     uint8_t tag[SOCK_AUTH_TAG];
-    sock_auth_tag(au, &f, sizeof(f), text, f.len, tag);
-    uint64_t dl = base_now_ns() + JS_SEND_NS;
-    LOOM_CHECK(sock_send_all(fd, &f, sizeof(f), dl, "job-state frame"));
-    if (f.len) LOOM_CHECK(sock_send_all(fd, text, f.len, dl, "job-state frame"));
-    return sock_send_all(fd, tag, sizeof(tag), dl, "job-state frame");
+    sock_auth_tag(au, &f, sizeof(f), text, len, tag);
+    memcpy(out, &f, sizeof(f));
+    if (len) memcpy(out + sizeof(f), text, len);
+    memcpy(out + sizeof(f) + len, tag, sizeof(tag));
+    return sizeof(f) + len + sizeof(tag);
+}
+
+/* Every frame carries its tag (sock.h's authenticated messages, keyed by the connection's
+ * handshake): frame, text, tag, in one send. */
+static loomResult_t js_send(int fd, sock_auth_t *au, const js_frame_t *f0, const char *text)
+{
+    size_t len = text ? strlen(text) : 0;
+    /* Ordinary frames (a cause, a state line, a verdict) on the stack: a failing rank sends its
+     * report from wherever the error arose; only a table for loom-status may be longer. */
+    uint8_t small[sizeof(js_frame_t) + JS_TEXT_MAX + SOCK_AUTH_TAG];
+    uint8_t *buf = small;
+    if (len > JS_TEXT_MAX && (buf = malloc(sizeof(js_frame_t) + len + SOCK_AUTH_TAG)) == NULL)
+        return base_error(loomSystemError, LOG_BOOT, "out of memory (job-state frame)");
+    size_t n = js_frame_encode(au, f0, text, len, buf);
+    loomResult_t r = sock_send_all(fd, buf, n, base_now_ns() + JS_SEND_NS, "job-state frame");
+    if (buf != small) free(buf);
+    return r;
 }
 
 /* Reads what is there; false when the connection closed or broke. */
@@ -82,9 +80,7 @@ static bool js_rx_fill(int fd, js_rx_t *rx)
     return true;
 }
 
-/* The next whole frame (its text NUL-terminated into text); 0 none yet, -1 malformed, -2 failed
- * authentication. */
-static int js_rx_next(js_rx_t *rx, sock_auth_t *au, js_frame_t *f, char *text, size_t tlen)
+int js_rx_next(js_rx_t *rx, sock_auth_t *au, js_frame_t *f, char *text, size_t tlen)
 {
     if (rx->got < sizeof(*f)) return 0;
     memcpy(f, rx->buf, sizeof(*f));

@@ -32,6 +32,34 @@
 #define JS_QUERY_WAIT_NS 2000000000ull   /* the service waits this long for state lines */
 #define JS_HOST_LEN 64
 
+/* ---- frames: what the service and the ranks send each other (tests/fuzz/fuzz_jobstate.c) ---- */
+
+#define JS_MAGIC 0x6c6a7331u /* "ljs1" */
+#define JS_TEXT_MAX 2048     /* a cause or a state line */
+typedef struct {
+    uint32_t magic;
+    uint16_t type, flags;
+    int32_t rank, pid;
+    uint64_t arg;
+    uint32_t len; /* text bytes that follow */
+    uint32_t pad;
+    char host[JS_HOST_LEN];
+} js_frame_t;
+#define JS_RX_BYTES (4 * (sizeof(js_frame_t) + JS_TEXT_MAX + SOCK_AUTH_TAG))
+typedef struct {
+    uint8_t buf[JS_RX_BYTES];
+    size_t got;
+} js_rx_t;
+/* A frame as it goes on the wire (the frame, len bytes of text, its tag under au's sending
+ * key), into out (room for sizeof(js_frame_t) + len + SOCK_AUTH_TAG); returns its length. The
+ * ranks' and the service's frames keep their texts under JS_TEXT_MAX (js_rx_next refuses more);
+ * the table for loom-status may be longer (its own reader). */
+size_t js_frame_encode(sock_auth_t *au, const js_frame_t *f, const char *text, size_t len,
+                       uint8_t *out);
+/* The next whole frame in rx (its text NUL-terminated into text, of tlen >= 1 bytes): 1, and
+ * the frame's bytes leave rx; 0 none yet; -1 malformed; -2 failed authentication. */
+int js_rx_next(js_rx_t *rx, sock_auth_t *au, js_frame_t *f, char *text, size_t tlen);
+
 /* ---- the service (the root thread, after the rendezvous) ---- */
 
 typedef struct {
