@@ -783,11 +783,12 @@ static loomResult_t parse_deterministic(loomComm_t c)
  * `perf/quiet-host.sh ref`, perf/RESULTS.md): shared memory 1.78 us and 6.89 GB/s, tcp over
  * loopback 6.07 us and 5.92 GB/s, and gamma = 1/(3.78 GB/s), the host's reduction of one output
  * byte. (Those measured with the tree of 2026-12-01, 9.87 us for shared memory, made every small
- * call look 5 times dearer than it now is, and the model took rd where rabenseifner won.) Across nodes no reference network has been measured: the link there is the
- * transport's own hint (tcp 30 us and 1 GB/s, a conservative estimate of a 10 Gbit/s class
- * Ethernet path; the other transports' hints alike), which a tuning file measured on the cluster
- * replaces. The node-local link is shm when it is started, else the network transport inside the
- * node (tcp's loopback constants when that transport is tcp).
+ * call look 5 times dearer than it now is, and the model took rd where rabenseifner won.) Across
+ * nodes no reference network has been measured: the link there is the transport's own hint (tcp 30
+ * us and 1 GB/s, a conservative estimate of a 10 Gbit/s class Ethernet path; the other transports'
+ * hints alike), which a tuning file measured on the cluster replaces. The node-local link is shm
+ * when it is started, else the network transport inside the node (tcp's loopback constants when
+ * that transport is tcp).
  */
 typedef struct {
     double alpha_s, beta_s_per_byte;
@@ -1022,7 +1023,11 @@ loomResult_t comm_seg_setup(loomComm_t comm, int fd)
             INFO(LOG_INIT, "no node segment: rank %d could not map it (its log says why)", lacking);
         return r;
     }
+    /* Under the lock that comm_abort_transports takes: the job-state service's verdict may
+     * arrive on the progress thread while init is still here (ThreadSanitizer found the race). */
+    exec_host_lock(&comm->exech);
     comm->net.seg = s;
+    exec_host_unlock(&comm->exech);
     memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model changed */
     INFO(LOG_INIT, "node segment: allreduce up to %zu bytes through one shared segment of %d ranks",
          nodeseg_max_bytes(s), comm->nranks);

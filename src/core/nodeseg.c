@@ -253,7 +253,9 @@ static void seg_waits(const void *arg, char *buf, size_t len)
     size_t o = 0;
     int listed = 0, more = 0;
     buf[0] = '\0';
-    for (int q = c->next; q < s->p; q++) {
+    /* From rank 0, not c->next: the calling thread moves that while the progress thread asks
+     * (ThreadSanitizer); the arrival words say who is done. */
+    for (int q = 0; q < s->p; q++) {
         if (q == s->r || atomic_load_explicit(&ctl(s, q)->arrive, memory_order_relaxed) >= want)
             continue;
         if (listed == 6 || o + 4 >= len) {
