@@ -111,7 +111,7 @@ void log_atfork(base_fork_phase_t phase)
     else if (phase == BASE_FORK_PARENT)
         pthread_mutex_unlock(&log_lock);
     else
-        pthread_mutex_init(&log_lock, NULL);
+        pthread_mutex_unlock(&log_lock);
 }
 
 void log_reset(void)

@@ -492,5 +492,5 @@ void param_atfork(base_fork_phase_t phase)
     else if (phase == BASE_FORK_PARENT)
         pthread_mutex_unlock(&param_lock);
     else
-        pthread_mutex_init(&param_lock, NULL);
+        pthread_mutex_unlock(&param_lock);
 }

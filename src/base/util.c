@@ -32,7 +32,7 @@ void base_error_atfork(base_fork_phase_t phase)
     else if (phase == BASE_FORK_PARENT)
         pthread_mutex_unlock(&error_lock);
     else
-        pthread_mutex_init(&error_lock, NULL);
+        pthread_mutex_unlock(&error_lock);
 }
 
 loomResult_t base_error(loomResult_t res, log_subsys_t subsys, const char *fmt, ...)

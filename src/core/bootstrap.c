@@ -206,7 +206,7 @@ void boot_atfork(base_fork_phase_t phase)
         for (int i = 0; i < root_nfd; i++)
             close(root_fds[i]);
         root_nfd = 0;
-        pthread_mutex_init(&root_fd_lock, NULL);
+        pthread_mutex_unlock(&root_fd_lock);
     }
 }
 

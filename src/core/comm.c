@@ -62,7 +62,7 @@ void comm_atfork(base_fork_phase_t phase)
     else if (phase == BASE_FORK_PARENT)
         pthread_mutex_unlock(&live_lock);
     else
-        pthread_mutex_init(&live_lock, NULL);
+        pthread_mutex_unlock(&live_lock);
 }
 
 static size_t live_home(loomComm_t c)

@@ -2,9 +2,10 @@
  * The process's pthread_atfork handlers. prepare takes every process-wide lock in one fixed
  * order, outermost first (a lock that may be held while another is taken comes before it), so
  * that no other thread is inside any of them at the fork; the parent releases them in the
- * reverse order; the child, whose only thread is the one that forked, re-initialises them and
- * drops what belonged to its parent's threads (the bootstrap root's sockets, the progress
- * thread's attachments).
+ * reverse order; the child, whose only thread is the one that forked and so holds them all,
+ * releases them the same way (not a re-initialisation of a locked mutex, which POSIX leaves
+ * undefined and ThreadSanitizer then reports as a double lock) and drops what belonged to its
+ * parent's threads (the bootstrap root's sockets, the progress thread's attachments).
  */
 #include <pthread.h>
 

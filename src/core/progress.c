@@ -237,7 +237,7 @@ void progress_atfork(base_fork_phase_t phase)
     } else if (phase == BASE_FORK_PARENT) {
         pthread_mutex_unlock(&pe.lock);
     } else {
-        pthread_mutex_init(&pe.lock, NULL);
+        pthread_mutex_unlock(&pe.lock);
         pthread_cond_init(&pe.idle, NULL);
         pe.started = false;
         pe.nsrc = pe.nwatch = 0;
