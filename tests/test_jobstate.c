@@ -109,6 +109,7 @@ static const int kr_at[] = {0, 3}; /* before its first allreduce (no link made y
 typedef struct {
     int at;
     int victim_pid;
+    atomic_int inited; /* ranks whose init returned: the victim dies after all of them */
     int res[KR_NRANKS], iter[KR_NRANKS];
     double secs[KR_NRANKS];
     char text[KR_NRANKS][TEXT_MAX];
@@ -160,6 +161,11 @@ static int allreduce_until_error(loomComm_t comm, int me, int n, int victim_at, 
 static int kill_rank(loomComm_t comm, int rank, int nranks, void *p)
 {
     kill_rep_t *rep = p;
+    /* Not before every rank is past init: a rank still in init's last exchange would get the
+     * verdict there and fail its init (seen under ASan), not its allreduce. */
+    atomic_fetch_add(&rep->inited, 1);
+    for (int i = 0; rank == KR_VICTIM && i < 20000 && atomic_load(&rep->inited) < nranks; i++)
+        usleep(1000);
     return allreduce_until_error(
         comm, rank, nranks, rank == KR_VICTIM ? rep->at : -1, KR_ITERS, &rep->victim_pid,
         (kr_out_t){&rep->res[rank], &rep->iter[rank], &rep->secs[rank], rep->text[rank]});
