@@ -188,6 +188,16 @@ static int exact_allreduces(loomComm_t comm, const int *members, int n, int pare
     return ok;
 }
 
+#define RS_WAIT_S 30 /* every bounded wait of this file */
+
+/* Waits (at most RS_WAIT_S) until *v reaches want. */
+static bool wait_at_least(atomic_int *v, int want)
+{
+    for (double t0 = h_now_s(); atomic_load(v) < want; usleep(1000))
+        if (h_now_s() - t0 > RS_WAIT_S) return false;
+    return true;
+}
+
 static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
 {
     shrink_t *m = p;
@@ -197,8 +207,7 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
      * the job's verdict there (the victim's own part of it can end first). */
     atomic_fetch_add(&m->warm, 1);
     if (rank == m->victim) {
-        for (int i = 0; i < 10000 && atomic_load(&m->warm) < nranks; i++)
-            usleep(1000);
+        (void)wait_at_least(&m->warm, nranks);
         raise(SIGKILL);
     }
     /* The survivors' next call fails: the victim is gone. */
@@ -234,8 +243,7 @@ static int shrink_rank(loomComm_t comm, int rank, int nranks, void *p)
         for (int it = 0; m->second > 0 && it < 50; it++) {
             if (it == 3) atomic_fetch_add(&m->second_warm, 1);
             if (rank == m->second - 1 && it == 3) {
-                for (int i = 0; i < 10000 && atomic_load(&m->second_warm) < n; i++)
-                    usleep(1000);
+                (void)wait_at_least(&m->second_warm, n);
                 m->second_pid = (int)getpid();
                 raise(SIGKILL);
             }
@@ -539,7 +547,6 @@ END_TEST
 #define RS_ROUNDS 20
 #define RS_N 4 /* ranks 0-2 live through every round; rank 3 is a new process each round */
 #define RS_COUNT 1000
-#define RS_WAIT_S 30
 
 typedef struct {
     atomic_int round; /* k + 1 once rank 0 has published round k's id */
@@ -573,13 +580,6 @@ static int count_threads(void)
         if (sscanf(line, "Threads: %d", &n) == 1) break;
     if (f) fclose(f);
     return n;
-}
-
-static bool wait_at_least(atomic_int *v, int want)
-{
-    for (double t0 = h_now_s(); atomic_load(v) < want; usleep(1000))
-        if (h_now_s() - t0 > RS_WAIT_S) return false;
-    return true;
 }
 
 /* One round's communicator: init with that round's id, one exact allreduce. */
