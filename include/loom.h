@@ -138,7 +138,10 @@ const char *loomGetErrorString(loomResult_t result);
 /*
  * The text of the last error. With comm == NULL: the calling thread's last error, or, when this
  * thread has none, the last error of the process. With a communicator: the error that broke that
- * communicator (its async error's text) if any, else as with NULL. Never NULL ("" when none).
+ * communicator (its async error's text) if any, else as with NULL; when a call on this thread
+ * was refused because the communicator had already failed, that text is followed by which call
+ * it was ("this rank's loomAllReduce, which would have been collective seq 12, was refused").
+ * Never NULL ("" when none).
  */
 const char *loomGetLastError(loomComm_t comm);
 

@@ -197,18 +197,99 @@ START_TEST(test_killed_in_ring)
         char head[160], you[32];
         snprintf(head, sizeof(head), "%s", t);
         snprintf(you, sizeof(you), "you are rank %d", r);
-        /* A rank between two calls when the verdict comes (checking its sums) is told so
-         * ("while this rank was outside calls"); one inside a call names it. */
-        ck_assert_msg(
-            h_names_rank(head, KR_VICTIM) && strstr(head, "died") && strstr(head, pid) &&
-                (strstr(t, "allreduce seq") || strstr(t, "while this rank was outside calls")) &&
-                strstr(t, you),
-            "rank %d: '%s' (wanted 'rank %d', '%s', 'died' first, 'allreduce seq' and "
-            "'%s')",
-            r, t, KR_VICTIM, pid, you);
+        /* A rank inside a call when the verdict comes names it; one between two calls
+         * (checking its sums) is told "while this rank was outside calls", and its next
+         * allreduce, refused, names itself ("would have been collective seq N"). */
+        ck_assert_msg(h_names_rank(head, KR_VICTIM) && strstr(head, "died") && strstr(head, pid) &&
+                          (strstr(t, "allreduce seq") || strstr(t, "collective seq")) &&
+                          strstr(t, you),
+                      "rank %d: '%s' (wanted 'rank %d', '%s', 'died' first, 'allreduce seq' and "
+                      "'%s')",
+                      r, t, KR_VICTIM, pid, you);
         ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r, rep->secs[r]);
     }
     ck_assert_msg(wall < 25, "the job took %.1f s", wall);
+}
+END_TEST
+
+/* ---- a call refused after a failure that came between calls names itself ----------------- */
+
+#define RF_NRANKS 3
+#define RF_VICTIM 2
+#define RF_DONE 5 /* allreduces every rank finishes before the victim dies */
+
+typedef struct {
+    atomic_int finished; /* ranks past their RF_DONE allreduces */
+    int victim_pid;
+    int seen[RF_NRANKS], res[RF_NRANKS];
+    char text[RF_NRANKS][TEXT_MAX], comm_text[RF_NRANKS][TEXT_MAX];
+} refuse_rep_t;
+
+static int refuse_rank(loomComm_t comm, int rank, int nranks, void *p)
+{
+    refuse_rep_t *R = p;
+    float v[64], out[64];
+    for (int i = 0; i < 64; i++)
+        v[i] = (float)(rank + 1);
+    for (int it = 0; it < RF_DONE; it++)
+        if (loomAllReduce(v, out, 64, loomFloat, loomSum, comm, NULL) != loomSuccess ||
+            out[0] != (float)(nranks * (nranks + 1) / 2))
+            return 3;
+    atomic_fetch_add(&R->finished, 1);
+    if (rank == RF_VICTIM) {
+        /* every rank is past its last call, so the failure comes while all are outside calls */
+        for (int i = 0; i < 20000 && atomic_load(&R->finished) < nranks; i++)
+            usleep(1000);
+        R->victim_pid = (int)getpid();
+        kill(getpid(), SIGKILL);
+    }
+    loomResult_t a = loomSuccess;
+    for (int i = 0; i < 1000 && a == loomSuccess; i++) {
+        usleep(10000);
+        loomCommGetAsyncError(comm, &a);
+    }
+    R->seen[rank] = a != loomSuccess;
+    R->res[rank] = loomAllReduce(v, out, 64, loomFloat, loomSum, comm, NULL);
+    h_collect_text(comm, R->text[rank], TEXT_MAX);
+    snprintf(R->comm_text[rank], TEXT_MAX, "%s", loomGetLastError(comm));
+    return 0;
+}
+
+START_TEST(test_refused_names_call)
+{
+    /* Rank 2 dies while every rank is between calls: the verdict names no call. The next
+     * allreduce, refused at once, says that it was refused and which collective it would have
+     * been, after the cause (which stays first). */
+    set_params("30", NULL, "ring");
+    refuse_rep_t *R = h_shared_map(sizeof(*R));
+    int status[RF_NRANKS];
+    h_run_procs(RF_NRANKS, refuse_rank, R, 40, status);
+    char pid[32], seq[48];
+    snprintf(pid, sizeof(pid), "pid %d", R->victim_pid);
+    snprintf(seq, sizeof(seq), "collective seq %d", RF_DONE);
+    ck_assert_int_eq(status[RF_VICTIM], 128 + SIGKILL);
+    for (int r = 0; r < RF_NRANKS; r++) {
+        if (r == RF_VICTIM) continue;
+        const char *t = R->text[r], *c = R->comm_text[r];
+        ck_assert_msg(status[r] == 0 && R->seen[r], "rank %d: status %d, error seen %d: '%s'", r,
+                      status[r], R->seen[r], t);
+        ck_assert_msg(R->res[r] != loomSuccess,
+                      "rank %d: the allreduce after the failure "
+                      "succeeded",
+                      r);
+        ck_assert_msg(strstr(t, "loomAllReduce") && strstr(t, seq) && strstr(t, "refused") &&
+                          strstr(t, pid),
+                      "rank %d: '%s' (wanted the cause with '%s', then 'loomAllReduce', "
+                      "'%s' and 'refused')",
+                      r, t, pid, seq);
+        char head[160];
+        snprintf(head, sizeof(head), "%s", c);
+        ck_assert_msg(h_names_rank(head, RF_VICTIM) && strstr(head, "died") &&
+                          strstr(c, "loomAllReduce"),
+                      "rank %d: loomGetLastError(comm) = '%s' (wanted the cause first, then the "
+                      "refused call)",
+                      r, c);
+    }
 }
 END_TEST
 
@@ -820,6 +901,7 @@ int main(void)
     Suite *s = suite_create("jobstate");
     const h_case_t cases[] = {
         {.name = "killed_in_ring", .test = test_killed_in_ring, .timeout_s = 70, .loops = 2},
+        {.name = "refused_names_call", .test = test_refused_names_call, .timeout_s = 50},
         {.name = "split_child_killed", .test = test_split_child_killed, .timeout_s = 70},
         {.name = "count_mismatch", .test = test_count_mismatch, .timeout_s = 30},
         {.name = "rank_never_started", .test = test_rank_never_started, .timeout_s = 30},

@@ -156,11 +156,41 @@ static bool comm_retire(loomComm_t comm)
     return true;
 }
 
+/* The last call this thread saw refused because its communicator had already failed: the
+ * communicator's cause, then which call it was (the cause may have come while this rank was
+ * outside calls, and then names none). Keyed by pointer and id, so that a new communicator at a
+ * reused address does not get an old one's text. */
+static _Thread_local struct {
+    loomComm_t comm;
+    uint64_t id;
+    char text[ERR_TEXT_MAX + 192];
+} refused;
+
+static void note_refused(loomComm_t comm, const char *fn)
+{
+    refused.comm = comm;
+    refused.id = comm->lay.comm_id;
+    unsigned long long seq = (unsigned long long)comm->seq.coll;
+    if (strncmp(fn, "loomSend", 8) == 0 || strncmp(fn, "loomRecv", 8) == 0)
+        snprintf(refused.text, sizeof(refused.text),
+                 "%s (this rank's %s, after %llu collectives, was refused: the communicator had "
+                 "failed before it)",
+                 comm->st.async_text, fn, seq);
+    else
+        snprintf(refused.text, sizeof(refused.text),
+                 "%s (this rank's %s, which would have been collective seq %llu, was refused: "
+                 "the communicator had failed before it)",
+                 comm->st.async_text, fn, seq);
+    base_set_error_text(refused.text);
+}
+
 LOOM_EXPORT const char *loomGetLastError(loomComm_t comm)
 {
     if (comm_live(comm) && atomic_load(&comm->st.async_error) != loomSuccess &&
-        atomic_load(&comm->st.async_error) != loomInProgress)
+        atomic_load(&comm->st.async_error) != loomInProgress) {
+        if (refused.comm == comm && refused.id == comm->lay.comm_id) return refused.text;
         return comm->st.async_text;
+    }
     return base_last_error();
 }
 
@@ -180,8 +210,12 @@ loomResult_t comm_check(loomComm_t comm, const char *fn)
         comm->st.init_thread_live = false;
     }
     loomResult_t a = (loomResult_t)atomic_load(&comm->st.async_error);
-    if (a != loomSuccess) {
+    if (a == loomInProgress) {
         base_set_error_text(comm->st.async_text);
+        return a;
+    }
+    if (a != loomSuccess) {
+        note_refused(comm, fn);
         return a;
     }
     if (atomic_load(&comm->st.aborting))
