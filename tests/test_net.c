@@ -906,6 +906,72 @@ START_TEST(test_many_sockets)
 }
 END_TEST
 
+/* ---- tcp: a late lower rank, and a reverse socket whose handshake fails -------------------- */
+
+typedef struct {
+    double late_s;  /* rank 0 sleeps this long before its first call */
+    double secs[2]; /* each rank's allreduce, seconds */
+    int nready[2];  /* the sockets of its link once done */
+} rev_arg_t;
+
+static int reverse_rank(const loomUniqueId *id, int rank, int nranks, void *arg)
+{
+    rev_arg_t *a = arg;
+    int rc = 0;
+    loomComm_t comm = NULL;
+    const size_t n = 4u * 1024 * 1024 / sizeof(float) + 3; /* large enough for both sockets */
+    float *in = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
+    RCHECK(in && out, "out of memory");
+    RCALL(loomCommInitRank(&comm, nranks, *id, rank));
+    for (size_t i = 0; i < n; i++)
+        in[i] = many_val(rank, i);
+    if (rank == 0) usleep((useconds_t)(a->late_s * 1e6));
+    double t0 = h_now_s();
+    RCALL(loomAllReduce(in, out, n, loomFloat, loomSum, comm, NULL));
+    a->secs[rank] = h_now_s() - t0;
+    for (size_t i = 0; i < n; i++) {
+        float want = many_val(0, i) + many_val(1, i);
+        RCHECK(out[i] == want, "[%zu] = %g, expected %g", i, (double)out[i], (double)want);
+    }
+out:
+    if (comm) loomCommDestroy(comm);
+    free(in);
+    free(out);
+    return rc;
+}
+
+START_TEST(test_reverse_dial_retry)
+{
+    /* Rank 0, the lower rank that dials, is 2 s late to its first call; rank 1 dials it instead
+     * after a heartbeat interval (LOOM_TIMEOUT=2: 0.5 s), two sockets, and the handshake of its
+     * second fails (tcp_test_drop_reverse_nth, as a flooded listener drops one). That socket is
+     * dialled again: the first one's success used to end the dialling, and rank 0, which found
+     * a connection there at its call, dials none, so the link stayed a socket short and the
+     * allreduce waited for LOOM_OP_TIMEOUT. */
+    set_param("LOOM_TRANSPORT", "tcp");
+    set_param("LOOM_NSOCKS_PERPEER", "2");
+    set_param("LOOM_TIMEOUT", "2");
+    set_param("LOOM_OP_TIMEOUT", "12");
+    rev_arg_t a = {.late_s = 2.0};
+    tcp_test_drop_reverse_nth = 2;
+    loomUniqueId id;
+    ck_assert_msg(loomGetUniqueId(&id) == loomSuccess, "%s", loomGetLastError(NULL));
+    int bad = run_raw(2, &id, reverse_rank, &a);
+    int left = tcp_test_drop_reverse_nth;
+    tcp_test_drop_reverse_nth = 0;
+    set_param("LOOM_TRANSPORT", NULL);
+    set_param("LOOM_NSOCKS_PERPEER", NULL);
+    set_param("LOOM_TIMEOUT", NULL);
+    set_param("LOOM_OP_TIMEOUT", NULL);
+    ck_assert_msg(left == 0,
+                  "the hook did not fire (%d reverse sockets short): rank 1 never "
+                  "dialled rank 0 twice",
+                  left);
+    ck_assert_msg(bad == 0, "a rank failed (see above)");
+    ck_assert_msg(a.secs[0] < 6, "rank 0's allreduce took %.1f s (a socket short?)", a.secs[0]);
+}
+END_TEST
+
 /* ---- shm: cross-memory attach and the bounce-segment fallback ------------------------------ */
 
 typedef struct {
@@ -1464,6 +1530,7 @@ static Suite *net_suite(void)
         {.name = "handshake_timeout", .test = test_handshake_timeout},
         {.name = "handshake_patient", .test = test_handshake_patient},
         {.name = "many_sockets", .test = test_many_sockets},
+        {.name = "reverse_dial_retry", .test = test_reverse_dial_retry},
         {.name = "shm_modes", .test = test_shm_modes},
         {.name = "shm_send_at_once", .test = test_shm_send_at_once},
         {.name = "shm_ring_mix", .test = test_shm_ring_mix},

@@ -89,6 +89,7 @@ typedef struct {
     tcp_sec_t *sec;   /* NULL unless LOOM_SECURE=1 */
     bool send_broken; /* a send failed: nothing more goes out on it */
     bool reverse;     /* our dial of a pair whose lower rank has not dialled (until ready) */
+    bool test_drop;   /* tests: its handshake fails (tcp_test_drop_reverse_nth) */
 } tcp_sock_t;
 
 struct transport_conn {
@@ -249,23 +250,25 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
  * both sides: the lower rank refuses the reverse socket when it has its own on that index, the
  * higher one drops its reverse socket (not ready, so nothing of the data went out on it; its
  * queues stay) for the lower rank's. A reverse socket that fails before it is ready is closed
- * without failing the connection and dialled again an interval later, while no socket is there:
- * a dead peer is still named by LOOM_TIMEOUT, as nothing arrives from it.
+ * without failing the connection and dialled again an interval later, until every socket of the
+ * link is ready or the lower rank's own dial arrives (the lower rank dials none once a reverse
+ * socket made the connection: a socket not dialled again would leave the link short for good).
+ * A dead peer is still named by LOOM_TIMEOUT, as nothing arrives from it.
  */
+int tcp_test_drop_reverse_nth;
 static void sock_reset(tcp_sock_t *s)
 {
     if (s->fd >= 0) close(s->fd);
     s->fd = -1;
     s->state = SK_NONE;
     s->reverse = false;
+    s->test_drop = false;
     s->mode_out_done = s->mode_in_done = 0;
 }
 
 static void reverse_dial(transport_conn_t *c)
 {
     transport_ctx_t *ctx = c->ctx;
-    for (int i = 0; i < c->nsocks; i++)
-        if (c->socks[i].state != SK_NONE) return;
     if (!c->reverse_said)
         INFO(LOG_NET,
              "tcp: %s has not connected to rank %d after %.2f s: dialling it instead (it may be "
@@ -273,11 +276,10 @@ static void reverse_dial(transport_conn_t *c)
              c->head.name, ctx->setup.rank, (double)ctx->ping_ns * 1e-9);
     c->reverse_said = true;
     for (int i = 0; i < c->nsocks; i++) {
+        if (c->socks[i].state != SK_NONE) continue; /* under way or ready */
         int fd;
         if (sock_connect_start(&c->addr, &fd) != loomSuccess) {
             TRACE(LOG_NET, "tcp: dialling %s: %s (again later)", c->head.name, base_last_error());
-            for (int k = 0; k < i; k++)
-                sock_reset(&c->socks[k]);
             return;
         }
         hs_hello_t hello = {.comm_id = ctx->setup.comm_id,
@@ -291,12 +293,19 @@ static void reverse_dial(transport_conn_t *c)
         s->reverse = true;
         hs_connect_init(&s->hs, fd, &c->addr, ctx->setup.secret, &hello);
         s->hs.patient = true;
+        s->test_drop = tcp_test_drop_reverse_nth > 0 && --tcp_test_drop_reverse_nth == 0;
     }
 }
 
 /* A reverse socket's handshake: 1 done, 0 not yet (or failed: reset, dialled again later). */
 static int reverse_handshake(transport_conn_t *c, tcp_sock_t *s, bool *progressed)
 {
+    if (s->test_drop) { /* as a flooded listener drops it: see tcp_test_drop_reverse_nth */
+        TRACE(LOG_NET, "tcp: test hook: the handshake of reverse socket %d to %s fails",
+              (int)(s - c->socks), c->head.name);
+        sock_reset(s);
+        return 0;
+    }
     if (hs_progress(&s->hs, progressed) != loomSuccess) {
         TRACE(LOG_NET, "tcp: dialling %s (socket %d): %s (again later)", c->head.name,
               (int)(s - c->socks), s->hs.err);
@@ -921,8 +930,8 @@ static void mode_finish(transport_ctx_t *ctx, transport_conn_t *c, tcp_sock_t *s
     }
     s->state = SK_READY;
     s->reverse = false;
-    c->reverse_at_ns = 0;
     c->nready++;
+    if (c->nready == c->nsocks) c->reverse_at_ns = 0; /* every socket is there */
     c->head.last_activity_ns = base_coarse_ns();
 }
 
