@@ -2,8 +2,10 @@
  * soak: a bounded random test against a reference. Jobs one after another until the time is up;
  * each job draws its rank count (2-5), LOOM_TRANSPORT (tcp, shm, or unset: shm and the node
  * segment), LOOM_ALGO (ring, rd, rabenseifner, tree, oneshot, segment, or the automatic choice),
- * a run of allreduces of random counts, types and ops (exact integer-valued inputs, so every
- * order gives the reference's bits) and, in some jobs, one fault: a rank arriving late at init,
+ * a run of collectives of random counts, types and ops (half allreduces, the rest reduce,
+ * reduce-scatter, allgather, broadcast with a random root, and a group of sends and receives
+ * around a ring; in place and out of place; exact integer-valued inputs, so every order gives
+ * the reference's bits) and, in some jobs, one fault: a rank arriving late at init,
  * a rank reaching its first collective 5-7 s after init (beyond LOOM_TIMEOUT=4: the others must
  * wait for it), a rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or
  * calling loomCommAbort midway. A quarter of the jobs run with LOOM_SECURE=1 (sealed TCP frames),
@@ -37,7 +39,7 @@ enum { F_NONE, F_LATE, F_KILL, F_STOP, F_ABORT, F_LATE_CALL, F_N };
 static const char *fault_name[] = {"none", "late rank", "kill", "stop", "abort", "late first call"};
 
 typedef struct {
-    atomic_int ops;   /* allreduces that returned success and were checked */
+    atomic_int ops;   /* collectives that returned success and were checked */
     atomic_int wrong; /* of those, wrong results */
     atomic_int progress;
 } rank_report_t;
@@ -85,7 +87,103 @@ static size_t tsize(loomDataType_t t)
     return t == loomUint8 ? 1 : t == loomInt32 || t == loomFloat32 ? 4 : 8;
 }
 
-/* One rank: nops allreduces drawn from the job's seed (the same on every rank). */
+enum { K_ALLREDUCE, K_REDUCE, K_REDUCESCATTER, K_ALLGATHER, K_BROADCAST, K_RING, K_N };
+static const char *kind_name[] = {"allreduce", "reduce",    "reduce-scatter",
+                                  "allgather", "broadcast", "send/recv ring"};
+
+/* The reduction of in_val over the ranks at element i. */
+static double folded(int op, int p, size_t i)
+{
+    double w = in_val(op, 0, i);
+    for (int q = 1; q < p; q++) {
+        double v = in_val(op, q, i);
+        w = op == loomSum ? w + v : op == loomMax ? (v > w ? v : w) : (v < w ? v : w);
+    }
+    return w;
+}
+
+/* One call of kind k: fills the inputs, runs it, and checks what this rank must hold (the
+ * receive buffer on every rank, except reduce's off the root). n: elements per rank. */
+static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType_t t, int op,
+                              size_t n, bool inplace, int root, bool fold, bool *ok)
+{
+    size_t es = tsize(t), tot = n * (size_t)p;
+    uint8_t *in = malloc(tot * es + 8), *out = malloc(tot * es + 8), *want = malloc(tot * es + 8);
+    size_t nout = n; /* elements of out checked */
+    loomResult_t res = loomSuccess;
+    uint8_t *send = in, *recv = inplace ? in : out;
+    switch (k) {
+    case K_ALLREDUCE:
+    case K_REDUCE:
+        for (size_t i = 0; i < n; i++) {
+            if (fold) {
+                /* the left fold in rank order, one rounding per step in the type's arithmetic */
+                put(t, in, i, inexact_val(r, i));
+                float wf = (float)inexact_val(0, i);
+                double wd = inexact_val(0, i);
+                for (int q = 1; q < p; q++) {
+                    wf = wf + (float)inexact_val(q, i);
+                    wd = wd + inexact_val(q, i);
+                }
+                put(t, want, i, t == loomFloat32 ? (double)wf : wd);
+                continue;
+            }
+            put(t, in, i, in_val(op, r, i));
+            put(t, want, i, folded(op, p, i));
+        }
+        if (k == K_ALLREDUCE)
+            res = loomAllReduce(send, recv, n, t, (loomRedOp_t)op, comm, NULL);
+        else
+            res = loomReduce(send, recv, n, t, (loomRedOp_t)op, root, comm, NULL);
+        if (k == K_REDUCE && r != root) nout = 0;
+        break;
+    case K_REDUCESCATTER:
+        /* rank q's input element j is in_val(op, q, j); this rank gets the block r */
+        for (size_t j = 0; j < tot; j++)
+            put(t, in, j, in_val(op, r, j));
+        for (size_t i = 0; i < n; i++)
+            put(t, want, i, folded(op, p, (size_t)r * n + i));
+        if (inplace) recv = in + (size_t)r * n * es; /* the block it keeps */
+        res = loomReduceScatter(send, recv, n, t, (loomRedOp_t)op, comm, NULL);
+        break;
+    case K_ALLGATHER:
+        recv = out;
+        send = inplace ? out + (size_t)r * n * es : in;
+        for (size_t i = 0; i < n; i++)
+            put(t, send, i, in_val(loomMax, r, i));
+        for (int q = 0; q < p; q++)
+            for (size_t i = 0; i < n; i++)
+                put(t, want, (size_t)q * n + i, in_val(loomMax, q, i));
+        nout = tot;
+        res = loomAllGather(send, recv, n, t, comm, NULL);
+        break;
+    case K_BROADCAST:
+        for (size_t i = 0; i < n; i++) {
+            put(t, in, i, in_val(loomMax, r, i));
+            put(t, want, i, in_val(loomMax, root, i));
+        }
+        res = loomBroadcast(send, recv, n, t, root, comm, NULL);
+        break;
+    default: /* K_RING: each rank sends to the next and receives from the previous, one group */
+        for (size_t i = 0; i < n; i++) {
+            put(t, in, i, in_val(loomMax, r, i));
+            put(t, want, i, in_val(loomMax, (r + p - 1) % p, i));
+        }
+        recv = out;
+        loomGroupStart();
+        loomSend(in, n, t, (r + 1) % p, comm, NULL);
+        loomRecv(out, n, t, (r + p - 1) % p, comm, NULL);
+        res = loomGroupEnd();
+        break;
+    }
+    *ok = res != loomSuccess || memcmp(recv, want, nout * es) == 0;
+    free(in);
+    free(out);
+    free(want);
+    return res;
+}
+
+/* One rank: nops collectives drawn from the job's seed (the same on every rank). */
 static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int nops, int fault,
                      int victim, int fault_at, bool determ, rank_report_t *rep)
 {
@@ -100,13 +198,10 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
     }
     if (fault == F_LATE_CALL && r == victim) usleep(5000000 + (useconds_t)(seed % 2000000));
     uint64_t s = seed;
-    void *buf = NULL, *want = NULL;
     int rc = 0;
     for (int k = 0; k < nops; k++) {
         if (fault == F_ABORT && r == victim && k == fault_at) {
             loomCommAbort(comm);
-            free(buf);
-            free(want);
             return 0;
         }
         atomic_store(&rep[r].progress, k);
@@ -115,52 +210,30 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
         op = op == 0 ? loomSum : op == 1 ? loomMax : loomMin;
         size_t n = (size_t)(rng_next(&s) % 4 ? rng_next(&s) % 5000 : rng_next(&s) % 300000);
         if (t == loomUint8 && op == loomSum) n = n % 1000; /* 7 * ranks fits a byte */
-        int inplace = (int)(rng_next(&s) & 1);
-        free(buf);
-        free(want);
-        buf = malloc(n * 8 + 8);
-        want = malloc(n * 8 + 8);
-        void *out = inplace ? buf : malloc(n * 8 + 8);
-        bool fold = determ && op == loomSum && is_float(t);
-        for (size_t i = 0; i < n; i++) {
-            if (fold) {
-                /* the left fold in rank order, one rounding per step in the type's arithmetic */
-                put(t, buf, i, inexact_val(r, i));
-                float wf = (float)inexact_val(0, i);
-                double wd = inexact_val(0, i);
-                for (int q = 1; q < p; q++) {
-                    wf = wf + (float)inexact_val(q, i);
-                    wd = wd + inexact_val(q, i);
-                }
-                put(t, want, i, t == loomFloat32 ? (double)wf : wd);
-                continue;
-            }
-            put(t, buf, i, in_val(op, r, i));
-            double w = in_val(op, 0, i);
-            for (int q = 1; q < p; q++) {
-                double v = in_val(op, q, i);
-                w = op == loomSum ? w + v : op == loomMax ? (v > w ? v : w) : (v < w ? v : w);
-            }
-            put(t, want, i, w);
-        }
-        loomResult_t res = loomAllReduce(buf, out, n, t, (loomRedOp_t)op, comm, NULL);
+        bool inplace = rng_next(&s) & 1;
+        /* half of the calls are allreduces, the rest the other kinds alike */
+        uint64_t kd = rng_next(&s) % (2 * (K_N - 1));
+        int kind = kd < K_N - 1 ? K_ALLREDUCE : (int)(kd - (K_N - 1)) + 1;
+        int root = (int)(rng_next(&s) % (uint64_t)p);
+        if (kind != K_ALLREDUCE && kind != K_REDUCE) n = n % 60000; /* p blocks of it */
+        bool fold = determ && op == loomSum && is_float(t) && kind == K_ALLREDUCE;
+        bool ok = true;
+        loomResult_t res = soak_call(kind, comm, r, p, t, op, n, inplace, root, fold, &ok);
         if (res == loomSuccess) {
             atomic_fetch_add(&rep[r].ops, 1);
-            if (memcmp(out, want, n * tsize(t)) != 0) {
+            if (!ok) {
                 atomic_fetch_add(&rep[r].wrong, 1);
-                fprintf(stderr, "soak: rank %d op %d: wrong result (%s, count %zu)\n", r, k,
-                        loomGetErrorString(res), n);
+                fprintf(stderr, "soak: rank %d op %d: wrong result (%s, count %zu, %s)\n", r, k,
+                        kind_name[kind], n, inplace ? "in place" : "out of place");
             }
-        }
-        if (!inplace) free(out);
-        if (res != loomSuccess) {
+        } else {
             rc = fault == F_NONE ? 4 : 0; /* an error is a failure only without a fault */
-            if (rc) fprintf(stderr, "soak: rank %d op %d: %s\n", r, k, loomGetLastError(comm));
+            if (rc)
+                fprintf(stderr, "soak: rank %d op %d (%s): %s\n", r, k, kind_name[kind],
+                        loomGetLastError(comm));
             break;
         }
     }
-    free(buf);
-    free(want);
     if (rc == 0 && fault != F_NONE)
         loomCommAbort(comm);
     else
@@ -239,10 +312,16 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
             waitpid(leader, &st, 0);
         }
     }
+    int job_wrong = 0;
     for (int r = 0; r < p; r++) {
         *ops += atomic_load(&rep[r].ops);
-        *wrong += atomic_load(&rep[r].wrong);
+        job_wrong += atomic_load(&rep[r].wrong);
     }
+    *wrong += job_wrong;
+    if (job_wrong)
+        fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s): %d wrong results\n",
+                (unsigned long long)seed, p, transport, algo ? algo : "default", mode_name(mode),
+                fault_name[fault], job_wrong);
     if (!hung && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
         (*failed)++;
         fprintf(stderr,

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -815,7 +816,7 @@ loomResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns, 
 
 /* ---- authenticated messages after the handshake ---- */
 
-int sock_auth_tamper_nth;
+_Atomic int sock_auth_tamper_nth;
 
 loomResult_t sock_auth_start(sock_auth_t *a, const hs_t *hs, uint64_t deadline_ns)
 {
@@ -866,7 +867,8 @@ void sock_auth_tag(sock_auth_t *a, const void *m, size_t len, const void *m2, si
                    uint8_t tag[SOCK_AUTH_TAG])
 {
     auth_mac(a->tx, a->ntx++, m, len, m2, len2, tag);
-    if (sock_auth_tamper_nth > 0 && --sock_auth_tamper_nth == 0) tag[0] ^= 0x01;
+    if (atomic_load(&sock_auth_tamper_nth) > 0 && atomic_fetch_sub(&sock_auth_tamper_nth, 1) == 1)
+        tag[0] ^= 0x01;
 }
 
 bool sock_auth_check(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,

@@ -172,8 +172,9 @@ void sock_auth_tag(sock_auth_t *a, const void *m, size_t len, const void *m2, si
 bool sock_auth_check(sock_auth_t *a, const void *m, size_t len, const void *m2, size_t len2,
                      const uint8_t tag[SOCK_AUTH_TAG]);
 /* Test-only: when non-zero, the sock_auth_tag call of that number (1: the next) in this process
- * returns a damaged tag, as if the message had been changed on the wire. */
-extern int sock_auth_tamper_nth;
+ * returns a damaged tag, as if the message had been changed on the wire (atomic: the bootstrap
+ * root's thread reads it while a test sets it). */
+extern _Atomic int sock_auth_tamper_nth;
 /* sock_send_all of buf and its tag / sock_recv_all of both, checked: a wrong tag is
  * loomRemoteError naming `what` and "failed authentication". */
 loomResult_t sock_send_auth(int fd, sock_auth_t *a, const void *buf, size_t len,

@@ -221,8 +221,8 @@ void transport_abort_set(transport_abort_t *a, const char *reason);
 
 extern const transport_ops_t transport_tcp;
 /* Tests only: the handshake of the nth reverse socket tcp dials from now on (counting from 1)
- * fails, as when a flooded listener drops it; 0: none. Not thread-safe: set it before the job. */
-extern int tcp_test_drop_reverse_nth;
+ * fails, as when a flooded listener drops it; 0: none. */
+extern _Atomic int tcp_test_drop_reverse_nth;
 extern const transport_ops_t transport_shm;
 #ifdef LOOM_HAVE_MPI
 extern const transport_ops_t transport_mpi; /* mpi/mpi.c */

@@ -255,7 +255,7 @@ static loomResult_t tcp_connect(transport_ctx_t *ctx, int peer,
  * socket made the connection: a socket not dialled again would leave the link short for good).
  * A dead peer is still named by LOOM_TIMEOUT, as nothing arrives from it.
  */
-int tcp_test_drop_reverse_nth;
+_Atomic int tcp_test_drop_reverse_nth;
 static void sock_reset(tcp_sock_t *s)
 {
     if (s->fd >= 0) close(s->fd);
@@ -293,7 +293,8 @@ static void reverse_dial(transport_conn_t *c)
         s->reverse = true;
         hs_connect_init(&s->hs, fd, &c->addr, ctx->setup.secret, &hello);
         s->hs.patient = true;
-        s->test_drop = tcp_test_drop_reverse_nth > 0 && --tcp_test_drop_reverse_nth == 0;
+        s->test_drop = atomic_load(&tcp_test_drop_reverse_nth) > 0 &&
+                       atomic_fetch_sub(&tcp_test_drop_reverse_nth, 1) == 1;
     }
 }
 
