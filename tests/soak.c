@@ -177,6 +177,18 @@ static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType
         break;
     }
     *ok = res != loomSuccess || memcmp(recv, want, nout * es) == 0;
+    if (!*ok) {
+        size_t i = 0;
+        while (i < nout && memcmp(recv + i * es, want + i * es, es) == 0)
+            i++;
+        size_t bad = 0;
+        for (size_t j = i; j < nout; j++)
+            bad += memcmp(recv + j * es, want + j * es, es) != 0;
+        fprintf(stderr,
+                "soak: rank %d of %d: %s of %zu x %zu-byte elements, op %d, root %d: %zu of %zu "
+                "elements wrong, the first at %zu\n",
+                r, p, kind_name[k], n, es, op, root, bad, nout, i);
+    }
     free(in);
     free(out);
     free(want);
