@@ -170,17 +170,11 @@ static void note_refused(loomComm_t comm, const char *fn)
 {
     refused.comm = comm;
     refused.id = comm->lay.comm_id;
-    unsigned long long seq = (unsigned long long)comm->seq.coll;
-    if (strncmp(fn, "loomSend", 8) == 0 || strncmp(fn, "loomRecv", 8) == 0)
-        snprintf(refused.text, sizeof(refused.text),
-                 "%s (this rank's %s, after %llu collectives, was refused: the communicator had "
-                 "failed before it)",
-                 comm->st.async_text, fn, seq);
-    else
-        snprintf(refused.text, sizeof(refused.text),
-                 "%s (this rank's %s, which would have been collective seq %llu, was refused: "
-                 "the communicator had failed before it)",
-                 comm->st.async_text, fn, seq);
+    bool p2p = strncmp(fn, "loomSend", 8) == 0 || strncmp(fn, "loomRecv", 8) == 0;
+    snprintf(refused.text, sizeof(refused.text),
+             "%s (this rank's %s, %s %llu%s, was refused: the communicator had failed before it)",
+             comm->st.async_text, fn, p2p ? "after" : "which would have been collective seq",
+             (unsigned long long)comm->seq.coll, p2p ? " collectives" : "");
     base_set_error_text(refused.text);
 }
 
