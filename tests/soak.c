@@ -15,10 +15,13 @@
  * wrong result; in a faulty job the other ranks end with an error or success, within the
  * deadline; no rank is left running at the deadline.
  * usage: soak [SECONDS (default 120)] [SEED (default: time)]
+ *        soak job SEED RANKS FAULT TRANSPORT ALGO SECURE DETERM COUNT  (one job, COUNT times:
+ *        the line a failed job prints at the end of a run)
  * Prints the seed, then operations checked, faults injected, wrong results and hung ranks; exit
  * status 0 only when both of the last are 0.
  */
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -42,7 +45,24 @@ typedef struct {
     atomic_int ops;   /* collectives that returned success and were checked */
     atomic_int wrong; /* of those, wrong results */
     atomic_int progress;
+    char note[600]; /* the rank's failures, in words (the job reprints them at the end) */
 } rank_report_t;
+
+/* Prints one line, and appends it to the rank's note while there is room. */
+static void rank_note(rank_report_t *rep, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void rank_note(rank_report_t *rep, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char line[600];
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);
+    size_t used = strlen(rep->note);
+    if (used + strlen(line) + 3 < sizeof rep->note)
+        snprintf(rep->note + used, sizeof rep->note - used, "%s%s", used ? "; " : "", line);
+}
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -105,7 +125,8 @@ static double folded(int op, int p, size_t i)
 /* One call of kind k: fills the inputs, runs it, and checks what this rank must hold (the
  * receive buffer on every rank, except reduce's off the root). n: elements per rank. */
 static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType_t t, int op,
-                              size_t n, bool inplace, int root, bool fold, bool *ok)
+                              size_t n, bool inplace, int root, bool fold, bool *ok,
+                              rank_report_t *me)
 {
     size_t es = tsize(t), tot = n * (size_t)p;
     uint8_t *in = malloc(tot * es + 8), *out = malloc(tot * es + 8), *want = malloc(tot * es + 8);
@@ -184,10 +205,11 @@ static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType
         size_t bad = 0;
         for (size_t j = i; j < nout; j++)
             bad += memcmp(recv + j * es, want + j * es, es) != 0;
-        fprintf(stderr,
-                "soak: rank %d of %d: %s of %zu x %zu-byte elements, op %d, root %d: %zu of %zu "
-                "elements wrong, the first at %zu\n",
-                r, p, kind_name[k], n, es, op, root, bad, nout, i);
+        rank_note(me,
+                  "soak: rank %d of %d: %s (%s) of %zu x %zu-byte elements, op %d, root %d: %zu "
+                  "of %zu elements wrong, the first at %zu",
+                  r, p, kind_name[k], inplace ? "in place" : "out of place", n, es, op, root, bad,
+                  nout, i);
     }
     free(in);
     free(out);
@@ -205,7 +227,7 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
         /* A rank killed or stopped beyond LOOM_TIMEOUT during init fails everyone's init: that
          * is the expected end. Without such a fault (a late rank included) init must work. */
         if (fault == F_KILL || fault == F_STOP || fault == F_ABORT) return 0;
-        fprintf(stderr, "soak: rank %d: init failed: %s\n", r, loomGetLastError(NULL));
+        rank_note(&rep[r], "soak: rank %d: init failed: %s", r, loomGetLastError(NULL));
         return 3;
     }
     if (fault == F_LATE_CALL && r == victim) usleep(5000000 + (useconds_t)(seed % 2000000));
@@ -230,19 +252,19 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
         if (kind != K_ALLREDUCE && kind != K_REDUCE) n = n % 60000; /* p blocks of it */
         bool fold = determ && op == loomSum && is_float(t) && kind == K_ALLREDUCE;
         bool ok = true;
-        loomResult_t res = soak_call(kind, comm, r, p, t, op, n, inplace, root, fold, &ok);
+        loomResult_t res = soak_call(kind, comm, r, p, t, op, n, inplace, root, fold, &ok, &rep[r]);
         if (res == loomSuccess) {
             atomic_fetch_add(&rep[r].ops, 1);
             if (!ok) {
                 atomic_fetch_add(&rep[r].wrong, 1);
-                fprintf(stderr, "soak: rank %d op %d: wrong result (%s, count %zu, %s)\n", r, k,
-                        kind_name[kind], n, inplace ? "in place" : "out of place");
+                rank_note(&rep[r], "soak: rank %d op %d: wrong result (%s, count %zu, %s)", r, k,
+                          kind_name[kind], n, inplace ? "in place" : "out of place");
             }
         } else {
             rc = fault == F_NONE ? 4 : 0; /* an error is a failure only without a fault */
             if (rc)
-                fprintf(stderr, "soak: rank %d op %d (%s): %s\n", r, k, kind_name[kind],
-                        loomGetLastError(comm));
+                rank_note(&rep[r], "soak: rank %d op %d (%s): %s", r, k, kind_name[kind],
+                          loomGetLastError(comm));
             break;
         }
     }
@@ -257,6 +279,8 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
 typedef struct {
     bool secure, determ;
 } job_mode_t;
+
+static char failures[16384]; /* every failed job, reprinted at the end of the run */
 
 static const char *mode_name(job_mode_t m)
 {
@@ -317,9 +341,6 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         usleep(100000);
         if (i == JOB_DEADLINE_S * 10 - 1) {
             hung = p; /* past the deadline: every rank of the job counts as hung */
-            fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s) hung\n",
-                    (unsigned long long)seed, p, transport, algo ? algo : "default",
-                    mode_name(mode), fault_name[fault]);
             kill(-leader, SIGKILL);
             waitpid(leader, &st, 0);
         }
@@ -330,26 +351,67 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         job_wrong += atomic_load(&rep[r].wrong);
     }
     *wrong += job_wrong;
-    if (job_wrong)
-        fprintf(stderr, "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s): %d wrong results\n",
-                (unsigned long long)seed, p, transport, algo ? algo : "default", mode_name(mode),
-                fault_name[fault], job_wrong);
-    if (!hung && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
-        (*failed)++;
-        fprintf(stderr,
-                "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s) ended with status %d\n",
-                (unsigned long long)seed, p, transport, algo ? algo : "default", mode_name(mode),
-                fault_name[fault], WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    bool bad_end = !hung && (!WIFEXITED(st) || WEXITSTATUS(st) != 0);
+    if (bad_end) (*failed)++;
+    if (hung || job_wrong || bad_end) {
+        /* The job, what went wrong, each rank's own words, and the command that replays it;
+         * printed now and again at the end of the run (where a log's tail keeps it). */
+        char line[4096];
+        int len = snprintf(
+            line, sizeof line,
+            "soak: job seed %llu (%d ranks, %s, %s, %s, fault %s): ", (unsigned long long)seed, p,
+            transport, algo ? algo : "default", mode_name(mode), fault_name[fault]);
+        if (hung)
+            len +=
+                snprintf(line + len, sizeof line - (size_t)len, "hung past %d s", JOB_DEADLINE_S);
+        else if (job_wrong)
+            len += snprintf(line + len, sizeof line - (size_t)len, "%d wrong results", job_wrong);
+        else
+            len += snprintf(line + len, sizeof line - (size_t)len, "ended with status %d",
+                            WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        for (int r = 0; r < p && len < (int)sizeof line; r++)
+            if (rep[r].note[0])
+                len += snprintf(line + len, sizeof line - (size_t)len, "\n    %s", rep[r].note);
+        if (len < (int)sizeof line)
+            snprintf(line + len, sizeof line - (size_t)len,
+                     "\n    replay: soak job %llu %d %d %s %s %d %d COUNT",
+                     (unsigned long long)seed, p, fault, transport, algo ? algo : "default",
+                     mode.secure, mode.determ);
+        fprintf(stderr, "%s\n", line);
+        size_t used = strlen(failures);
+        if (used + strlen(line) + 2 < sizeof failures)
+            snprintf(failures + used, sizeof failures - used, "%s\n", line);
     }
     munmap(rep, sizeof(rank_report_t) * MAX_RANKS);
     return hung;
 }
 
+/* soak job SEED RANKS FAULT TRANSPORT ALGO SECURE DETERM COUNT: one job's replay, COUNT times. */
+static int replay(char **argv)
+{
+    uint64_t seed = strtoull(argv[0], NULL, 0);
+    int p = atoi(argv[1]), fault = atoi(argv[2]), count = atoi(argv[7]);
+    const char *algo = strcmp(argv[4], "default") == 0 ? NULL : argv[4];
+    job_mode_t mode = {.secure = atoi(argv[5]) != 0, .determ = atoi(argv[6]) != 0};
+    if (p < 2 || p > MAX_RANKS || fault < 0 || fault >= F_N || count < 1) {
+        fprintf(stderr, "soak job: ranks 2-%d, fault 0-%d, count 1 or more\n", MAX_RANKS, F_N - 1);
+        return 2;
+    }
+    int ops = 0, wrong = 0, hung = 0, failed = 0;
+    for (int i = 0; i < count; i++)
+        hung += run_job(seed, p, fault, argv[3], algo, mode, &ops, &wrong, &failed);
+    printf("soak job: %d runs, %d operations checked, %d wrong results, %d hung ranks, %d runs "
+           "with an unexpected error\n%s",
+           count, ops, wrong, hung, failed, failures);
+    return wrong || hung || failed ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
+    setenv("LOOM_SOCKET_IFNAME", "lo", 0);
+    if (argc == 10 && strcmp(argv[1], "job") == 0) return replay(argv + 2);
     int secs = argc > 1 ? atoi(argv[1]) : 120;
     uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : (uint64_t)time(NULL);
-    setenv("LOOM_SOCKET_IFNAME", "lo", 0);
     printf("soak: seed %llu, %d s (rerun: soak %d %llu)\n", (unsigned long long)seed, secs, secs,
            (unsigned long long)seed);
     fflush(stdout);
@@ -380,5 +442,12 @@ int main(int argc, char **argv)
            "%d wrong results, %d hung ranks, %d jobs with an unexpected error\n",
            jobs, nsecure, ndeterm, ops, faults, per_fault[F_LATE], per_fault[F_LATE_CALL],
            per_fault[F_KILL], per_fault[F_STOP], per_fault[F_ABORT], wrong, hung, failed);
+    if (failures[0]) {
+        /* again at the very end, on both streams: a test log's tail is what a reader sees */
+        printf("soak: the failed jobs (run seed %llu):\n%s", (unsigned long long)seed, failures);
+        fflush(stdout);
+        fprintf(stderr, "soak: the failed jobs (run seed %llu):\n%s", (unsigned long long)seed,
+                failures);
+    }
     return wrong || hung || failed ? 1 : 0;
 }
