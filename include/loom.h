@@ -261,7 +261,11 @@ loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t datatype, int
 
 /* Groups: calls between loomGroupStart and loomGroupEnd are queued and run together at
  * loomGroupEnd (nesting allowed; the outermost end runs them). Point-to-point calls in a group
- * progress concurrently; operations on different communicators progress concurrently. */
+ * progress concurrently; operations on different communicators progress concurrently. A call
+ * inside the group that fails (bad arguments, or a communicator that has failed) fails the whole
+ * group, as in NCCL: the end runs none of the queued operations and returns that call's error,
+ * its position in the group and its text ("loomGroupEnd: call 2 of the group failed, so none of
+ * its 3 queued operations ran: ..."). */
 loomResult_t loomGroupStart(void);
 loomResult_t loomGroupEnd(void);
 

@@ -102,6 +102,17 @@ static void put(loomDataType_t t, void *b, size_t i, double v)
     }
 }
 
+static double get(loomDataType_t t, const void *b, size_t i)
+{
+    switch (t) {
+    case loomInt32: return ((const int32_t *)b)[i];
+    case loomInt64: return (double)((const int64_t *)b)[i];
+    case loomFloat32: return ((const float *)b)[i];
+    case loomFloat64: return ((const double *)b)[i];
+    default: return ((const uint8_t *)b)[i];
+    }
+}
+
 static size_t tsize(loomDataType_t t)
 {
     return t == loomUint8 ? 1 : t == loomInt32 || t == loomFloat32 ? 4 : 8;
@@ -205,11 +216,17 @@ static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType
         size_t bad = 0;
         for (size_t j = i; j < nout; j++)
             bad += memcmp(recv + j * es, want + j * es, es) != 0;
+        /* what came instead, from the first wrong element on: a wrong sender, a stale or
+         * shifted buffer, or bytes never written show here */
+        char got[160] = "";
+        for (size_t j = i, len = 0; j < nout && j < i + 6 && len < sizeof got - 40; j++)
+            len += (size_t)snprintf(got + len, sizeof got - len, "%s%g/%g", j > i ? " " : "",
+                                    get(t, recv, j), get(t, want, j));
         rank_note(me,
                   "soak: rank %d of %d: %s (%s) of %zu x %zu-byte elements, op %d, root %d: %zu "
-                  "of %zu elements wrong, the first at %zu",
+                  "of %zu elements wrong, the first at %zu (got/want from there: %s)",
                   r, p, kind_name[k], inplace ? "in place" : "out of place", n, es, op, root, bad,
-                  nout, i);
+                  nout, i, got);
     }
     free(in);
     free(out);

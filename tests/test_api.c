@@ -781,6 +781,48 @@ out:
     return rc;
 }
 
+/* A call of a group that fails its checks fails the group: loomGroupEnd runs none of the
+ * queued operations and returns that call's error, with its position. Before, the end ran the
+ * rest and returned success, and a receive queued beside a refused send was read as a result
+ * although nothing had been written to it. */
+static int group_bad_call_rank(loomComm_t comm, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    int rc = 0, other = (rank + 1) % nranks;
+    int32_t s[16], r[16];
+    for (int i = 0; i < 16; i++)
+        s[i] = i, r[i] = -7;
+    RCALL(loomGroupStart());
+    RCALL(loomRecv(r, 16, loomInt32, other, comm, NULL));
+    loomResult_t res = loomSend(s, 16, (loomDataType_t)99, other, comm, NULL);
+    RCHECK(res == loomInvalidArgument, "send with datatype 99: %d", (int)res);
+    RCALL(loomSend(s, 16, loomInt32, other, comm, NULL));
+    res = loomGroupEnd();
+    const char *t = loomGetLastError(NULL);
+    RCHECK(res == loomInvalidArgument, "group end after a failed call: %d (%s)", (int)res, t);
+    RCHECK(strstr(t, "call 2") && strstr(t, "none of its 2 queued") && strstr(t, "datatype 99"),
+           "group end's text '%s' (wanted the call's position, the 2 operations not run, and "
+           "the call's own error)",
+           t);
+    for (int i = 0; i < 16; i++)
+        RCHECK(r[i] == -7, "receive buffer written at %d", i);
+    /* Nothing moved on either rank: the communicator is in step, and a later group runs. */
+    RCALL(loomGroupStart());
+    RCALL(loomSend(s, 16, loomInt32, other, comm, NULL));
+    RCALL(loomRecv(r, 16, loomInt32, (rank + nranks - 1) % nranks, comm, NULL));
+    RCALL(loomGroupEnd());
+    for (int i = 0; i < 16; i++)
+        RCHECK(r[i] == i, "receive %d: %d", i, r[i]);
+out:
+    return rc;
+}
+
+START_TEST(test_group_bad_call)
+{
+    ck_assert_int_eq(h_run_threads(2, group_bad_call_rank, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_p2p_self_mismatch)
 {
     ck_assert_int_eq(h_run_threads(2, self_mismatch_rank, NULL), 0);
@@ -1377,6 +1419,7 @@ static Suite *api_suite(void)
         {.name = "p2p", .test = test_p2p_groups, .tags = "transport"},
         {.name = "p2p_mismatch", .test = test_p2p_count_mismatch, .tags = "lifetime transport"},
         {.name = "p2p_self_mismatch", .test = test_p2p_self_mismatch},
+        {.name = "group_bad_call", .test = test_group_bad_call},
         {.name = "avg_premulsum", .test = test_avg_premulsum, .tags = "transport"},
         {.name = "last_error_threads", .test = test_last_error_threads},
         {.name = "last_error_comm", .test = test_last_error_comm},

@@ -221,8 +221,8 @@ END_TEST
 typedef struct {
     atomic_int finished; /* ranks past their RF_DONE allreduces */
     int victim_pid;
-    int seen[RF_NRANKS], res[RF_NRANKS];
-    char text[RF_NRANKS][TEXT_MAX], comm_text[RF_NRANKS][TEXT_MAX];
+    int seen[RF_NRANKS], res[RF_NRANKS], gres[RF_NRANKS], gwritten[RF_NRANKS];
+    char text[RF_NRANKS][TEXT_MAX], comm_text[RF_NRANKS][TEXT_MAX], gtext[RF_NRANKS][TEXT_MAX];
 } refuse_rep_t;
 
 static int refuse_rank(loomComm_t comm, int rank, int nranks, void *p)
@@ -252,6 +252,19 @@ static int refuse_rank(loomComm_t comm, int rank, int nranks, void *p)
     R->res[rank] = loomAllReduce(v, out, 64, loomFloat, loomSum, comm, NULL);
     h_collect_text(comm, R->text[rank], TEXT_MAX);
     snprintf(R->comm_text[rank], TEXT_MAX, "%s", loomGetLastError(comm));
+    /* A group's calls are refused one by one; its end must not then report success for the
+     * empty group (the soak caught a receive buffer never written, read as the result). */
+    int other = rank == 0 ? 1 : 0;
+    int32_t s[32], r[32];
+    for (int i = 0; i < 32; i++)
+        s[i] = i, r[i] = -7;
+    loomGroupStart();
+    loomSend(s, 32, loomInt32, other, comm, NULL);
+    loomRecv(r, 32, loomInt32, other, comm, NULL);
+    R->gres[rank] = loomGroupEnd();
+    snprintf(R->gtext[rank], TEXT_MAX, "%s", loomGetLastError(NULL));
+    for (int i = 0; i < 32; i++)
+        R->gwritten[rank] += r[i] != -7;
     return 0;
 }
 
@@ -289,6 +302,15 @@ START_TEST(test_refused_names_call)
                       "rank %d: loomGetLastError(comm) = '%s' (wanted the cause first, then the "
                       "refused call)",
                       r, c);
+        ck_assert_msg(R->gres[r] != loomSuccess && R->gwritten[r] == 0,
+                      "rank %d: a group of a refused send and receive ended with %d, %d "
+                      "elements written: '%s'",
+                      r, R->gres[r], R->gwritten[r], R->gtext[r]);
+        ck_assert_msg(strstr(R->gtext[r], "loomGroupEnd") && strstr(R->gtext[r], "call 1") &&
+                          strstr(R->gtext[r], "loomSend") && strstr(R->gtext[r], pid),
+                      "rank %d: the group's end says '%s' (wanted loomGroupEnd, call 1, "
+                      "loomSend, and the cause's '%s')",
+                      r, R->gtext[r], pid);
     }
 }
 END_TEST

@@ -23,6 +23,14 @@
 #endif
 
 static _Thread_local int group_depth;
+/* Inside an open group: calls made so far, and the first that failed (its code, its position,
+ * its text). The group's end then runs none of the queued operations and returns that error:
+ * a group that ran without one of its sends or receives would pair the rest wrongly, and the
+ * caller, who checks the end's result, would read a buffer nothing was written to. */
+static _Thread_local int group_calls;
+static _Thread_local loomResult_t group_err;
+static _Thread_local int group_err_at;
+static _Thread_local char group_err_text[384];
 /* The memory kinds the current call's buffers were found to be (check_buf). */
 static _Thread_local loomComm_t call_comm;
 static _Thread_local const char *call_fn; /* the public call now checked, for the claim */
@@ -330,8 +338,22 @@ static loomResult_t enqueue(const coll_op_t *op)
 
 LOOM_EXPORT loomResult_t loomGroupStart(void)
 {
-    group_depth++;
+    if (group_depth++ == 0) {
+        group_calls = 0;
+        group_err = loomSuccess;
+    }
     return loomSuccess;
+}
+
+/* The queued operations let go of, none run (a group with a failed call). */
+static void gq_drop_all(void)
+{
+    for (int i = 0; i < gq_len; i++)
+        if (gq_owner[i]) {
+            comm_release(gq_owner[i]);
+            comm_unref(gq_owner[i]);
+        }
+    gq_len = 0;
 }
 
 LOOM_EXPORT loomResult_t loomGroupEnd(void)
@@ -339,6 +361,16 @@ LOOM_EXPORT loomResult_t loomGroupEnd(void)
     if (group_depth == 0)
         return base_error(loomInvalidUsage, LOG_COLL, "loomGroupEnd without loomGroupStart");
     if (--group_depth > 0) return loomSuccess;
+    if (group_err != loomSuccess) {
+        int queued = gq_len;
+        gq_drop_all();
+        loomResult_t r = group_err;
+        group_err = loomSuccess;
+        return base_error(r, LOG_COLL,
+                          "loomGroupEnd: call %d of the group failed, so none of its %d queued "
+                          "operation%s ran: %s",
+                          group_err_at, queued, queued == 1 ? "" : "s", group_err_text);
+    }
     return run_group();
 }
 #ifdef LOOM_HAVE_CUDA
@@ -456,6 +488,26 @@ static loomResult_t run_group(void)
 
 /* ---- entry points ---- */
 
+/* Every public call's result passes here: inside a group, the first failure is kept for
+ * loomGroupEnd. */
+static loomResult_t entry_end(loomResult_t r)
+{
+    if (group_depth == 0) return r;
+    group_calls++;
+    if (r != loomSuccess && group_err == loomSuccess) {
+        group_err = r;
+        group_err_at = group_calls;
+        snprintf(group_err_text, sizeof group_err_text, "%s", base_last_error());
+    }
+    return r;
+}
+
+#define ENTRY_CHECK(call)                                                                          \
+    do {                                                                                           \
+        loomResult_t entry_r_ = (call);                                                            \
+        if (entry_r_ != loomSuccess) return entry_end(entry_r_);                                   \
+    } while (0)
+
 LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                        loomDataType_t type, loomRedOp_t op, loomComm_t comm,
                                        cudaStream_t stream)
@@ -463,14 +515,14 @@ LOOM_EXPORT loomResult_t loomAllReduce(const void *sendbuff, void *recvbuff, siz
     const char *fn = "loomAllReduce";
     size_t bytes = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
-    LOOM_CHECK(check_op(comm, fn, op, type));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    ENTRY_CHECK(check_op(comm, fn, op, type));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     coll_op_t o = {comm, OPK_ALLREDUCE, sendbuff, recvbuff, count, type, op, -1, stream, false, 0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, size_t count,
@@ -480,17 +532,17 @@ LOOM_EXPORT loomResult_t loomBroadcast(const void *sendbuff, void *recvbuff, siz
     const char *fn = "loomBroadcast";
     size_t bytes = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
-    LOOM_CHECK(check_root(comm, fn, "root", root));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    ENTRY_CHECK(check_root(comm, fn, "root", root));
     if (comm->rank == root) {
-        LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
-        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+        ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+        ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     }
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     coll_op_t o = {comm,    OPK_BROADCAST, sendbuff, recvbuff, count, type,
                    loomSum, root,          stream,   false,    0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t count,
@@ -500,19 +552,19 @@ LOOM_EXPORT loomResult_t loomReduce(const void *sendbuff, void *recvbuff, size_t
     const char *fn = "loomReduce";
     size_t bytes = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
-    LOOM_CHECK(check_op(comm, fn, op, type));
-    LOOM_CHECK(check_root(comm, fn, "root", root));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    ENTRY_CHECK(check_op(comm, fn, op, type));
+    ENTRY_CHECK(check_root(comm, fn, "root", root));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
     if (comm->rank == root) {
-        LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
-        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
+        ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+        ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, bytes, recvbuff));
     } else {
         recvbuff = (void *)sendbuff == recvbuff ? recvbuff : NULL;
     }
     coll_op_t o = {comm, OPK_REDUCE, sendbuff, recvbuff, count, type, op, root, stream, false, 0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
@@ -521,16 +573,16 @@ LOOM_EXPORT loomResult_t loomAllGather(const void *sendbuff, void *recvbuff, siz
     const char *fn = "loomAllGather";
     size_t bytes = 0, total = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, sendcount, 1, &bytes));
-    LOOM_CHECK(check_common(comm, fn, type, sendcount, (size_t)comm->nranks, &total));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
-    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
-                                        (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, sendcount, 1, &bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, sendcount, (size_t)comm->nranks, &total));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, bytes, recvbuff, total,
+                                         (uint8_t *)recvbuff + (size_t)comm->rank * bytes));
     coll_op_t o = {comm, OPK_ALLGATHER, sendbuff, recvbuff, sendcount, type, loomSum,
                    -1,   stream,        false,    0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
@@ -540,17 +592,17 @@ LOOM_EXPORT loomResult_t loomReduceScatter(const void *sendbuff, void *recvbuff,
     const char *fn = "loomReduceScatter";
     size_t bytes = 0, total = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, recvcount, 1, &bytes));
-    LOOM_CHECK(check_common(comm, fn, type, recvcount, (size_t)comm->nranks, &total));
-    LOOM_CHECK(check_op(comm, fn, op, type));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, recvcount, 1, &bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, recvcount, (size_t)comm->nranks, &total));
+    ENTRY_CHECK(check_op(comm, fn, op, type));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     if ((uint8_t *)recvbuff != (const uint8_t *)sendbuff + (size_t)comm->rank * bytes)
-        LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
+        ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, bytes, NULL));
     coll_op_t o = {
         comm, OPK_REDUCESCATTER, sendbuff, recvbuff, recvcount, type, op, -1, stream, false, 0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
@@ -559,15 +611,15 @@ LOOM_EXPORT loomResult_t loomAlltoAll(const void *sendbuff, void *recvbuff, size
     const char *fn = "loomAlltoAll";
     size_t total = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &total));
-    LOOM_CHECK(check_common(comm, fn, type, count, (size_t)comm->nranks, &total));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
-    LOOM_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &total));
+    ENTRY_CHECK(check_common(comm, fn, type, count, (size_t)comm->nranks, &total));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, total));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, total));
+    ENTRY_CHECK(check_no_partial_overlap(fn, sendbuff, total, recvbuff, total, recvbuff));
     coll_op_t o = {comm,    OPK_ALLTOALL, sendbuff, recvbuff, count, type,
                    loomSum, -1,           stream,   false,    0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataType_t type, int peer,
@@ -576,12 +628,12 @@ LOOM_EXPORT loomResult_t loomSend(const void *sendbuff, size_t count, loomDataTy
     const char *fn = "loomSend";
     size_t bytes = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
-    LOOM_CHECK(check_root(comm, fn, "peer", peer));
-    LOOM_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    ENTRY_CHECK(check_root(comm, fn, "peer", peer));
+    ENTRY_CHECK(check_buf(fn, "sendbuff", sendbuff, bytes));
     coll_op_t o = {comm, OPK_SEND, sendbuff, NULL, count, type, loomSum, peer, stream, false, 0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t type, int peer,
@@ -590,12 +642,12 @@ LOOM_EXPORT loomResult_t loomRecv(void *recvbuff, size_t count, loomDataType_t t
     const char *fn = "loomRecv";
     size_t bytes = 0;
     base_clear_error();
-    LOOM_CHECK(check_common(comm, fn, type, count, 1, &bytes));
-    LOOM_CHECK(check_root(comm, fn, "peer", peer));
-    LOOM_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
+    ENTRY_CHECK(check_common(comm, fn, type, count, 1, &bytes));
+    ENTRY_CHECK(check_root(comm, fn, "peer", peer));
+    ENTRY_CHECK(check_buf(fn, "recvbuff", recvbuff, bytes));
     coll_op_t o = {comm, OPK_RECV, NULL, recvbuff, count, type, loomSum, peer, stream, false, 0};
-    LOOM_CHECK(check_mem_kind(fn, &o));
-    return enqueue(&o);
+    ENTRY_CHECK(check_mem_kind(fn, &o));
+    return entry_end(enqueue(&o));
 }
 
 /* ---- device memory ---- */
