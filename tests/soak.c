@@ -1,19 +1,19 @@
 /*
  * soak: a bounded random test against a reference. Jobs one after another until the time is up;
  * each job draws its rank count (2-5), LOOM_TRANSPORT (tcp, shm, or unset: shm and the node
- * segment), LOOM_ALGO (ring, rd, rabenseifner, tree, oneshot, segment, or the automatic choice),
- * a run of collectives of random counts, types and ops (half allreduces, the rest reduce,
- * reduce-scatter, allgather, broadcast with a random root, and a group of sends and receives
- * around a ring; in place and out of place; exact integer-valued inputs, so every order gives
- * the reference's bits) and, in some jobs, one fault: a rank arriving late at init,
- * a rank reaching its first collective 5-7 s after init (beyond LOOM_TIMEOUT=4: the others must
- * wait for it), a rank killed (SIGKILL), stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or
- * calling loomCommAbort midway. A quarter of the jobs run with LOOM_SECURE=1 (sealed TCP frames),
- * and a quarter with LOOM_DETERMINISTIC=1, where float sums get inputs whose sums are not exact and
- * must equal, bit for bit, the left fold of the ranks' inputs in rank order. Every job is a fresh
- * process tree (parameters are read once per process). Checked: no successful call returns a
- * wrong result; in a faulty job the other ranks end with an error or success, within the
- * deadline; no rank is left running at the deadline.
+ * segment; LOOM_SOAK_TRANSPORTS, a list of names such as "tcp shm default ucx", changes the set),
+ * LOOM_ALGO (ring, rd, rabenseifner, tree, oneshot, segment, or the automatic choice), a run of
+ * collectives of random counts, types and ops (half allreduces, the rest reduce, reduce-scatter,
+ * allgather, broadcast with a random root, and a group of sends and receives around a ring; in
+ * place and out of place; exact integer-valued inputs, so every order gives the reference's bits)
+ * and, in some jobs, one fault: a rank arriving late at init, a rank reaching its first collective
+ * 5-7 s after init (beyond LOOM_TIMEOUT=4: the others must wait for it), a rank killed (SIGKILL),
+ * stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling loomCommAbort midway. A quarter of
+ * the jobs run with LOOM_SECURE=1 (sealed TCP frames), and a quarter with LOOM_DETERMINISTIC=1,
+ * where float sums get inputs whose sums are not exact and must equal, bit for bit, the left fold
+ * of the ranks' inputs in rank order. Every job is a fresh process tree (parameters are read once
+ * per process). Checked: no successful call returns a wrong result; in a faulty job the other ranks
+ * end with an error or success, within the deadline; no rank is left running at the deadline.
  * usage: soak [SECONDS (default 120)] [SEED (default: time)]
  *        soak job SEED RANKS FAULT TRANSPORT ALGO SECURE DETERM COUNT  (one job, COUNT times:
  *        the line a failed job prints at the end of a run)
@@ -429,25 +429,43 @@ int main(int argc, char **argv)
     if (argc == 10 && strcmp(argv[1], "job") == 0) return replay(argv + 2);
     int secs = argc > 1 ? atoi(argv[1]) : 120;
     uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : (uint64_t)time(NULL);
-    printf("soak: seed %llu, %d s (rerun: soak %d %llu)\n", (unsigned long long)seed, secs, secs,
-           (unsigned long long)seed);
+    /* LOOM_SOAK_TRANSPORTS: the transports drawn from, by name (tests/meson.build adds ucx where
+     * loom has it); a rerun needs the same list */
+    static char tlist[256];
+    const char *transports[8];
+    int ntp = 0;
+    const char *env = getenv("LOOM_SOAK_TRANSPORTS");
+    snprintf(tlist, sizeof tlist, "%s", env && *env ? env : "tcp shm default");
+    for (char *save = NULL, *w = strtok_r(tlist, " ,", &save); w && ntp < 8;
+         w = strtok_r(NULL, " ,", &save))
+        transports[ntp++] = w;
+    if (ntp == 0) {
+        fprintf(stderr, "soak: LOOM_SOAK_TRANSPORTS names no transport\n");
+        return 2;
+    }
+    printf("soak: seed %llu, %d s, transports", (unsigned long long)seed, secs);
+    for (int i = 0; i < ntp; i++)
+        printf(" %s", transports[i]);
+    printf(" (rerun: LOOM_SOAK_TRANSPORTS='%s' soak %d %llu)\n",
+           env && *env ? env : "tcp shm default", secs, (unsigned long long)seed);
     fflush(stdout);
     time_t end = time(NULL) + secs;
     int jobs = 0, ops = 0, wrong = 0, hung = 0, faults = 0, failed = 0;
     int per_fault[F_N] = {0}, nsecure = 0, ndeterm = 0;
     static const char *algos[] = {NULL, "ring", "rd", "rabenseifner", "tree", "oneshot", "segment"};
-    static const char *transports[] = {"tcp", "shm", "default"};
     uint64_t s = seed;
     while (time(NULL) < end) {
         uint64_t job_seed = rng_next(&s);
         int p = 2 + (int)(rng_next(&s) % (MAX_RANKS - 1));
         int fault = rng_next(&s) % 3 == 0 ? 1 + (int)(rng_next(&s) % (F_N - 1)) : F_NONE;
-        const char *tp = transports[rng_next(&s) % 3];
+        const char *tp = transports[rng_next(&s) % (uint64_t)ntp];
         /* the automatic choice in a third of the jobs, a forced algorithm in the rest */
         uint64_t a = rng_next(&s) % 9;
         const char *algo = a < 3 ? NULL : algos[1 + (a - 3)];
         uint64_t m = rng_next(&s);
-        job_mode_t mode = {.secure = m % 4 == 0, .determ = (m >> 8) % 4 == 0};
+        /* sealing covers tcp only: loom refuses LOOM_SECURE=1 with LOOM_TRANSPORT=ucx */
+        job_mode_t mode = {.secure = m % 4 == 0 && strcmp(tp, "ucx") != 0,
+                           .determ = (m >> 8) % 4 == 0};
         hung += run_job(job_seed, p, fault, tp, algo, mode, &ops, &wrong, &failed);
         jobs++;
         nsecure += mode.secure;
