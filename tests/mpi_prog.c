@@ -17,6 +17,8 @@
  *   calls (the length in the header, the metadata tell which), as over tcp.
  * mpi_prog kill: the last rank is killed (SIGKILL) in the middle of the job: the others must
  *   fail naming it (mpirun --enable-recovery lets them run on).
+ * mpi_prog late: the last rank computes beyond LOOM_TIMEOUT before its first call and between
+ *   calls: every allreduce must succeed, exact (see late()).
  * The stall and kill checks read the same over every LOOM_TRANSPORT (see fault()).
  *
  * Prints "mpi_prog: rank R of N: <mode> ok (K checks)" on success, or the error with "mpi_prog:
@@ -341,6 +343,31 @@ static bool is_stopped(pid_t pid)
  * itself before the call (as in test_fail's stalled_rank: its peers then wait on a rank that
  * sent nothing, whatever the transport buffers), and rank 0 continues it once its own call has
  * failed and the victim is seen stopped. */
+/* The last rank computes (sleeps) MPI_PROG_LATE_S seconds (default 5) before its first call and
+ * again between its first and second: beyond LOOM_TIMEOUT, its peers must wait for it, not take
+ * it for stalled. Over mpi and ucx, where each side makes its own connection at its first use,
+ * the late rank answers its peers' heartbeats before it has made any. */
+static void late(loomComm_t comm, int n)
+{
+    double secs = getenv("MPI_PROG_LATE_S") ? atof(getenv("MPI_PROG_LATE_S")) : 5;
+    enum { COUNT = 4099 };
+    static int32_t v[COUNT], want[COUNT];
+    for (int pass = 0; pass < 3; pass++) {
+        if (me == n - 1 && pass < 2) usleep((useconds_t)(secs * 1e6));
+        for (int i = 0; i < COUNT; i++) {
+            v[i] = (int32_t)((i * 3 + me * 5 + pass) % 11);
+            int32_t w = 0;
+            for (int q = 0; q < n; q++)
+                w += (int32_t)((i * 3 + q * 5 + pass) % 11);
+            want[i] = w;
+        }
+        ok(loomAllReduce(v, v, COUNT, loomInt32, loomSum, comm, NULL), comm,
+           pass == 0 ? "the allreduce after the late rank's first call"
+                     : "the allreduce after the late rank computed");
+        check_bytes("late allreduce", v, want, sizeof(v));
+    }
+}
+
 static int fault(loomComm_t comm, bool stop, int n)
 {
     int victim = n - 1;
@@ -433,6 +460,8 @@ int main(int argc, char **argv)
             pthread_t t;
             pthread_create(&t, NULL, other_thread, comm);
             pthread_join(t, NULL);
+        } else if (strcmp(mode, "late") == 0) {
+            late(comm, n);
         } else if (strcmp(mode, "mismatch") == 0) {
             /* rank 0 sends 10 int32, rank 1 expects 12: rank 1 names the lengths */
             int32_t buf[16] = {0};

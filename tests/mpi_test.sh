@@ -89,6 +89,8 @@ for t in $transports; do
         "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" stall &&
         { grep -q "rank 3 of 4: stalled rank failed too" "$out" ||
           fail "stall over $t: the continued rank did not fail"; }
+    run "a rank computing 5 s before its first call and between calls (LOOM_TIMEOUT=2) waited for over $t, 4 ranks" 120 4 \
+        "${mpi[@]}" -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" late
     want="^mpi_prog: rank [0-2] of 4: kill ok: ((.*: )?rank 3 \([^)]*pid [0-9]+\) died during (allreduce seq 1 |the job, while this rank was outside calls)|.*allreduce seq 1 .*rank 3 \()" \
         run "a killed rank (SIGKILL) named over $t, 4 ranks" 120 3 \
         "${mpi[@]}" --enable-recovery -np 4 -x LOOM_TRANSPORT=$t -x LOOM_TIMEOUT=2 "$prog" kill

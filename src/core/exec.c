@@ -653,6 +653,22 @@ bool exec_host_status(exec_host_t *h, char *buf, size_t len)
 
 static loomResult_t check_locked(exec_t *e);
 
+/* The peers that reached this rank over links of transport t it has not made yet (mpi, ucx:
+ * no accept), connected now, so that they hear this rank's heartbeats: between calls (the
+ * keepalive) while it computes, and inside a call (check_locked) where its schedule has not
+ * reached them yet while they wait on it. */
+static void connect_callers(exec_host_t *h, int t, bool *moved)
+{
+    const transport_ops_t *o = h->tp[t].ops;
+    if (h->tp[t].ctx == NULL || o == NULL || o->callers == NULL) return;
+    int peers[16];
+    int n = o->callers(h->tp[t].ctx, peers, 16);
+    for (int i = 0; i < n; i++) {
+        exec_link_t *l;
+        if (h->conn(h, peers[i], &l) == loomSuccess) *moved = true;
+    }
+}
+
 loomResult_t exec_check_timeout(exec_t *e)
 {
     exec_host_lock(e->h);
@@ -664,6 +680,9 @@ loomResult_t exec_check_timeout(exec_t *e)
 static loomResult_t check_locked(exec_t *e)
 {
     exec_host_t *h = e->h;
+    bool moved = false;
+    for (int t = 0; t < h->ntp; t++)
+        connect_callers(h, t, &moved);
     uint64_t now = base_coarse_ns(); /* the stamps are the coarse clock's */
     /* What this rank's heartbeats say: whether it waits on a rank outside calls (a peer that
      * then waits on us is not in a deadlock with us). */
@@ -804,11 +823,14 @@ static uint64_t keepalive_poll(void *arg, bool *progressed)
     bool moved = false;
     if (atomic_load(&h->running) == 0 && !atomic_load(h->aborting) &&
         pthread_mutex_trylock(&h->lock) == 0) {
-        /* Transports without descriptors (MPI) are left out: MPI may refuse calls from this
-         * thread (MPI_THREAD_FUNNELED), and its peers' liveness is MPI's business. */
-        for (int t = 0; t < h->ntp && atomic_load(&h->running) == 0; t++)
-            if (h->tp[t].ctx && !(h->tp[t].ops->caps & TRANSPORT_CAP_POLL))
-                (void)h->tp[t].ops->progress(h->tp[t].ctx, &moved);
+        /* Every transport heartbeats while this rank computes; one that may refuse this thread
+         * (MPI below MPI_THREAD_MULTIPLE) says so through its keepalive. */
+        for (int t = 0; t < h->ntp && atomic_load(&h->running) == 0; t++) {
+            const transport_ops_t *o = h->tp[t].ops;
+            if (h->tp[t].ctx == NULL) continue;
+            connect_callers(h, t, &moved);
+            (void)(o->keepalive ? o->keepalive : o->progress)(h->tp[t].ctx, &moved);
+        }
         pthread_mutex_unlock(&h->lock);
     }
     /* Something moved (a peer's connection being authenticated): come back soon. */

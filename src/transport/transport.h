@@ -97,6 +97,16 @@ typedef struct {
     loomResult_t (*test)(transport_req_t *req, int *done, uint8_t meta[TRANSPORT_META_BYTES]);
     /* Moves bytes; *progressed tells whether anything moved or connected. */
     loomResult_t (*progress)(transport_ctx_t *ctx, bool *progressed);
+    /* progress as the progress thread calls it between calls (heartbeats while the rank
+     * computes, connection setup), for a transport that may refuse that thread or must not be
+     * called at some moment (MPI's thread level, its finalisation); NULL: progress. */
+    loomResult_t (*keepalive)(transport_ctx_t *ctx, bool *progressed);
+    /* For transports without an accept, where each side makes its connection at its own first
+     * use (mpi, ucx): the peers that reached this rank over a link it has not made yet. The
+     * progress thread connects them between calls (exec's keepalive), so that a rank computing
+     * before its first call with a peer answers that peer's heartbeats, as tcp's accept does.
+     * Writes at most max ranks and returns how many; NULL: none. */
+    int (*callers)(transport_ctx_t *ctx, int *peers, int max);
     /* Descriptors to wait on when nothing progresses; returns how many were written. */
     int (*pollfds)(transport_ctx_t *ctx, struct pollfd *fds, int max);
     /* Makes every pending and later call fail fast, telling peers `reason` where possible. */

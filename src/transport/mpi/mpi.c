@@ -22,17 +22,22 @@
  * the transport has TRANSPORT_CAP_POLL, so the engine wakes up every PROGRESS_POLL_NS instead of
  * sleeping on descriptors.
  *
- * Liveness: while inside a call, each connection sends a heartbeat on the control tag every
- * transport_ping_ns(); a receive is always posted there. A peer whose heartbeats stop (stalled,
- * dead) is named by the executor after LOOM_TIMEOUT like on tcp; an abort tells every connected
- * peer why, on the control tag. The duplicates have MPI_ERRORS_RETURN: a failing MPI call fails
- * the connection with MPI's text instead of killing the process.
+ * Liveness: each connection sends a heartbeat on the control tag every transport_ping_ns(),
+ * carrying whether this rank is inside a call (as tcp's do); a receive is always posted there.
+ * Between calls the progress thread sends them (mpi_keepalive), where MPI grants
+ * MPI_THREAD_MULTIPLE; below it that thread may not call MPI, so a rank computing between calls
+ * is silent, and init says so (a computing rank is then taken for stalled after LOOM_TIMEOUT). A
+ * peer whose heartbeats stop (stalled, dead) is named by the executor after LOOM_TIMEOUT like on
+ * tcp; an abort tells every connected peer why, on the control tag. The duplicates have
+ * MPI_ERRORS_RETURN: a failing MPI call fails the connection with MPI's text instead of killing the
+ * process.
  *
  * Thread levels: see mpi_lib.h. Device memory: the transport advertises host memory; the
  * device executor stages device buffers through host memory. Whether the MPI library is
  * CUDA-aware (MPIX_Query_cuda_support, where mpi-ext.h has it) is logged at init.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,14 +113,22 @@ void mpi_lib_unlock(void)
     if (!ml.multiple) pthread_mutex_unlock(&ml.lock);
 }
 
+/* The progress thread's heartbeats between calls (mpi_keepalive) against MPI_Finalize at exit:
+ * once closing is set no pass starts, and the finalisation waits for one that runs. */
+static atomic_bool ml_closing;
+static pthread_mutex_t ml_keepalive = PTHREAD_MUTEX_INITIALIZER;
+
 static void mpi_lib_fini(void)
 {
     /* Only the process that initialised MPI here finalises it (a forked child must not). */
     if (!mpi_lib_running()) return;
+    atomic_store(&ml_closing, true);
+    pthread_mutex_lock(&ml_keepalive);
     for (int i = 0; i < ml.nbases; i++)
         MPI_Comm_free(&ml.base[i].comm);
     ml.nbases = 0;
     MPI_Finalize();
+    pthread_mutex_unlock(&ml_keepalive);
 }
 
 static pid_t ml_init_pid;
@@ -167,6 +180,14 @@ loomResult_t mpi_lib_up(void)
          "mpi: MPI initialised by %s, %s granted, tag bound %d, CUDA-aware: %s (device buffers "
          "are staged through host memory)",
          init ? "the application" : "loom", mpi_lib_level_name(), ml.tag_ub, cuda ? "yes" : "no");
+    if (!ml.multiple)
+        WARN(LOG_NET,
+             "mpi: %s granted, below MPI_THREAD_MULTIPLE: loom's progress thread may not call "
+             "MPI, so between calls this rank sends no heartbeats over LOOM_TRANSPORT=mpi, and "
+             "its peers take it for stalled when it computes longer than LOOM_TIMEOUT=%g s "
+             "between collectives; initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), or "
+             "raise LOOM_TIMEOUT",
+             mpi_lib_level_name(), param_double(PARAM_TIMEOUT));
 out:
     pthread_mutex_unlock(&ml.state);
     return r;
@@ -328,6 +349,10 @@ struct transport_ctx {
     int nactive;
     transport_abort_t abort;
     bool thread_failed; /* an MPI call was refused on this thread: said once per call */
+    /* An abort from a peer this rank had no connection with yet (mpi_callers took it): its
+     * connection fails with it once made. */
+    int early_abort_peer;
+    char early_abort[TRANSPORT_ABORT_TEXT_MAX];
 };
 
 #define conn_fail(c, ...) transport_fail(&(c)->head.fail, __VA_ARGS__)
@@ -360,6 +385,7 @@ static loomResult_t mpi_init(const transport_setup_t *setup, transport_ctx_t **o
     }
     ctx->setup = *setup;
     ctx->ping_ns = transport_ping_ns();
+    ctx->early_abort_peer = -1;
     /* Two tags per communicator, below the MPI library's bound. */
     uint64_t npairs = (uint64_t)(ml.tag_ub - 1) / 2;
     uint64_t t = base_hash64(&setup->comm_id, sizeof(setup->comm_id), 0x6d7069) % npairs;
@@ -439,6 +465,10 @@ static loomResult_t mpi_connect(transport_ctx_t *ctx, int peer,
     ctx->conns[peer] = c;
     ctx->active[ctx->nactive++] = c;
     (void)pick;
+    if (ctx->early_abort_peer == peer) {
+        ctx->early_abort_peer = -1;
+        conn_fail(c, loomRemoteError, "%s aborted: %s", c->head.name, ctx->early_abort);
+    }
     post_ctrl_recv(c);
     TRACE(LOG_NET, "mpi: connected to %s", c->head.name);
     *out = c;
@@ -695,6 +725,7 @@ static void ctrl_progress(transport_conn_t *c, bool *progressed)
             return;
         }
         *progressed = true;
+        transport_peer_call_set(&c->head, h->flags);
         int erc = MPI_Irecv(&c->ctrl_in, sizeof(c->ctrl_in), MPI_BYTE, c->mrank, c->ctx->ctrl_tag,
                             c->comm, &c->ctrl_rreq);
         if (erc != MPI_SUCCESS) {
@@ -711,7 +742,11 @@ static void maybe_ping(transport_conn_t *c, uint64_t now)
     int flag = 1;
     if (c->ping_sreq != MPI_REQUEST_NULL) MPI_Test(&c->ping_sreq, &flag, MPI_STATUS_IGNORE);
     if (!flag) return; /* the previous one has not left: the peer is not taking them */
-    c->ping_out = (mt_hdr_t){.magic = MT_MAGIC, .type = MT_PING, .comm_id = c->ctx->setup.comm_id};
+    c->ping_out = (mt_hdr_t){.magic = MT_MAGIC,
+                             .type = MT_PING,
+                             .flags = (uint16_t)transport_my_call(&c->ctx->setup),
+                             .comm_id = c->ctx->setup.comm_id,
+                             .seq = (uint64_t)c->ctx->setup.rank};
     int rc = MPI_Isend(&c->ping_out, sizeof(c->ping_out), MPI_BYTE, c->mrank, c->ctx->ctrl_tag,
                        c->comm, &c->ping_sreq);
     if (rc != MPI_SUCCESS) {
@@ -746,6 +781,72 @@ static loomResult_t mpi_progress(transport_ctx_t *ctx, bool *progressed)
     }
     mpi_lib_unlock();
     return loomSuccess;
+}
+
+/* Between calls, on the progress thread (exec's keepalive): heartbeats where MPI lets this thread
+ * call it (MPI_THREAD_MULTIPLE), and never once the exit's MPI_Finalize has begun. */
+static loomResult_t mpi_keepalive(transport_ctx_t *ctx, bool *progressed)
+{
+    if (!ml.multiple || atomic_load(&ml_closing) || pthread_mutex_trylock(&ml_keepalive) != 0)
+        return loomSuccess;
+    loomResult_t r = loomSuccess;
+    if (!atomic_load(&ml_closing) && mpi_lib_running()) r = mpi_progress(ctx, progressed);
+    pthread_mutex_unlock(&ml_keepalive);
+    return r;
+}
+
+/* Peers whose heartbeats (or abort) reached this rank before it made its connection with them:
+ * a rank computing before its first call with a peer answers it this way (core connects them
+ * from the progress thread). The messages are taken off MPI's queue; their header names the
+ * sender's loom rank. Only from a thread that may call MPI (the progress thread at
+ * MPI_THREAD_MULTIPLE only, as for mpi_keepalive). */
+static int mpi_callers(transport_ctx_t *ctx, int *peers, int max)
+{
+    if (!thread_may_call() || atomic_load(&ml_closing) || ctx->abort.aborted ||
+        pthread_mutex_trylock(&ml_keepalive) != 0)
+        return 0;
+    int n = 0;
+    pthread_mutex_lock(&ml.state);
+    int nb = ml.nbases;
+    MPI_Comm comms[MPI_MAX_BASES];
+    for (int i = 0; i < nb; i++)
+        comms[i] = ml.base[i].comm;
+    pthread_mutex_unlock(&ml.state);
+    mpi_lib_lock(); /* after ml.state, in the order mpi_lib_add_base takes them */
+    for (int b = 0; b < nb && !atomic_load(&ml_closing) && mpi_lib_running(); b++) {
+        for (int k = 0; k < 16 && n < max; k++) {
+            int flag = 0;
+            MPI_Message msg;
+            MPI_Status st;
+            if (MPI_Improbe(MPI_ANY_SOURCE, ctx->ctrl_tag, comms[b], &flag, &msg, &st) !=
+                    MPI_SUCCESS ||
+                !flag)
+                break;
+            mt_ctrl_t in;
+            int count = 0;
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            if (MPI_Mrecv(&in, (int)sizeof(in), MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                break;
+            if (count < (int)sizeof(mt_hdr_t) || in.h.magic != MT_MAGIC ||
+                in.h.comm_id != ctx->setup.comm_id || in.h.seq >= (uint64_t)ctx->setup.nranks)
+                continue; /* another communicator's, or nothing loom sent */
+            int from = (int)in.h.seq;
+            if (from == ctx->setup.rank || ctx->conns[from]) continue;
+            if (in.h.type == MT_ABORT) {
+                size_t tl = LOOM_MIN((size_t)count - sizeof(mt_hdr_t), sizeof(in.text) - 1);
+                in.text[tl] = '\0';
+                ctx->early_abort_peer = from;
+                snprintf(ctx->early_abort, sizeof(ctx->early_abort), "%s", in.text);
+            }
+            bool dup = false;
+            for (int i = 0; i < n; i++)
+                dup = dup || peers[i] == from;
+            if (!dup) peers[n++] = from;
+        }
+    }
+    mpi_lib_unlock();
+    pthread_mutex_unlock(&ml_keepalive);
+    return n;
 }
 
 static int mpi_pollfds(transport_ctx_t *ctx, struct pollfd *fds, int max)
@@ -795,8 +896,10 @@ static void mpi_abort(transport_ctx_t *ctx, const char *reason)
     mpi_lib_lock();
     for (int i = 0; i < ctx->nactive; i++) {
         transport_conn_t *c = ctx->active[i];
-        c->abort_out.h =
-            (mt_hdr_t){.magic = MT_MAGIC, .type = MT_ABORT, .comm_id = ctx->setup.comm_id};
+        c->abort_out.h = (mt_hdr_t){.magic = MT_MAGIC,
+                                    .type = MT_ABORT,
+                                    .comm_id = ctx->setup.comm_id,
+                                    .seq = (uint64_t)ctx->setup.rank};
         memcpy(c->abort_out.text, reason, rl);
         int rc = MPI_Isend(&c->abort_out, (int)(sizeof(mt_hdr_t) + rl), MPI_BYTE, c->mrank,
                            ctx->ctrl_tag, c->comm, &c->abort_sreq);
@@ -922,6 +1025,8 @@ const transport_ops_t transport_mpi = {
     .irecv = mpi_irecv,
     .test = mpi_test,
     .progress = mpi_progress,
+    .keepalive = mpi_keepalive,
+    .callers = mpi_callers,
     .pollfds = mpi_pollfds,
     .abort = mpi_abort,
     .idle_ns = mpi_idle_ns,

@@ -16,10 +16,13 @@
  * the payload has another length than the receive (UCX truncates that one): the length mismatch
  * is then reported with both operations named, like tcp and shm do.
  *
- * Control messages (tag ctrl | sender): heartbeats while inside a call (a stalled peer is told
- * from a busy one as on tcp) and the reason of an abort. Each connection keeps one control receive
- * posted. A peer that dies shows up through the endpoint's error handler
- * (UCP_ERR_HANDLING_MODE_PEER), a stalled one through the missing heartbeats (LOOM_TIMEOUT).
+ * Control messages (tag ctrl | sender): heartbeats, inside calls and between them (the
+ * progress thread's), so that a stalled peer is told from a busy one as on tcp, and the reason
+ * of an abort. A peer's heartbeats that arrive before this rank made its endpoint to it (its
+ * first call with that peer is still to come) are found by ucx_callers, and core connects it. Each
+ * connection keeps one control receive posted. A peer that dies shows up through the endpoint's
+ * error handler (UCP_ERR_HANDLING_MODE_PEER), a stalled one through the missing heartbeats
+ * (LOOM_TIMEOUT).
  *
  * Progress: ucp_worker_progress in the progress op; the worker's event fd (ucp_worker_arm) is
  * what the progress engine waits on when nothing moves. Everything of UCX's configuration comes
@@ -729,6 +732,24 @@ static void drain_cb(void *request, ucs_status_t status, const ucp_tag_recv_info
     *(bool *)user_data = true;
 }
 
+/* Peers whose heartbeats (or abort) reached this rank before it made its endpoint to them: a
+ * rank computing before its first call with a peer answers it this way (core connects them from
+ * the progress thread, and the new connection's control receive takes the message). The probe
+ * leaves the message where it is; it sees the first waiting control message only, so one peer
+ * is found per pass (a connected peer's message there is taken by its receive soon). */
+static int ucx_callers(transport_ctx_t *ctx, int *peers, int max)
+{
+    if (ctx->abort.aborted || max < 1) return 0;
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h msg = ucp_tag_probe_nb(ctx->worker, UCX_TAG_CTRL, UCX_TAG_CTRL, 0, &info);
+    if (msg == NULL) return 0;
+    int from = (int)((info.sender_tag & ~(UCX_TAG_CTRL | UCX_TAG_META)) >> UCX_RANK_SHIFT);
+    if (from < 0 || from >= ctx->setup.nranks || from == ctx->setup.rank || ctx->conns[from])
+        return 0;
+    peers[0] = from;
+    return 1;
+}
+
 /* Messages nobody will receive (a peer's last heartbeats, an abandoned communicator's traffic)
  * are taken off the worker before it goes, instead of UCX warning about each. */
 static void drain_unexpected(transport_ctx_t *ctx)
@@ -819,6 +840,7 @@ static void ucx_fini(transport_ctx_t *ctx)
 
 const transport_ops_t transport_ucx = {
     .name = "ucx",
+    .callers = ucx_callers,
     .caps = TRANSPORT_CAP_MSG,
     .reach = TRANSPORT_REACH_NODE | TRANSPORT_REACH_NET,
     .mem_types = TRANSPORT_MEM_HOST,
