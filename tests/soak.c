@@ -8,18 +8,26 @@
  * place and out of place; exact integer-valued inputs, so every order gives the reference's bits)
  * and, in some jobs, one fault: a rank arriving late at init, a rank reaching its first collective
  * 5-7 s after init (beyond LOOM_TIMEOUT=4: the others must wait for it), a rank killed (SIGKILL),
- * stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling loomCommAbort midway. A quarter of
+ * stopped (SIGSTOP beyond LOOM_TIMEOUT, then SIGCONT) or calling loomCommAbort midway. The mpi
+ * transport (named in LOOM_SOAK_TRANSPORTS) runs its jobs under Open MPI's mpirun, each rank this
+ * program again ("soak mpi-rank ...", loomCommInitFromEnv), with --enable-recovery where a fault
+ * is drawn, so that mpirun lets the others run on; its ranks write their counts into a file the
+ * job maps (LOOM_SOAK_REPORT) instead of memory shared by fork. A quarter of
  * the jobs run with LOOM_SECURE=1 (sealed TCP frames), and a quarter with LOOM_DETERMINISTIC=1,
  * where float sums get inputs whose sums are not exact and must equal, bit for bit, the left fold
  * of the ranks' inputs in rank order. Every job is a fresh process tree (parameters are read once
- * per process). Checked: no successful call returns a wrong result; in a faulty job the other ranks
- * end with an error or success, within the deadline; no rank is left running at the deadline.
+ * per process). Checked: no successful call returns a wrong result; a job without a fault, or
+ * whose fault is a late rank (at init or at its first call), ends with every call a success; in
+ * the other faulty jobs the other ranks end with an error or success, within the deadline; no
+ * rank is left running at the deadline.
  * usage: soak [SECONDS (default 120)] [SEED (default: time)]
  *        soak job SEED RANKS FAULT TRANSPORT ALGO SECURE DETERM COUNT  (one job, COUNT times:
  *        the line a failed job prints at the end of a run)
  * Prints the seed, then operations checked, faults injected, wrong results and hung ranks; exit
  * status 0 only when both of the last are 0.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -45,6 +53,9 @@ typedef struct {
     atomic_int ops;   /* collectives that returned success and were checked */
     atomic_int wrong; /* of those, wrong results */
     atomic_int progress;
+    atomic_int pid;  /* the rank's process (mpi: the job's leader kills or stops it by this) */
+    atomic_int done; /* the rank returned, with status rc (mpi: mpirun's own status says less) */
+    atomic_int rc;
     char note[600]; /* the rank's failures, in words (the job reprints them at the end) */
 } rank_report_t;
 
@@ -234,13 +245,16 @@ static loomResult_t soak_call(int k, loomComm_t comm, int r, int p, loomDataType
     return res;
 }
 
-/* One rank: nops collectives drawn from the job's seed (the same on every rank). */
+/* One rank: nops collectives drawn from the job's seed (the same on every rank). id NULL: the
+ * rank meets its peers through the launcher (loomCommInitFromEnv, under mpirun). */
 static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int nops, int fault,
                      int victim, int fault_at, bool determ, rank_report_t *rep)
 {
+    atomic_store(&rep[r].pid, (int)getpid());
     if (fault == F_LATE && r == victim) usleep(1000000 + (useconds_t)(seed % 2000000));
     loomComm_t comm;
-    if (loomCommInitRank(&comm, p, *id, r) != loomSuccess) {
+    loomResult_t init = id ? loomCommInitRank(&comm, p, *id, r) : loomCommInitFromEnv(&comm, NULL);
+    if (init != loomSuccess) {
         /* A rank killed or stopped beyond LOOM_TIMEOUT during init fails everyone's init: that
          * is the expected end. Without such a fault (a late rank included) init must work. */
         if (fault == F_KILL || fault == F_STOP || fault == F_ABORT) return 0;
@@ -278,14 +292,18 @@ static int rank_main(const loomUniqueId *id, int r, int p, uint64_t seed, int no
                           kind_name[kind], n, inplace ? "in place" : "out of place");
             }
         } else {
-            rc = fault == F_NONE ? 4 : 0; /* an error is a failure only without a fault */
+            /* an error is a failure without a fault, and after a late one: the others must
+             * wait for a late rank, however long it computes */
+            rc = fault == F_NONE || fault == F_LATE || fault == F_LATE_CALL ? 4 : 0;
             if (rc)
                 rank_note(&rep[r], "soak: rank %d op %d (%s): %s", r, k, kind_name[kind],
                           loomGetLastError(comm));
             break;
         }
     }
-    if (rc == 0 && fault != F_NONE)
+    /* after a kill, stop or abort the communicator may have failed; a late rank's job ends
+     * like one without a fault */
+    if (rc == 0 && fault != F_NONE && fault != F_LATE && fault != F_LATE_CALL)
         loomCommAbort(comm);
     else
         loomCommDestroy(comm);
@@ -307,12 +325,104 @@ static const char *mode_name(job_mode_t m)
                                 : "plain";
 }
 
+/* The job's ranks under mpirun, each this program in its mpi-rank mode; returns mpirun's pid.
+ * The ranks' pids come back through the report file. */
+static pid_t mpi_launch(const char *report, int p, uint64_t seed, int nops, int fault, int victim,
+                        int fault_at, bool determ)
+{
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return -1;
+    self[len] = 0;
+    char np[16], a[5][32];
+    snprintf(np, sizeof np, "%d", p);
+    snprintf(a[0], sizeof a[0], "%llu", (unsigned long long)seed);
+    snprintf(a[1], sizeof a[1], "%d", nops);
+    snprintf(a[2], sizeof a[2], "%d", fault);
+    snprintf(a[3], sizeof a[3], "%d", victim);
+    snprintf(a[4], sizeof a[4], "%d", fault_at);
+    setenv("LOOM_SOAK_REPORT", report, 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    const char *argv[40];
+    int n = 0;
+    const char *fixed[] = {
+        "mpirun", "--oversubscribe", "--bind-to",          "none", "--mca", "btl_tcp_if_include",
+        "lo",     "--mca",           "oob_tcp_if_include", "lo"};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        argv[n++] = fixed[i];
+    static const char *vars[] = {"LOOM_SOCKET_IFNAME", "LOOM_TRANSPORT", "LOOM_ALGO",
+                                 "LOOM_TIMEOUT",       "LOOM_SECURE",    "LOOM_DETERMINISTIC",
+                                 "LOOM_SOAK_REPORT"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) argv[n++] = "-x", argv[n++] = vars[i];
+    /* a rank that dies or leaves without MPI_Finalize makes mpirun kill the others at once,
+     * before they could say anything, unless it is told to let them run on */
+    if (fault != F_NONE) argv[n++] = "--enable-recovery";
+    argv[n++] = "-np", argv[n++] = np, argv[n++] = self, argv[n++] = "mpi-rank";
+    for (int i = 0; i < 5; i++)
+        argv[n++] = a[i];
+    argv[n++] = determ ? "1" : "0";
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("mpirun", (char **)argv);
+        fprintf(stderr, "soak: cannot run mpirun: %s\n", strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+/* soak mpi-rank SEED NOPS FAULT VICTIM FAULT_AT DETERM: one rank of an mpi job, started by
+ * mpirun; its rank and the job's size come from Open MPI's variables. */
+static int mpi_rank(char **argv)
+{
+    const char *rs = getenv("OMPI_COMM_WORLD_RANK"), *ns = getenv("OMPI_COMM_WORLD_SIZE");
+    const char *report = getenv("LOOM_SOAK_REPORT");
+    if (!rs || !ns || !report) {
+        fprintf(stderr, "soak mpi-rank: runs under mpirun with LOOM_SOAK_REPORT set\n");
+        return 2;
+    }
+    int r = atoi(rs), p = atoi(ns), fault = atoi(argv[2]);
+    int fd = open(report, O_RDWR);
+    rank_report_t *rep = fd < 0 ? MAP_FAILED
+                                : mmap(NULL, sizeof(rank_report_t) * MAX_RANKS,
+                                       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (rep == MAP_FAILED || r < 0 || r >= p || p > MAX_RANKS) {
+        fprintf(stderr, "soak mpi-rank: rank %d of %d, report %s: %s\n", r, p, report,
+                strerror(errno));
+        return 2;
+    }
+    int rc = rank_main(NULL, r, p, strtoull(argv[0], NULL, 0), atoi(argv[1]), fault, atoi(argv[3]),
+                       atoi(argv[4]), atoi(argv[5]) != 0, rep);
+    atomic_store(&rep[r].rc, rc);
+    atomic_store(&rep[r].done, 1);
+    fflush(NULL);
+    /* After a fault a departed peer never reaches MPI_Finalize (which loom's exit handler
+     * calls, having started MPI), and would keep this rank waiting for it. */
+    if (fault != F_NONE) _exit(rc);
+    return rc;
+}
+
 static int run_job(uint64_t seed, int p, int fault, const char *transport, const char *algo,
                    job_mode_t mode, int *ops, int *wrong, int *failed)
 {
-    rank_report_t *rep = mmap(NULL, sizeof(rank_report_t) * MAX_RANKS, PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    memset(rep, 0, sizeof(rank_report_t) * MAX_RANKS);
+    /* the ranks' reports, in a file so that ranks mpirun starts can map it too */
+    char report[] = "/tmp/loom-soak-XXXXXX";
+    int fd = mkstemp(report);
+    if (fd < 0 || ftruncate(fd, sizeof(rank_report_t) * MAX_RANKS) != 0) {
+        fprintf(stderr, "soak: cannot create %s: %s\n", report, strerror(errno));
+        exit(2);
+    }
+    rank_report_t *rep =
+        mmap(NULL, sizeof(rank_report_t) * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (rep == MAP_FAILED) {
+        fprintf(stderr, "soak: cannot map %s: %s\n", report, strerror(errno));
+        exit(2);
+    }
+    bool mpi = strcmp(transport, "mpi") == 0;
     pid_t leader = fork();
     if (leader == 0) {
         setpgid(0, 0);
@@ -321,34 +431,55 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         setenv("LOOM_TIMEOUT", "4", 1);
         setenv("LOOM_SECURE", mode.secure ? "1" : "0", 1);
         setenv("LOOM_DETERMINISTIC", mode.determ ? "1" : "0", 1);
-        loomUniqueId id;
-        if (loomGetUniqueId(&id) != loomSuccess) _exit(10);
         uint64_t s = seed;
         int nops = 5 + (int)(rng_next(&s) % 40);
         int victim = (int)(rng_next(&s) % (uint64_t)p), fault_at = (int)(rng_next(&s) % nops);
-        pid_t pids[MAX_RANKS];
-        for (int r = 0; r < p; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0)
-                _exit(rank_main(&id, r, p, seed * 31 + 7, nops, fault, victim, fault_at,
-                                mode.determ, rep));
+        pid_t pids[MAX_RANKS], run = -1;
+        loomUniqueId id;
+        if (mpi) {
+            run = mpi_launch(report, p, seed * 31 + 7, nops, fault, victim, fault_at, mode.determ);
+            if (run < 0) _exit(11);
+        } else {
+            if (loomGetUniqueId(&id) != loomSuccess) _exit(10);
+            for (int r = 0; r < p; r++) {
+                pids[r] = fork();
+                if (pids[r] == 0)
+                    _exit(rank_main(&id, r, p, seed * 31 + 7, nops, fault, victim, fault_at,
+                                    mode.determ, rep));
+            }
         }
         if (fault == F_KILL || fault == F_STOP) {
-            /* Once the victim reaches its fault_at-th call, or a little later. */
-            for (int i = 0; i < 200 && atomic_load(&rep[victim].progress) < fault_at; i++)
+            /* Once the victim reaches its fault_at-th call, or a little later (mpirun's start
+             * included). */
+            for (int i = 0;
+                 i < (mpi ? 1000 : 200) && (atomic_load(&rep[victim].progress) < fault_at ||
+                                            atomic_load(&rep[victim].pid) == 0);
+                 i++)
                 usleep(10000);
-            kill(pids[victim], fault == F_KILL ? SIGKILL : SIGSTOP);
-            if (fault == F_STOP) {
-                sleep(6); /* beyond LOOM_TIMEOUT=4 */
-                kill(pids[victim], SIGCONT);
+            pid_t v = mpi ? (pid_t)atomic_load(&rep[victim].pid) : pids[victim];
+            if (v > 0) {
+                kill(v, fault == F_KILL ? SIGKILL : SIGSTOP);
+                if (fault == F_STOP) {
+                    sleep(6); /* beyond LOOM_TIMEOUT=4 */
+                    kill(v, SIGCONT);
+                }
             }
         }
         int bad = 0;
-        for (int r = 0; r < p; r++) {
-            int st;
-            waitpid(pids[r], &st, 0);
-            if (r == victim && fault == F_KILL) continue;
-            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+        if (mpi) {
+            /* mpirun's status mixes the victim's end in: each rank's own counts */
+            waitpid(run, NULL, 0);
+            for (int r = 0; r < p; r++) {
+                if (r == victim && fault == F_KILL) continue;
+                if (!atomic_load(&rep[r].done) || atomic_load(&rep[r].rc) != 0) bad++;
+            }
+        } else {
+            for (int r = 0; r < p; r++) {
+                int st;
+                waitpid(pids[r], &st, 0);
+                if (r == victim && fault == F_KILL) continue;
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+            }
         }
         _exit(bad ? 20 + bad : 0);
     }
@@ -359,6 +490,8 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
         if (i == JOB_DEADLINE_S * 10 - 1) {
             hung = p; /* past the deadline: every rank of the job counts as hung */
             kill(-leader, SIGKILL);
+            for (int r = 0; r < p; r++) /* mpirun's ranks may be in groups of their own */
+                if (atomic_load(&rep[r].pid) > 0) kill((pid_t)atomic_load(&rep[r].pid), SIGKILL);
             waitpid(leader, &st, 0);
         }
     }
@@ -400,6 +533,7 @@ static int run_job(uint64_t seed, int p, int fault, const char *transport, const
             snprintf(failures + used, sizeof failures - used, "%s\n", line);
     }
     munmap(rep, sizeof(rank_report_t) * MAX_RANKS);
+    unlink(report);
     return hung;
 }
 
@@ -427,6 +561,7 @@ int main(int argc, char **argv)
 {
     setenv("LOOM_SOCKET_IFNAME", "lo", 0);
     if (argc == 10 && strcmp(argv[1], "job") == 0) return replay(argv + 2);
+    if (argc == 8 && strcmp(argv[1], "mpi-rank") == 0) return mpi_rank(argv + 2);
     int secs = argc > 1 ? atoi(argv[1]) : 120;
     uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : (uint64_t)time(NULL);
     /* LOOM_SOAK_TRANSPORTS: the transports drawn from, by name (tests/meson.build adds ucx where
@@ -451,23 +586,25 @@ int main(int argc, char **argv)
     fflush(stdout);
     time_t end = time(NULL) + secs;
     int jobs = 0, ops = 0, wrong = 0, hung = 0, faults = 0, failed = 0;
-    int per_fault[F_N] = {0}, nsecure = 0, ndeterm = 0;
+    int per_fault[F_N] = {0}, nsecure = 0, ndeterm = 0, per_tp[8] = {0};
     static const char *algos[] = {NULL, "ring", "rd", "rabenseifner", "tree", "oneshot", "segment"};
     uint64_t s = seed;
     while (time(NULL) < end) {
         uint64_t job_seed = rng_next(&s);
         int p = 2 + (int)(rng_next(&s) % (MAX_RANKS - 1));
         int fault = rng_next(&s) % 3 == 0 ? 1 + (int)(rng_next(&s) % (F_N - 1)) : F_NONE;
-        const char *tp = transports[rng_next(&s) % (uint64_t)ntp];
+        int tpi = (int)(rng_next(&s) % (uint64_t)ntp);
+        const char *tp = transports[tpi];
         /* the automatic choice in a third of the jobs, a forced algorithm in the rest */
         uint64_t a = rng_next(&s) % 9;
         const char *algo = a < 3 ? NULL : algos[1 + (a - 3)];
         uint64_t m = rng_next(&s);
-        /* sealing covers tcp only: loom refuses LOOM_SECURE=1 with LOOM_TRANSPORT=ucx */
-        job_mode_t mode = {.secure = m % 4 == 0 && strcmp(tp, "ucx") != 0,
+        /* sealing covers tcp only: loom refuses LOOM_SECURE=1 with LOOM_TRANSPORT=ucx or mpi */
+        job_mode_t mode = {.secure = m % 4 == 0 && strcmp(tp, "ucx") != 0 && strcmp(tp, "mpi") != 0,
                            .determ = (m >> 8) % 4 == 0};
         hung += run_job(job_seed, p, fault, tp, algo, mode, &ops, &wrong, &failed);
         jobs++;
+        per_tp[tpi]++;
         nsecure += mode.secure;
         ndeterm += mode.determ;
         if (fault != F_NONE) faults++, per_fault[fault]++;
@@ -477,6 +614,10 @@ int main(int argc, char **argv)
            "%d wrong results, %d hung ranks, %d jobs with an unexpected error\n",
            jobs, nsecure, ndeterm, ops, faults, per_fault[F_LATE], per_fault[F_LATE_CALL],
            per_fault[F_KILL], per_fault[F_STOP], per_fault[F_ABORT], wrong, hung, failed);
+    printf("soak: jobs by transport:");
+    for (int i = 0; i < ntp; i++)
+        printf(" %s %d", transports[i], per_tp[i]);
+    printf("\n");
     if (failures[0]) {
         /* again at the very end, on both streams: a test log's tail is what a reader sees */
         printf("soak: the failed jobs (run seed %llu):\n%s", (unsigned long long)seed, failures);
