@@ -2,7 +2,7 @@
 # Host-side measurements on a machine with idle cores (the GPU machine's CPUs: the dev VM's two
 # cores are shared by everything else), in one command, each result tee'd into $OUT:
 #
-#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split mid table ref nofile (default: all); OUT defaults
+#   perf/quiet-host.sh [STAGE...]   # stages: mpi fusion tune ddp algos shm8 shm24 split mid small table ref nofile (default: all); OUT defaults
 #                                   # to /tmp/loom-quiet
 #
 # Builds a host-only tree (build-quiet, CUDA off), then runs, interleaved and with medians as the
@@ -18,7 +18,9 @@
 # into $OUT/table.txt, then the automatic choice reading it against every forced algorithm (8 B
 # to 16 MiB, 200 timed calls a size); ref: loom-tune --model at 4 and 8 ranks, 5 runs each (the
 # built-in reference constants of comm.c are their medians); nofile: the table stage's sweep
-# with no tuning file (the model and those constants decide). Writes nothing
+# with no tuning file (the model and those constants decide); small: the same with no tuning
+# file from 512 B to 128 KiB by 2, the automatic choice against rd, rabenseifner and the
+# segment, at 8 and 4 ranks. Writes nothing
 # outside build-quiet and $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +35,7 @@ lscpu | grep -E "Model name|^CPU\(s\)|Socket" >> "$out/machine.txt"
   ninja -C build-quiet mpi_vs_loom loom-fusion-bench loom-tune codecbench layout loom-perf splitlat; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 b=build-quiet
-stages=${*:-mpi fusion tune ddp algos shm8 shm24 split mid table ref nofile}
+stages=${*:-mpi fusion tune ddp algos shm8 shm24 split mid small table ref nofile}
 want() { [[ " $stages " == *" $1 "* ]]; }
 run() { # name, command...
     local name=$1
@@ -124,6 +126,14 @@ if want nofile; then
             -P $p -n 200 -w 20 --algos "auto ring rd rabenseifner tree oneshot segment" --peers "" \
             -r 3 --no-plots --loom $b/loom-perf -o "$out/sweep-nofile$p"
         cat "$out/sweep-nofile$p/summary.md" >>"$out/results.txt" 2>/dev/null
+    done
+fi
+if want small; then
+    for p in 8 4; do
+        limit=300 run small-$p env -u LOOM_TUNE_FILE /usr/bin/python3 perf/sweep -b 512 -e 128K \
+            -f 2 -P $p -n 200 -w 20 --algos "auto rd rabenseifner segment" --peers "" -r 3 \
+            --no-plots --loom $b/loom-perf -o "$out/sweep-small$p"
+        cat "$out/sweep-small$p/summary.md" >>"$out/results.txt" 2>/dev/null
     done
 fi
 if want table; then

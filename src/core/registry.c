@@ -344,13 +344,23 @@ static uint64_t segment_max(const registry_model_t *m)
     return m->seg_bytes;
 }
 
+/* The segment's bytes cost less than the same bytes through a transport: its inputs are read
+ * from the peers' slots, hot in the shared cache, not copied through a ring of buffers with its
+ * flags. Measured on the reference host (perf/RESULTS.md, session 17's nofile sweep, the segment
+ * forced): from 8 to 32 KiB its time grows by 0.43 (8 ranks) and 0.35 (4 ranks) of what b_loc
+ * and gamma predict below, from 32 to 128 KiB by 0.67 and 0.41; and on the 2-core dev VM, 8
+ * ranks (session 20), 85 us at 64 KiB against 233 predicted. Without it the model took rd at
+ * 32 and 64 KiB on the dev VM, 1.4-2.9x slower than the segment there. */
+static const double c_seg_bytes = 0.5;
+
 /* One dependent step of c_seg (plus the wake-up where ranks block); the input copied in once
- * and p inputs read by every rank, p - 1 reductions of the whole buffer. */
+ * and p inputs read by every rank, p - 1 reductions of the whole buffer, at c_seg_bytes of the
+ * transport's cost. */
 static double segment_cost(const registry_model_t *m, double nb)
 {
     model_terms_t t = terms(m);
     double wake = m->oversubscribed ? c_wake : 0;
-    return c_seg + wake + (t.p + 1) * nb * m->b_loc + (t.p - 1) * nb * m->gamma;
+    return c_seg + wake + c_seg_bytes * ((t.p + 1) * nb * m->b_loc + (t.p - 1) * nb * m->gamma);
 }
 /* ---- end segment ---- */
 
