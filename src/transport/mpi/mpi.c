@@ -827,9 +827,11 @@ static int mpi_callers(transport_ctx_t *ctx, int *peers, int max)
             MPI_Get_count(&st, MPI_BYTE, &count);
             if (MPI_Mrecv(&in, (int)sizeof(in), MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS)
                 break;
+            /* Another communicator's (only where two hash to the same tags, which the
+             * connections report as colliding), or nothing loom sent: dropped. */
             if (count < (int)sizeof(mt_hdr_t) || in.h.magic != MT_MAGIC ||
                 in.h.comm_id != ctx->setup.comm_id || in.h.seq >= (uint64_t)ctx->setup.nranks)
-                continue; /* another communicator's, or nothing loom sent */
+                continue;
             int from = (int)in.h.seq;
             if (from == ctx->setup.rank || ctx->conns[from]) continue;
             if (in.h.type == MT_ABORT) {
