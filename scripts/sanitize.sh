@@ -25,14 +25,14 @@ unset CK_RUN_CASE CK_RUN_SUITE CK_INCLUDE_TAGS
 # suite[:case] entries. Forked ranks run under TSan where the suite forks them before anything
 # in its process starts a thread (tests/harness.c's h_fork_procs; TSan does not support threads
 # started after a multi-threaded fork): thread, secure, determ, jobstate and fusion are clean
-# there (fusion's staggered_cuts, which asserts a timing property, is tagged timing), and so is
-# recover (its shrink cases, about a minute). Not fail (long); its code paths run under TSan in
-# the thread-rank suites (coll, api, net, progress). sched and devplan are pure schedule arithmetic,
+# there (fusion's staggered_cuts, which asserts a timing property, is tagged timing), and so are
+# recover (its shrink cases, about a minute) and fail (about 3 minutes; its stalled-rank case
+# used to start a thread before forking). sched and devplan are pure schedule arithmetic,
 # covered by the plain build, and take minutes under a sanitizer.
 asan_runs="reduce:conversions reduce:operations-baseline coll:grid coll:big coll:mixed coll:algos
   api fail net progress launch param fork thread recover jobstate secure determ fusion"
 tsan_runs="coll:grid coll:big coll:mixed api net progress param fork thread secure determ jobstate
-  fusion recover"
+  fusion recover fail"
 
 status=0
 for kind in $kinds; do
