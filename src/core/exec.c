@@ -657,16 +657,18 @@ static loomResult_t check_locked(exec_t *e);
  * no accept), connected now, so that they hear this rank's heartbeats: between calls (the
  * keepalive) while it computes, and inside a call (check_locked) where its schedule has not
  * reached them yet while they wait on it. */
-static void connect_callers(exec_host_t *h, int t, bool *moved)
+static bool connect_callers(exec_host_t *h, int t)
 {
     const transport_ops_t *o = h->tp[t].ops;
-    if (h->tp[t].ctx == NULL || o == NULL || o->callers == NULL) return;
+    if (h->tp[t].ctx == NULL || o == NULL || o->callers == NULL) return false;
     int peers[16];
     int n = o->callers(h->tp[t].ctx, peers, 16);
+    bool made = false;
     for (int i = 0; i < n; i++) {
         exec_link_t *l;
-        if (h->conn(h, peers[i], &l) == loomSuccess) *moved = true;
+        made |= h->conn(h, peers[i], &l) == loomSuccess;
     }
+    return made;
 }
 
 loomResult_t exec_check_timeout(exec_t *e)
@@ -680,9 +682,8 @@ loomResult_t exec_check_timeout(exec_t *e)
 static loomResult_t check_locked(exec_t *e)
 {
     exec_host_t *h = e->h;
-    bool moved = false;
     for (int t = 0; t < h->ntp; t++)
-        connect_callers(h, t, &moved);
+        (void)connect_callers(h, t);
     uint64_t now = base_coarse_ns(); /* the stamps are the coarse clock's */
     /* What this rank's heartbeats say: whether it waits on a rank outside calls (a peer that
      * then waits on us is not in a deadlock with us). */
@@ -828,7 +829,7 @@ static uint64_t keepalive_poll(void *arg, bool *progressed)
         for (int t = 0; t < h->ntp && atomic_load(&h->running) == 0; t++) {
             const transport_ops_t *o = h->tp[t].ops;
             if (h->tp[t].ctx == NULL) continue;
-            connect_callers(h, t, &moved);
+            moved |= connect_callers(h, t);
             (void)(o->keepalive ? o->keepalive : o->progress)(h->tp[t].ctx, &moved);
         }
         pthread_mutex_unlock(&h->lock);

@@ -783,14 +783,23 @@ static loomResult_t mpi_progress(transport_ctx_t *ctx, bool *progressed)
     return loomSuccess;
 }
 
-/* Between calls, on the progress thread (exec's keepalive): heartbeats where MPI lets this thread
- * call it (MPI_THREAD_MULTIPLE), and never once the exit's MPI_Finalize has begun. */
+/* Whether the keepalive's work (mpi_keepalive, mpi_callers) may call MPI now: this thread may
+ * (the progress thread at MPI_THREAD_MULTIPLE only) and the exit's MPI_Finalize has not begun.
+ * True holds ml_keepalive, which the caller releases. */
+static bool idle_enter(void)
+{
+    if (!thread_may_call() || atomic_load(&ml_closing) || pthread_mutex_trylock(&ml_keepalive) != 0)
+        return false;
+    if (!atomic_load(&ml_closing) && mpi_lib_running()) return true;
+    pthread_mutex_unlock(&ml_keepalive);
+    return false;
+}
+
+/* Between calls, on the progress thread (exec's keepalive): heartbeats where idle_enter lets. */
 static loomResult_t mpi_keepalive(transport_ctx_t *ctx, bool *progressed)
 {
-    if (!ml.multiple || atomic_load(&ml_closing) || pthread_mutex_trylock(&ml_keepalive) != 0)
-        return loomSuccess;
-    loomResult_t r = loomSuccess;
-    if (!atomic_load(&ml_closing) && mpi_lib_running()) r = mpi_progress(ctx, progressed);
+    if (!idle_enter()) return loomSuccess;
+    loomResult_t r = mpi_progress(ctx, progressed);
     pthread_mutex_unlock(&ml_keepalive);
     return r;
 }
@@ -798,13 +807,10 @@ static loomResult_t mpi_keepalive(transport_ctx_t *ctx, bool *progressed)
 /* Peers whose heartbeats (or abort) reached this rank before it made its connection with them:
  * a rank computing before its first call with a peer answers it this way (core connects them
  * from the progress thread). The messages are taken off MPI's queue; their header names the
- * sender's loom rank. Only from a thread that may call MPI (the progress thread at
- * MPI_THREAD_MULTIPLE only, as for mpi_keepalive). */
+ * sender's loom rank. Only where idle_enter lets. */
 static int mpi_callers(transport_ctx_t *ctx, int *peers, int max)
 {
-    if (!thread_may_call() || atomic_load(&ml_closing) || ctx->abort.aborted ||
-        pthread_mutex_trylock(&ml_keepalive) != 0)
-        return 0;
+    if (ctx->abort.aborted || !idle_enter()) return 0;
     int n = 0;
     pthread_mutex_lock(&ml.state);
     int nb = ml.nbases;
@@ -813,7 +819,7 @@ static int mpi_callers(transport_ctx_t *ctx, int *peers, int max)
         comms[i] = ml.base[i].comm;
     pthread_mutex_unlock(&ml.state);
     mpi_lib_lock(); /* after ml.state, in the order mpi_lib_add_base takes them */
-    for (int b = 0; b < nb && !atomic_load(&ml_closing) && mpi_lib_running(); b++) {
+    for (int b = 0; b < nb; b++) {
         for (int k = 0; k < 16 && n < max; k++) {
             int flag = 0;
             MPI_Message msg;
