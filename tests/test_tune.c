@@ -309,6 +309,42 @@ static int repick_rank(loomComm_t comm, int rank, int nranks, void *arg)
     return 0;
 }
 
+static int oversub_rank(loomComm_t comm, int rank, int nranks, void *arg)
+{
+    (void)nranks;
+    ((int *)arg)[rank] = comm->tune.oversubscribed ? 1 : 0;
+    return 0;
+}
+
+/* Ranks are counted against cores per machine, not per node: one more rank than this machine
+ * has cores, as two pretend nodes (LOOM_NODE_ID) of at most that many each, is oversubscribed
+ * on every rank (each node alone is not: before, none saw it); as many ranks as cores is not. */
+START_TEST(test_machine_cores)
+{
+    unsetenv("LOOM_TUNE_FILE");
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || cores > 63) {
+        fprintf(stderr, "machine_cores: %d cores, not run\n", cores);
+        return;
+    }
+    for (int extra = 1; extra >= 0; extra--) {
+        int p = cores + extra, over[64] = {0};
+        if (p < 2) continue;
+        char ids[64 * 2 + 1] = "";
+        for (int r = 0; r < p; r++)
+            strcat(ids, r < (p + 1) / 2 ? (r ? ",a" : "a") : ",b");
+        setenv("LOOM_NODE_ID", ids, 1);
+        param_reset_cache();
+        ck_assert_int_eq(h_run_threads(p, oversub_rank, over), 0);
+        for (int r = 0; r < p; r++)
+            ck_assert_msg(over[r] == extra, "%d ranks on %d cores in nodes %s: rank %d %s", p,
+                          cores, ids, r, over[r] ? "oversubscribed" : "not oversubscribed");
+    }
+    unsetenv("LOOM_NODE_ID");
+    param_reset_cache();
+}
+END_TEST
+
 START_TEST(test_pick_cache)
 {
     unsetenv("LOOM_TUNE_FILE");
@@ -517,6 +553,7 @@ static Suite *tune_suite(void)
         {.name = "selection", .test = test_selection},
         {.name = "measured_table", .test = test_measured_table},
         {.name = "pick_cache", .test = test_pick_cache},
+        {.name = "machine_cores", .test = test_machine_cores},
         {.name = "search", .test = test_search},
         {.name = "fusion_sizes", .test = test_fusion_sizes},
     };

@@ -953,27 +953,54 @@ void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *seg
 }
 
 /*
- * Nodes with more ranks than cores: a rank that spins without yielding keeps the core from the
+ * Machines with more ranks than cores: a rank that spins without yielding keeps the core from the
  * very peer it waits for, and one that sleeps at once pays a wake-up on every step (8 ranks on
- * 2 cores, 8 B: 292-407 us asleep, 65 us yielding). Such a node's ranks spin
+ * 2 cores, 8 B: 292-407 us asleep, 65 us yielding). Such a machine's ranks spin
  * COMM_SPIN_SHARED_NS yielding the core on every pass (LOOM_SPIN_US, when set, sets the length;
- * the yield stays). And when any node of the job is oversubscribed, every rank uses
+ * the yield stays). And when any machine of the job is oversubscribed, every rank uses
  * 4x slices (fewer wake-ups; 4 ranks over 2 cores: ~190 -> ~170 ms for 64 MiB over TCP), unless
  * LOOM_SLICE_SIZE is set: the slice shapes the schedule, so the decision uses every rank's core
  * count from the bootstrap and comes out the same everywhere.
  */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void comm_tune_for_cores(loomComm_t comm)
 {
+    /* Counted per machine (host and boot id), not per node: the network namespaces of one host
+     * (containers, scripts/testbed.sh) are nodes of their own that share its cores. */
+    int p = comm->nranks, here = 0;
     bool any = false;
-    for (int n = 0; n < comm->lay.nnodes; n++) {
-        int first = comm->lay.node_ranks[comm->lay.node_start[n]];
-        int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
-        if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
+    uint32_t me = comm->lay.peers[comm->rank].machine;
+    uint64_t *key = malloc((size_t)p * sizeof(uint64_t));
+    if (key != NULL) {
+        for (int i = 0; i < p; i++)
+            key[i] = (uint64_t)comm->lay.peers[i].machine << 32 | (uint32_t)i;
+        qsort(key, (size_t)p, sizeof(uint64_t), cmp_u64);
+        for (int i = 0, j; i < p; i = j) {
+            for (j = i; j < p && key[j] >> 32 == key[i] >> 32; j++)
+                ;
+            int cores = comm->lay.peers[(uint32_t)key[i]].cores;
+            if (cores > 0 && j - i > cores) any = true;
+            if (key[i] >> 32 == me) here = j - i;
+        }
+        free(key);
+    } else {
+        /* out of memory: by node */
+        for (int n = 0; n < comm->lay.nnodes; n++) {
+            int first = comm->lay.node_ranks[comm->lay.node_start[n]];
+            int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
+            if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
+        }
+        here = comm->lay.local_size;
     }
     comm->tune.oversubscribed = any;
     memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model changed */
     int mine = comm->lay.peers[comm->rank].cores;
-    if (mine > 0 && comm->lay.local_size > mine) {
+    if (mine > 0 && here > mine) {
         comm->tune.hot_ns = 0;
         if (!param_is_set(PARAM_SPIN_US)) comm->tune.spin_ns = COMM_SPIN_SHARED_NS;
     }
@@ -981,7 +1008,7 @@ static void comm_tune_for_cores(loomComm_t comm)
         comm->tune.slice_bytes =
             LOOM_MIN(comm->tune.slice_bytes * 4, param_size(PARAM_MAX_MESSAGE));
     if (any)
-        INFO(LOG_TUNING, "a node has more ranks than cores: %llu-byte slices job-wide%s",
+        INFO(LOG_TUNING, "a machine has more ranks than cores: %llu-byte slices job-wide%s",
              (unsigned long long)comm->tune.slice_bytes,
              comm->tune.hot_ns == 0 ? ", spinning here with a yield on every pass" : "");
 }
@@ -1077,6 +1104,7 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     mine.rank = comm->rank;
     mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
     mine.cores = (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    mine.machine = boot_machine_hash();
     mine.tune_hash = tune_file_hash();
     /* A list in LOOM_NODE_ID ("a,a,b,b") gives rank r the r-th name: one process can then hold
      * the ranks of several pretend nodes (tests of hierarchical algorithms). */

@@ -44,7 +44,8 @@ typedef struct {
                                 different files would choose different algorithms */
     uint8_t shrink_addr[32]; /* its shrink listener (shrink.c), packed; all zero: none */
     int32_t pid;
-    int32_t pad;
+    uint32_t machine;    /* host + boot id hashed: the kernel whose cores it shares, whatever its
+                            node (network namespaces of one host are nodes that share cores) */
     nodeseg_offer_t seg; /* rank 0's node segment (nodeseg.h); zero elsewhere or none */
 } peer_info_t;
 
@@ -116,7 +117,7 @@ typedef struct {
     uint64_t spin_ns;
     uint64_t hot_ns; /* the part of spin_ns without yielding the core (progress.h) */
     double timeout_s;
-    bool oversubscribed; /* some node of the job has more ranks than cores */
+    bool oversubscribed; /* some machine of the job has more ranks than cores */
     /* LOOM_TUNE_FILE's sections that fit this communicator, per memory type (tunefile.h);
      * sections == 0: none (no file, or nothing in it for this key). */
     tune_entry_t file[TUNE_NMEM];
@@ -300,6 +301,8 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
 uint64_t boot_node_hash(char *host, size_t hostlen);
+/* Host name + boot id, hashed: which processes share one kernel's cores. */
+uint32_t boot_machine_hash(void);
 /* A communicator made from another (loomCommSplit, loomCommShrink) gets a job-state service of
  * its own: its rank 0 starts one (a root thread, as loomGetUniqueId does), tells the others
  * where over the child, and every rank joins it as at init, keeping only the connection (the
