@@ -5,7 +5,7 @@
  *
  *   loom-sim --ranks P[,P2...] --per-node G [-b MIN] [-e MAX] [-f F] [--algo NAME[,NAME...]]
  *            [--collective allreduce|reduce|broadcast] [--root R]
- *            [--machine h200|dev] [--fabric rail|fat-tree] [--oversub X]
+ *            [--machine h200|dev|testbed] [--fabric rail|fat-tree] [--oversub X]
  *            [--loc-alpha US] [--loc-bw GBPS] [--net-alpha US] [--net-bw GBPS]
  *            [--slice BYTES] [--channels C] [--csv FILE] [--plot PREFIX]
  *
@@ -31,7 +31,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: loom-sim --ranks P[,P...] [--per-node G] [-b MIN] [-e MAX] [-f F]\n"
-               "                [--algo NAME[,NAME...]] [--machine h200|dev] [--fabric "
+               "                [--algo NAME[,NAME...]] [--machine h200|dev|testbed] [--fabric "
                "rail|fat-tree]\n"
                "                [--oversub X] [--loc-alpha US] [--loc-bw GB/s] [--net-alpha US]\n"
                "                [--net-bw GB/s] [--slice BYTES] [--channels C] [--csv FILE]\n"
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
     }
     sim_machine_t base;
     if (!sim_machine_preset(machine, &base)) {
-        fprintf(stderr, "loom-sim: --machine %s: unknown (h200, dev)\n", machine);
+        fprintf(stderr, "loom-sim: --machine %s: unknown (h200, dev, testbed)\n", machine);
         return 2;
     }
     if (ranks_arg == NULL) {
