@@ -371,11 +371,16 @@ START_TEST(test_split_child_killed)
             continue;
         }
         const char *t = rep->text[r];
-        char head[160], you[32];
+        char head[160], you[32], mine[32];
         snprintf(head, sizeof(head), "%s", t);
         snprintf(you, sizeof(you), "you are rank %d", r / 2);
+        /* the victim's ring neighbours (child ranks 1 and 3) may see their link to it close
+         * before the service's notice arrives: that error names the victim too, and starts with
+         * the reporting rank */
+        snprintf(mine, sizeof(mine), "rank %d: ", r / 2);
+        bool names_me = strstr(t, you) || (r / 2 % 2 == 1 && strncmp(t, mine, strlen(mine)) == 0);
         ck_assert_msg(rep->res[r] != loomSuccess && h_names_rank(head, SC_VICTIM / 2) &&
-                          strstr(head, "died") && strstr(head, pid) && strstr(t, you),
+                          strstr(head, "died") && strstr(head, pid) && names_me,
                       "odd rank %d: '%s' (wanted 'rank %d', 'died', '%s' first, and '%s')", r, t,
                       SC_VICTIM / 2, pid, you);
         ck_assert_msg(rep->secs[r] < 6, "rank %d: its call failed after %.1f s", r, rep->secs[r]);
