@@ -64,8 +64,7 @@ typedef struct {
     sock_addr_t addr;
 } boot_root_args_t;
 
-/* Host name and boot id, hashed. */
-static uint64_t host_boot_hash(char *host, size_t hostlen)
+uint64_t boot_node_hash(char *host, size_t hostlen, uint32_t *machine)
 {
     char h[HOST_NAME_LEN] = "";
     gethostname(h, sizeof(h) - 1);
@@ -77,23 +76,13 @@ static uint64_t host_boot_hash(char *host, size_t hostlen)
         if (n > 0) id[n] = '\0';
         close(fd);
     }
-    return base_hash64(id, strlen(id), base_hash64(h, strlen(h), 0x6e6f6465));
-}
-
-uint64_t boot_node_hash(char *host, size_t hostlen)
-{
-    uint64_t x = host_boot_hash(host, hostlen);
+    uint64_t x = base_hash64(id, strlen(id), base_hash64(h, strlen(h), 0x6e6f6465));
+    if (machine) *machine = (uint32_t)(x ^ (x >> 32));
     const char *over = param_str(PARAM_NODE_ID);
     if (over[0]) return base_hash64(over, strlen(over), 0x6e6f6465);
     struct stat st;
     uint64_t ns = stat("/proc/self/ns/net", &st) == 0 ? (uint64_t)st.st_ino : 0;
     return base_hash64(&ns, sizeof(ns), x);
-}
-
-uint32_t boot_machine_hash(void)
-{
-    uint64_t x = host_boot_hash(NULL, 0);
-    return (uint32_t)(x ^ (x >> 32));
 }
 
 loomResult_t boot_uid_parse(const loomUniqueId *id, uid_layout_t *out)

@@ -962,41 +962,26 @@ void comm_fusion_sizes(loomComm_t comm, int mem, uint64_t *bucket, uint64_t *seg
  * LOOM_SLICE_SIZE is set: the slice shapes the schedule, so the decision uses every rank's core
  * count from the bootstrap and comes out the same everywhere.
  */
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void comm_tune_for_cores(loomComm_t comm)
 {
     /* Counted per machine (host and boot id), not per node: the network namespaces of one host
-     * (containers, scripts/testbed.sh) are nodes of their own that share its cores. */
-    int p = comm->nranks, here = 0;
+     * (containers, scripts/testbed.sh) are nodes of their own that share its cores. A machine
+     * is whole nodes, each known by its first rank's word; every rank counts from the same
+     * bootstrap table, so `any` (which sets the slice) comes out the same everywhere. */
+    const comm_layout_t *l = &comm->lay;
+    uint32_t me = l->peers[comm->rank].machine;
+    int here = 0;
     bool any = false;
-    uint32_t me = comm->lay.peers[comm->rank].machine;
-    uint64_t *key = malloc((size_t)p * sizeof(uint64_t));
-    if (key != NULL) {
-        for (int i = 0; i < p; i++)
-            key[i] = (uint64_t)comm->lay.peers[i].machine << 32 | (uint32_t)i;
-        qsort(key, (size_t)p, sizeof(uint64_t), cmp_u64);
-        for (int i = 0, j; i < p; i = j) {
-            for (j = i; j < p && key[j] >> 32 == key[i] >> 32; j++)
-                ;
-            int cores = comm->lay.peers[(uint32_t)key[i]].cores;
-            if (cores > 0 && j - i > cores) any = true;
-            if (key[i] >> 32 == me) here = j - i;
-        }
-        free(key);
-    } else {
-        /* out of memory: by node */
-        for (int n = 0; n < comm->lay.nnodes; n++) {
-            int first = comm->lay.node_ranks[comm->lay.node_start[n]];
-            int size = comm->lay.node_start[n + 1] - comm->lay.node_start[n];
-            if (comm->lay.peers[first].cores > 0 && size > comm->lay.peers[first].cores) any = true;
-        }
-        here = comm->lay.local_size;
+    for (int n = 0; n < l->nnodes; n++) {
+        const peer_info_t *first = &l->peers[l->node_ranks[l->node_start[n]]];
+        int count = 0;
+        for (int m = 0; m < l->nnodes; m++)
+            if (l->peers[l->node_ranks[l->node_start[m]]].machine == first->machine)
+                count += l->node_start[m + 1] - l->node_start[m];
+        if (first->cores > 0 && count > first->cores) any = true;
+        if (first->machine == me) here = count;
     }
+    if (here == 0) here = l->local_size; /* a LOOM_NODE_ID node across machines */
     comm->tune.oversubscribed = any;
     memset(comm->tune.picks, 0, sizeof(comm->tune.picks)); /* the model changed */
     int mine = comm->lay.peers[comm->rank].cores;
@@ -1102,9 +1087,8 @@ static loomResult_t comm_init_body(loomComm_t comm, const uid_layout_t *uid)
     peer_info_t mine;
     memset(&mine, 0, sizeof(mine));
     mine.rank = comm->rank;
-    mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host));
+    mine.node_hash = boot_node_hash(mine.host, sizeof(mine.host), &mine.machine);
     mine.cores = (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    mine.machine = boot_machine_hash();
     mine.tune_hash = tune_file_hash();
     /* A list in LOOM_NODE_ID ("a,a,b,b") gives rank r the r-th name: one process can then hold
      * the ranks of several pretend nodes (tests of hierarchical algorithms). */
@@ -1532,5 +1516,5 @@ int loom_comm_size(loomComm_t comm)
 
 uint64_t loom_node_identity(char *host, size_t hostlen)
 {
-    return boot_node_hash(host, hostlen);
+    return boot_node_hash(host, hostlen, NULL);
 }

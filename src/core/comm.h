@@ -300,9 +300,9 @@ loomResult_t boot_uid_master(const char *maddr, const char *mport, int rank, int
                              loomUniqueId *id);
 /* Meets the other ranks through the root and fills comm->peers. */
 loomResult_t boot_rendezvous(loomComm_t comm, const uid_layout_t *uid, const peer_info_t *mine);
-uint64_t boot_node_hash(char *host, size_t hostlen);
-/* Host name + boot id, hashed: which processes share one kernel's cores. */
-uint32_t boot_machine_hash(void);
+/* The node's identity (host + boot id + netns, or LOOM_NODE_ID); *machine (may be NULL): host +
+ * boot id alone, which processes share one kernel's cores. */
+uint64_t boot_node_hash(char *host, size_t hostlen, uint32_t *machine);
 /* A communicator made from another (loomCommSplit, loomCommShrink) gets a job-state service of
  * its own: its rank 0 starts one (a root thread, as loomGetUniqueId does), tells the others
  * where over the child, and every rank joins it as at init, keeping only the connection (the

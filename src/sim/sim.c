@@ -275,19 +275,20 @@ static double transfer(run_t *r, int a, int b, double now, double bytes)
         if (m->cores > 0) res[n] = pick_core(r, nb), cap[n++] = m->loc_bw;
     } else {
         alpha = m->net_alpha;
-        bool same_rail = (a % r->g) == (b % r->g);
         if (m->node_nic) {
+            /* the node's one NIC is its uplink */
             res[n] = &r->up[na], cap[n++] = m->net_bw;
             res[n] = &r->down[nb], cap[n++] = m->net_bw;
         } else {
             res[n] = &r->nic_tx[a], cap[n++] = m->net_bw;
             res[n] = &r->nic_rx[b], cap[n++] = m->net_bw;
-        }
-        if (!m->node_nic && (m->fabric == SIM_FAT_TREE || !same_rail)) {
-            double uplink = (double)r->g * m->net_bw / LOOM_MAX(m->oversub, 1.0);
-            res[n] = &r->up[na], cap[n++] = uplink;
-            res[n] = &r->down[nb], cap[n++] = uplink;
-            if (m->fabric == SIM_RAIL) alpha += m->spine_alpha;
+            bool same_rail = (a % r->g) == (b % r->g);
+            if (m->fabric == SIM_FAT_TREE || !same_rail) {
+                double uplink = (double)r->g * m->net_bw / LOOM_MAX(m->oversub, 1.0);
+                res[n] = &r->up[na], cap[n++] = uplink;
+                res[n] = &r->down[nb], cap[n++] = uplink;
+                if (m->fabric == SIM_RAIL) alpha += m->spine_alpha;
+            }
         }
     }
     double t0 = now, slow = INFINITY;
